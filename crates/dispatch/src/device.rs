@@ -1,0 +1,396 @@
+//! [`Device`]: one backend, chosen at run time, and the probe that chooses it.
+
+use crate::backend::{Backend, BackendOps, Storage, cpu, cuda, wgpu as wgpu_backend};
+use crate::{Error, Result, Tensor};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tilekit_kernels::DType;
+
+/// Which backend a [`Device`] runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// The native CPU backend (`gemm` crate + rayon).
+    Cpu,
+    /// WGSL kernels through wgpu (Vulkan, Metal, DX12, GL).
+    Wgpu,
+    /// CUDA kernels shipped as PTX, loaded through cudarc.
+    Cuda,
+}
+
+impl BackendKind {
+    /// The order [`Device::auto`] tries them in.
+    pub const PROBE_ORDER: [BackendKind; 3] = [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Cpu];
+
+    /// The lower-case name (`cpu`, `wgpu`, `cuda`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// Parses a backend name; `None` for `auto`, an error for anything unknown.
+    pub fn parse(s: &str) -> Result<Option<BackendKind>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "cpu" => Ok(Some(BackendKind::Cpu)),
+            "wgpu" => Ok(Some(BackendKind::Wgpu)),
+            "cuda" => Ok(Some(BackendKind::Cuda)),
+            _ => Err(Error::UnknownBackend(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How to pick a wgpu adapter.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct WgpuOptions {
+    /// Accept a software adapter (lavapipe, llvmpipe, WARP). Off by default: such adapters run
+    /// about 100× slower than the native CPU backend. The tests turn it on.
+    pub allow_software: bool,
+    /// Only adapters whose name contains this (case-insensitive) string.
+    pub adapter_name: Option<String>,
+    /// Store f16 packed in `u32` words even where the adapter has `SHADER_F16` (the path for
+    /// devices without it; the tests force it to cover it everywhere).
+    pub force_packed_f16: bool,
+}
+
+impl WgpuOptions {
+    /// Options that accept a software adapter (what the tests and CI use).
+    pub fn allow_software() -> WgpuOptions {
+        WgpuOptions { allow_software: true, ..WgpuOptions::default() }
+    }
+}
+
+/// One line of a [`ProbeReport`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeEntry {
+    /// The backend probed.
+    pub backend: BackendKind,
+    /// Whether it could be used.
+    pub available: bool,
+    /// Whether it was chosen.
+    pub chosen: bool,
+    /// What was found, or why it is not usable or not chosen.
+    pub detail: String,
+}
+
+/// What backend selection found, and why it chose what it chose.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeReport {
+    /// One entry per backend, in probe order.
+    pub entries: Vec<ProbeEntry>,
+}
+
+impl ProbeReport {
+    /// The chosen backend, if any.
+    pub fn chosen(&self) -> Option<BackendKind> {
+        self.entries.iter().find(|e| e.chosen).map(|e| e.backend)
+    }
+}
+
+impl fmt::Display for ProbeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for e in &self.entries {
+            let mark = match (e.chosen, e.available) {
+                (true, _) => "chosen   ",
+                (false, true) => "available",
+                (false, false) => "absent   ",
+            };
+            writeln!(f, "  {:<5} {mark}  {}", e.backend.name(), e.detail)?;
+        }
+        Ok(())
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) id: u64,
+    pub(crate) backend: Backend,
+    pub(crate) report: ProbeReport,
+}
+
+/// A compute device: one backend, shared cheaply (`Clone` is an `Arc` clone). `Send + Sync`:
+/// several threads may issue ops on one device.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device").field("backend", &self.kind()).field("description", &self.description()).finish()
+    }
+}
+
+impl Device {
+    fn from_backend(backend: Backend, report: ProbeReport) -> Device {
+        Device { inner: Arc::new(DeviceInner { id: next_id(), backend, report }) }
+    }
+
+    /// Chooses a backend: `TILEKIT_BACKEND` (`cpu`, `wgpu`, `cuda`, `auto`) when set; else CUDA
+    /// where a driver and GPU are present, else a hardware wgpu adapter, else the native CPU.
+    /// A software wgpu adapter is never chosen here (the CPU backend is ~100× faster); ask for
+    /// it with [`Device::wgpu`]. Never panics; [`Device::probe_report`] says what was found.
+    pub fn auto() -> Result<Device> {
+        match std::env::var("TILEKIT_BACKEND") {
+            Ok(v) => match BackendKind::parse(&v)? {
+                Some(kind) => Device::with_backend(kind),
+                None => Ok(Device::auto_probe()),
+            },
+            Err(_) => Ok(Device::auto_probe()),
+        }
+    }
+
+    /// A device on the named backend (for `wgpu`, software adapters are accepted, since the
+    /// caller asked for wgpu by name).
+    pub fn with_backend(kind: BackendKind) -> Result<Device> {
+        match kind {
+            BackendKind::Cpu => Ok(Device::cpu()),
+            BackendKind::Wgpu => Device::wgpu(&WgpuOptions::allow_software()),
+            BackendKind::Cuda => Device::cuda(0),
+        }
+    }
+
+    /// The probe: tries each backend in [`BackendKind::PROBE_ORDER`] and records why.
+    fn auto_probe() -> Device {
+        let mut entries = Vec::new();
+        let mut chosen: Option<Backend> = None;
+
+        match cuda::probe() {
+            Ok(detail) => match cuda::CudaBackend::new(0) {
+                Ok(b) => {
+                    entries.push(ProbeEntry { backend: BackendKind::Cuda, available: true, chosen: true, detail });
+                    chosen = Some(Backend::Cuda(b));
+                }
+                Err(e) => entries.push(ProbeEntry {
+                    backend: BackendKind::Cuda,
+                    available: false,
+                    chosen: false,
+                    detail: format!("{detail}, but initialisation failed: {e}"),
+                }),
+            },
+            Err(reason) => {
+                entries.push(ProbeEntry { backend: BackendKind::Cuda, available: false, chosen: false, detail: reason })
+            }
+        }
+
+        let wgpu_entry = match wgpu_backend::probe_adapters() {
+            Err(reason) => ProbeEntry { backend: BackendKind::Wgpu, available: false, chosen: false, detail: reason },
+            Ok(adapters) if adapters.is_empty() => ProbeEntry {
+                backend: BackendKind::Wgpu,
+                available: false,
+                chosen: false,
+                detail: "no adapter found (no Vulkan, Metal, DX12 or GL driver)".into(),
+            },
+            Ok(adapters) => {
+                let names: Vec<String> = adapters
+                    .iter()
+                    .map(|a| format!("{} ({}{})", a.name, a.backend, if a.software { ", software" } else { "" }))
+                    .collect();
+                let hardware = adapters.iter().any(|a| !a.software);
+                if chosen.is_some() {
+                    ProbeEntry {
+                        backend: BackendKind::Wgpu,
+                        available: true,
+                        chosen: false,
+                        detail: format!("{}; not chosen: CUDA comes first", names.join(", ")),
+                    }
+                } else if !hardware {
+                    ProbeEntry {
+                        backend: BackendKind::Wgpu,
+                        available: true,
+                        chosen: false,
+                        detail: format!(
+                            "{}; not chosen: software adapters run ~100x slower than the CPU backend (ask for them with TILEKIT_BACKEND=wgpu)",
+                            names.join(", ")
+                        ),
+                    }
+                } else {
+                    match wgpu_backend::WgpuBackend::new(&WgpuOptions::default()) {
+                        Ok(b) => {
+                            let detail = b.description();
+                            chosen = Some(Backend::Wgpu(b));
+                            ProbeEntry { backend: BackendKind::Wgpu, available: true, chosen: true, detail }
+                        }
+                        Err(e) => ProbeEntry {
+                            backend: BackendKind::Wgpu,
+                            available: false,
+                            chosen: false,
+                            detail: format!("{}; device creation failed: {e}", names.join(", ")),
+                        },
+                    }
+                }
+            }
+        };
+        entries.push(wgpu_entry);
+
+        let cpu = cpu::CpuBackend;
+        let is_chosen = chosen.is_none();
+        entries.push(ProbeEntry {
+            backend: BackendKind::Cpu,
+            available: true,
+            chosen: is_chosen,
+            detail: if is_chosen {
+                cpu.description()
+            } else {
+                format!("{}; not chosen: a GPU backend comes first", cpu.description())
+            },
+        });
+        let backend = chosen.unwrap_or(Backend::Cpu(cpu));
+        Device::from_backend(backend, ProbeReport { entries })
+    }
+
+    /// The native CPU backend (always available).
+    pub fn cpu() -> Device {
+        let cpu = cpu::CpuBackend;
+        let report = ProbeReport {
+            entries: vec![ProbeEntry {
+                backend: BackendKind::Cpu,
+                available: true,
+                chosen: true,
+                detail: cpu.description(),
+            }],
+        };
+        Device::from_backend(Backend::Cpu(cpu), report)
+    }
+
+    /// A wgpu device on the first adapter `options` accepts (hardware adapters first).
+    pub fn wgpu(options: &WgpuOptions) -> Result<Device> {
+        let b = wgpu_backend::WgpuBackend::new(options)?;
+        let report = ProbeReport {
+            entries: vec![ProbeEntry {
+                backend: BackendKind::Wgpu,
+                available: true,
+                chosen: true,
+                detail: b.description(),
+            }],
+        };
+        Ok(Device::from_backend(Backend::Wgpu(b), report))
+    }
+
+    /// Wraps a `wgpu::Device` and `wgpu::Queue` the caller already owns (an engine's own), so
+    /// tilekit's kernels run on it without copies.
+    pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Device> {
+        let b = wgpu_backend::WgpuBackend::from_raw(device, queue)?;
+        let report = ProbeReport {
+            entries: vec![ProbeEntry {
+                backend: BackendKind::Wgpu,
+                available: true,
+                chosen: true,
+                detail: b.description(),
+            }],
+        };
+        Ok(Device::from_backend(Backend::Wgpu(b), report))
+    }
+
+    /// A CUDA device on GPU `ordinal`.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        let b = cuda::CudaBackend::new(ordinal)?;
+        let report = ProbeReport {
+            entries: vec![ProbeEntry {
+                backend: BackendKind::Cuda,
+                available: true,
+                chosen: true,
+                detail: b.description(),
+            }],
+        };
+        Ok(Device::from_backend(Backend::Cuda(b), report))
+    }
+
+    /// What the backend probe found when this device was made.
+    pub fn probe_report(&self) -> &ProbeReport {
+        &self.inner.report
+    }
+
+    /// The backend this device runs on.
+    pub fn kind(&self) -> BackendKind {
+        match &self.inner.backend {
+            Backend::Cpu(_) => BackendKind::Cpu,
+            Backend::Wgpu(_) => BackendKind::Wgpu,
+            Backend::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// A one-line description (adapter name, driver, threads).
+    pub fn description(&self) -> String {
+        match &self.inner.backend {
+            Backend::Cpu(b) => b.description(),
+            Backend::Wgpu(b) => b.description(),
+            Backend::Cuda(b) => b.description(),
+        }
+    }
+
+    /// Whether this device is a software rasteriser pretending to be a GPU (lavapipe).
+    pub fn is_software(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Wgpu(b) => b.is_software(),
+            _ => false,
+        }
+    }
+
+    /// Whether ops in `dtype` can run on this device; the error says why not.
+    pub fn check_dtype(&self, dtype: DType) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Cpu(b) => b.check_dtype("alloc", dtype),
+            Backend::Wgpu(b) => b.check_dtype("alloc", dtype),
+            Backend::Cuda(b) => b.check_dtype("alloc", dtype),
+        }
+    }
+
+    /// Waits until every queued op has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Cpu(b) => b.synchronize(),
+            Backend::Wgpu(b) => b.synchronize(),
+            Backend::Cuda(b) => b.synchronize(),
+        }
+    }
+
+    pub(crate) fn alloc_storage(&self, dtype: DType, len: usize) -> Result<Storage> {
+        match &self.inner.backend {
+            Backend::Cpu(b) => b.alloc_zeroed(dtype, len).map(Storage::Cpu),
+            Backend::Wgpu(b) => b.alloc_zeroed(dtype, len).map(Storage::Wgpu),
+            Backend::Cuda(b) => b.alloc_zeroed(dtype, len).map(Storage::Cuda),
+        }
+    }
+
+    pub(crate) fn upload_storage(&self, dtype: DType, bytes: &[u8]) -> Result<Storage> {
+        match &self.inner.backend {
+            Backend::Cpu(b) => b.upload(dtype, bytes).map(Storage::Cpu),
+            Backend::Wgpu(b) => b.upload(dtype, bytes).map(Storage::Wgpu),
+            Backend::Cuda(b) => b.upload(dtype, bytes).map(Storage::Cuda),
+        }
+    }
+
+    pub(crate) fn download_storage(&self, t: &Tensor) -> Result<Vec<u8>> {
+        let s = &t.buffer.storage;
+        match (&self.inner.backend, s) {
+            (Backend::Cpu(b), Storage::Cpu(s)) => b.download(s, t.dtype()),
+            (Backend::Wgpu(b), Storage::Wgpu(s)) => b.download(s, t.dtype()),
+            (Backend::Cuda(b), Storage::Cuda(s)) => b.download(s, t.dtype()),
+            _ => Err(Error::DeviceMismatch { op: "download", tensor: "tensor" }),
+        }
+    }
+}
+
+// The public face promises `Send + Sync`; this fails to compile if a backend breaks it.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Device>();
+    assert_send_sync::<Tensor>();
+};

@@ -1,0 +1,40 @@
+//! tilekit: GPU compute kernels for ML inference.
+//!
+//! One [`Device`] per backend — CUDA, wgpu (Vulkan, Metal, DX12, GL) or the native CPU —
+//! chosen at run time by [`Device::auto`], and three fused ops on [`Tensor`]s stored in f32,
+//! f16 or bf16 with f32 accumulation:
+//!
+//! - [`Device::matmul`]: `act(alpha · op(A) · op(B) + bias + beta · C)`, batched, with
+//!   transposes; [`Device::matmul_into`] for strided views inside larger buffers.
+//! - [`Device::depthwise_conv2d`]: stride, padding, dilation, channel multiplier, NCHW/NHWC,
+//!   fused bias and activation.
+//! - [`Device::activation`]: `act(x + bias)`, in place or not.
+//!
+//! ```
+//! use tilekit::{Activation, DType, Device, MatmulOptions};
+//!
+//! let dev = Device::cpu();
+//! let a = dev.tensor_from_f32(&[2, 3], DType::F32, &[1., 2., 3., 4., 5., 6.])?;
+//! let b = dev.tensor_from_f32(&[3, 1], DType::F32, &[1., 0., -1.])?;
+//! let y = dev.matmul(&a, &b, &MatmulOptions { activation: Activation::Relu, ..Default::default() })?;
+//! assert_eq!(y.to_f32_vec()?, vec![0.0, 0.0]);
+//! # Ok::<(), tilekit::Error>(())
+//! ```
+//!
+//! Every call validates its arguments first and returns a typed [`Error`]; nothing a caller
+//! passes makes tilekit panic.
+
+mod backend;
+mod device;
+mod error;
+mod ops;
+mod tensor;
+
+pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
+pub use error::{Error, Result};
+pub use ops::{Conv2dOptions, MatmulOptions};
+pub use tensor::{Element, Tensor};
+pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+
+/// The kernel catalogue and CPU reference, re-exported for engines and tests.
+pub use tilekit_kernels as kernels;

@@ -1,0 +1,70 @@
+//! Reference kernels for the bench: a copy (the bandwidth roof) and a naive matmul. They are
+//! public so `cargo xtask bench` can time them, but they are not part of the op set.
+
+use super::{check_alias, check_device, check_dtype, storage};
+use crate::backend::{BackendOps, with_backend};
+use crate::{Device, Error, Result, Tensor};
+use tilekit_kernels::MatmulDesc;
+
+impl Device {
+    /// Copies all of `src` into `dst` (same dtype and length, separate buffers) with the
+    /// backend's own copy kernel. The bench uses it as the memory-bandwidth roof.
+    pub fn copy(&self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        const OP: &str = "copy";
+        check_device(OP, self, "src", src)?;
+        check_device(OP, self, "dst", dst)?;
+        check_dtype(OP, src.dtype(), "dst", dst)?;
+        check_alias(OP, dst, "src", src)?;
+        if src.len() != dst.len() {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                tensor: "dst",
+                expected: src.shape().to_vec(),
+                actual: dst.shape().to_vec(),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        with_backend!(self, be => copy(be, src, dst))
+    }
+
+    /// A deliberately naive dense `[M, K] · [K, N]` matmul (no tiling, no epilogue), or
+    /// `Ok(None)` on backends without one. A reference point for the bench, not an op.
+    pub fn naive_matmul(&self, a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+        const OP: &str = "naive_matmul";
+        check_device(OP, self, "a", a)?;
+        check_device(OP, self, "b", b)?;
+        check_dtype(OP, a.dtype(), "b", b)?;
+        let (&[m, k], &[kb, n]) = (a.shape(), b.shape()) else {
+            return Err(Error::WrongRank {
+                op: OP,
+                tensor: "a or b",
+                expected: "2",
+                actual: a.shape().len().max(b.shape().len()),
+            });
+        };
+        if k != kb {
+            return Err(Error::ShapeMismatch { op: OP, tensor: "b", expected: vec![k, n], actual: b.shape().to_vec() });
+        }
+        let desc = MatmulDesc::new(m, n, k);
+        let out = self.zeros(&[m, n], a.dtype())?;
+        let ran = with_backend!(self, be => naive(be, &desc, a, b, &out))?;
+        Ok(ran.then_some(out))
+    }
+}
+
+fn copy<B: BackendOps>(be: &B, src: &Tensor, dst: &Tensor) -> Result<()> {
+    be.copy(src.dtype(), storage::<B>("copy", "src", src)?, storage::<B>("copy", "dst", dst)?, src.len())
+}
+
+fn naive<B: BackendOps>(be: &B, desc: &MatmulDesc, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> {
+    const OP: &str = "naive_matmul";
+    be.naive_matmul(
+        desc,
+        a.dtype(),
+        storage::<B>(OP, "a", a)?,
+        storage::<B>(OP, "b", b)?,
+        storage::<B>(OP, "out", out)?,
+    )
+}

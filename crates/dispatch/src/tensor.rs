@@ -1,0 +1,196 @@
+//! [`Tensor`]: a typed buffer on a device, with a shape.
+
+use crate::backend::Storage;
+use crate::{Device, Error, Result};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use std::fmt;
+use std::sync::Arc;
+use tilekit_kernels::DType;
+
+/// A host element type tilekit stores natively: `f32`, `half::f16` or `half::bf16`.
+pub trait Element: bytemuck::Pod + Send + Sync + private::Sealed {
+    /// The matching storage dtype.
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A device buffer. Tensors (views with a shape) share it through an `Arc`.
+pub(crate) struct Buffer {
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+    pub(crate) storage: Storage,
+}
+
+/// A dense, row-major tensor on a [`Device`]: a shape over a flat buffer of one dtype.
+///
+/// `Clone` shares the buffer (it is a handle, like an `Arc`): ops that write a tensor write
+/// every clone of it. The strided entry points ([`Device::matmul_into`]) read and write
+/// views anywhere inside a tensor's buffer.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) buffer: Arc<Buffer>,
+    pub(crate) shape: Vec<usize>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.buffer.dtype)
+            .field("backend", &self.buffer.storage.kind())
+            .finish()
+    }
+}
+
+pub(crate) fn element_count(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Overflow { op: "tensor", what: format!("the element count of shape {shape:?}") })
+}
+
+impl Tensor {
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The storage dtype.
+    pub fn dtype(&self) -> DType {
+        self.buffer.dtype
+    }
+
+    /// Elements in the shape.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the shape has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements in the underlying buffer (at least [`Tensor::len`]).
+    pub fn buffer_len(&self) -> usize {
+        self.buffer.len
+    }
+
+    /// The device the tensor lives on.
+    pub fn device(&self) -> &Device {
+        &self.buffer.device
+    }
+
+    /// Whether two tensors share one buffer.
+    pub fn shares_buffer(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.buffer, &other.buffer)
+    }
+
+    /// The same buffer under another shape with as many elements.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = element_count(shape)?;
+        if n != self.len() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                tensor: "tensor",
+                expected: self.shape.clone(),
+                actual: shape.to_vec(),
+            });
+        }
+        Ok(Tensor { buffer: self.buffer.clone(), shape: shape.to_vec() })
+    }
+
+    /// The whole buffer as raw little-endian bytes of the storage dtype. Waits for queued work.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        self.buffer.device.download_storage(self)
+    }
+
+    /// The whole buffer as `T`, which must be the storage dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                tensor: "tensor",
+                expected: T::DTYPE,
+                actual: self.dtype(),
+            });
+        }
+        let bytes = self.to_bytes()?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The whole buffer widened to `f32` (exact for every storage dtype).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let bytes = self.to_bytes()?;
+        Ok(match self.dtype() {
+            DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes).to_f32_vec(),
+            DType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(&bytes).to_f32_vec(),
+        })
+    }
+}
+
+impl Device {
+    fn wrap(&self, dtype: DType, len: usize, storage: Storage, shape: &[usize]) -> Tensor {
+        let buffer = Buffer { device: self.clone(), dtype, len, storage };
+        Tensor { buffer: Arc::new(buffer), shape: shape.to_vec() }
+    }
+
+    fn check_len(shape: &[usize], actual: usize) -> Result<usize> {
+        let expected = element_count(shape)?;
+        if expected != actual {
+            return Err(Error::DataLength { shape: shape.to_vec(), expected, actual });
+        }
+        Ok(expected)
+    }
+
+    /// A tensor of `shape` holding `data` in its own dtype.
+    pub fn tensor<T: Element>(&self, shape: &[usize], data: &[T]) -> Result<Tensor> {
+        let len = Device::check_len(shape, data.len())?;
+        self.check_dtype(T::DTYPE)?;
+        let storage = self.upload_storage(T::DTYPE, bytemuck::cast_slice(data))?;
+        Ok(self.wrap(T::DTYPE, len, storage, shape))
+    }
+
+    /// A tensor of `shape` in `dtype` holding `data` rounded (to nearest even) to `dtype`.
+    pub fn tensor_from_f32(&self, shape: &[usize], dtype: DType, data: &[f32]) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => self.tensor(shape, data),
+            DType::F16 => {
+                let mut v = vec![f16::ZERO; data.len()];
+                v.convert_from_f32_slice(data);
+                self.tensor(shape, &v)
+            }
+            DType::Bf16 => {
+                let mut v = vec![bf16::ZERO; data.len()];
+                v.convert_from_f32_slice(data);
+                self.tensor(shape, &v)
+            }
+        }
+    }
+
+    /// A zero-filled tensor.
+    pub fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let len = element_count(shape)?;
+        self.check_dtype(dtype)?;
+        let storage = self.alloc_storage(dtype, len)?;
+        Ok(self.wrap(dtype, len, storage, shape))
+    }
+}

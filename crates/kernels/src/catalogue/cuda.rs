@@ -1,0 +1,1 @@
+//! CUDA kernels. Filled in with the CUDA backend.

@@ -1,0 +1,1 @@
+//! WGSL kernels. Filled in with the wgpu backend.

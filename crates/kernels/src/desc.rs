@@ -1,0 +1,337 @@
+//! Operation descriptors: plain data saying which elements an op reads and writes.
+//!
+//! The descriptors index flat buffers by element (not byte) offsets. They are checked by the
+//! `tilekit` crate before any backend sees them; [`MatmulDesc::required_len`] and friends give
+//! the buffer lengths a valid descriptor needs.
+
+use crate::Activation;
+
+/// How a matmul multiplies: the f32 path, or TPU-style bf16 products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Precision {
+    /// Products and sums in (at least) f32. The default.
+    #[default]
+    Highest,
+    /// Inputs rounded to bf16 (nearest even) before they are multiplied; products summed in
+    /// f32. The path tensor cores take; emulated elsewhere. Meaningful for f32 storage (bf16
+    /// storage is already bf16; f16 storage is rounded to bf16 as well).
+    Bf16,
+}
+
+/// A strided, batched matrix inside a flat buffer. Element `(r, c)` of batch `b` lives at
+/// `offset + b·batch_stride + r·ld + c` (row-major with a leading dimension `ld`).
+/// A `batch_stride` of 0 broadcasts one matrix to every batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MatrixView {
+    /// Element offset of the first element of batch 0.
+    pub offset: usize,
+    /// Leading dimension: elements between the starts of consecutive rows.
+    pub ld: usize,
+    /// Elements between the starts of consecutive batches (0 broadcasts).
+    pub batch_stride: usize,
+}
+
+impl MatrixView {
+    /// A dense `rows × cols` matrix per batch, batches packed one after another.
+    pub fn dense(rows: usize, cols: usize) -> MatrixView {
+        MatrixView { offset: 0, ld: cols, batch_stride: rows * cols }
+    }
+
+    /// The one-past-last element index the view touches for `batch` matrices of
+    /// `rows × cols`, or `None` on overflow. Zero-sized views need no storage.
+    pub fn required_len(&self, batch: usize, rows: usize, cols: usize) -> Option<usize> {
+        if batch == 0 || rows == 0 || cols == 0 {
+            return Some(0);
+        }
+        let last_batch = (batch - 1).checked_mul(self.batch_stride)?;
+        let last_row = (rows - 1).checked_mul(self.ld)?;
+        self.offset.checked_add(last_batch)?.checked_add(last_row)?.checked_add(cols)
+    }
+
+    /// The element index of `(b, r, c)`. The caller has checked the view.
+    #[inline]
+    pub fn index(&self, b: usize, r: usize, c: usize) -> usize {
+        self.offset + b * self.batch_stride + r * self.ld + c
+    }
+}
+
+/// `out = act(alpha · op(A) · op(B) + bias + beta · C)` over `batch` independent products.
+///
+/// `op(A)` is `M × K`: stored `M × K` (`trans_a = false`) or `K × M` (`trans_a = true`).
+/// `op(B)` is `K × N`: stored `K × N` or `N × K`. `bias` has `N` elements, one per output
+/// column. `C` and `out` are `M × N`. `K = 0` gives the epilogue applied to zeros.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulDesc {
+    /// Number of products.
+    pub batch: usize,
+    /// Rows of `op(A)` and of the output.
+    pub m: usize,
+    /// Columns of `op(B)` and of the output.
+    pub n: usize,
+    /// The reduction length.
+    pub k: usize,
+    /// `A` is stored transposed (`K × M`).
+    pub trans_a: bool,
+    /// `B` is stored transposed (`N × K`).
+    pub trans_b: bool,
+    /// Where `A` lives.
+    pub a: MatrixView,
+    /// Where `B` lives.
+    pub b: MatrixView,
+    /// Where `C` (the residual) lives, if there is one.
+    pub c: Option<MatrixView>,
+    /// Element offset of the bias vector, if there is one.
+    pub bias_offset: Option<usize>,
+    /// Where the output goes.
+    pub out: MatrixView,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of `C` (ignored without `C`).
+    pub beta: f32,
+    /// Activation applied last.
+    pub activation: Activation,
+    /// Multiplication precision.
+    pub precision: Precision,
+}
+
+impl MatmulDesc {
+    /// A dense, unbatched `M × K · K × N` product with no epilogue.
+    pub fn new(m: usize, n: usize, k: usize) -> MatmulDesc {
+        MatmulDesc {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            a: MatrixView::dense(m, k),
+            b: MatrixView::dense(k, n),
+            c: None,
+            bias_offset: None,
+            out: MatrixView::dense(m, n),
+            alpha: 1.0,
+            beta: 0.0,
+            activation: Activation::None,
+            precision: Precision::Highest,
+        }
+    }
+
+    /// Stored shape `(rows, cols)` of `A`.
+    pub fn a_stored(&self) -> (usize, usize) {
+        if self.trans_a { (self.k, self.m) } else { (self.m, self.k) }
+    }
+
+    /// Stored shape `(rows, cols)` of `B`.
+    pub fn b_stored(&self) -> (usize, usize) {
+        if self.trans_b { (self.n, self.k) } else { (self.k, self.n) }
+    }
+
+    /// Element index of `op(A)[i][p]` in batch `bt`.
+    #[inline]
+    pub fn a_index(&self, bt: usize, i: usize, p: usize) -> usize {
+        if self.trans_a { self.a.index(bt, p, i) } else { self.a.index(bt, i, p) }
+    }
+
+    /// Element index of `op(B)[p][j]` in batch `bt`.
+    #[inline]
+    pub fn b_index(&self, bt: usize, p: usize, j: usize) -> usize {
+        if self.trans_b { self.b.index(bt, j, p) } else { self.b.index(bt, p, j) }
+    }
+
+    /// Floating-point operations of the op (2·batch·M·N·K), for throughput figures.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+/// Memory layout of a 4-D activation tensor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `[N, C, H, W]`.
+    #[default]
+    Nchw,
+    /// `[N, H, W, C]`.
+    Nhwc,
+}
+
+impl Layout {
+    /// The name used on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Layout::Nchw => "nchw",
+            Layout::Nhwc => "nhwc",
+        }
+    }
+
+    /// Parses the names printed by [`Layout::name`].
+    pub fn parse(s: &str) -> Option<Layout> {
+        match s {
+            "nchw" => Some(Layout::Nchw),
+            "nhwc" => Some(Layout::Nhwc),
+            _ => None,
+        }
+    }
+}
+
+/// A depthwise 2-D convolution: output channel `oc` of `C·m` reads input channel `oc / m`
+/// through its own `kh × kw` filter (weight `[C·m, 1, kh, kw]` in both layouts), then adds
+/// `bias[oc]` and applies the activation. Tensors are dense in their layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dDesc {
+    /// Batch size.
+    pub batch: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Input height.
+    pub height: usize,
+    /// Input width.
+    pub width: usize,
+    /// Channel multiplier `m` (output channels = `channels · m`).
+    pub multiplier: usize,
+    /// Filter height.
+    pub kernel_h: usize,
+    /// Filter width.
+    pub kernel_w: usize,
+    /// Vertical stride.
+    pub stride_h: usize,
+    /// Horizontal stride.
+    pub stride_w: usize,
+    /// Zero padding above.
+    pub pad_top: usize,
+    /// Zero padding below.
+    pub pad_bottom: usize,
+    /// Zero padding on the left.
+    pub pad_left: usize,
+    /// Zero padding on the right.
+    pub pad_right: usize,
+    /// Vertical dilation.
+    pub dilation_h: usize,
+    /// Horizontal dilation.
+    pub dilation_w: usize,
+    /// Layout of input and output.
+    pub layout: Layout,
+    /// Whether a bias of `C·m` elements is added.
+    pub has_bias: bool,
+    /// Activation applied last.
+    pub activation: Activation,
+}
+
+impl Conv2dDesc {
+    /// Output height, or `None` when the (dilated) filter does not fit or a parameter is 0.
+    pub fn out_h(&self) -> Option<usize> {
+        out_extent(self.height, self.pad_top, self.pad_bottom, self.kernel_h, self.dilation_h, self.stride_h)
+    }
+
+    /// Output width, or `None` when the (dilated) filter does not fit or a parameter is 0.
+    pub fn out_w(&self) -> Option<usize> {
+        out_extent(self.width, self.pad_left, self.pad_right, self.kernel_w, self.dilation_w, self.stride_w)
+    }
+
+    /// Output channels (`channels · multiplier`).
+    pub fn out_channels(&self) -> usize {
+        self.channels * self.multiplier
+    }
+
+    /// Input element index of `(n, c, y, x)` in the desc's layout.
+    #[inline]
+    pub fn input_index(&self, n: usize, c: usize, y: usize, x: usize) -> usize {
+        match self.layout {
+            Layout::Nchw => ((n * self.channels + c) * self.height + y) * self.width + x,
+            Layout::Nhwc => ((n * self.height + y) * self.width + x) * self.channels + c,
+        }
+    }
+
+    /// Output element index of `(n, oc, y, x)` in the desc's layout. Needs a valid desc.
+    #[inline]
+    pub fn output_index(&self, n: usize, oc: usize, y: usize, x: usize) -> usize {
+        let (oh, ow, occ) = (self.out_h().unwrap_or(0), self.out_w().unwrap_or(0), self.out_channels());
+        match self.layout {
+            Layout::Nchw => ((n * occ + oc) * oh + y) * ow + x,
+            Layout::Nhwc => ((n * oh + y) * ow + x) * occ + oc,
+        }
+    }
+
+    /// Input shape in the desc's layout.
+    pub fn input_shape(&self) -> [usize; 4] {
+        match self.layout {
+            Layout::Nchw => [self.batch, self.channels, self.height, self.width],
+            Layout::Nhwc => [self.batch, self.height, self.width, self.channels],
+        }
+    }
+
+    /// Output shape in the desc's layout (zeros where the output is empty).
+    pub fn output_shape(&self) -> [usize; 4] {
+        let (oh, ow) = (self.out_h().unwrap_or(0), self.out_w().unwrap_or(0));
+        match self.layout {
+            Layout::Nchw => [self.batch, self.out_channels(), oh, ow],
+            Layout::Nhwc => [self.batch, oh, ow, self.out_channels()],
+        }
+    }
+
+    /// Weight shape `[C·m, 1, kh, kw]`.
+    pub fn weight_shape(&self) -> [usize; 4] {
+        [self.out_channels(), 1, self.kernel_h, self.kernel_w]
+    }
+
+    /// Floating-point operations (2 per tap per output).
+    pub fn flops(&self) -> f64 {
+        let [n, c, h, w] = match self.layout {
+            Layout::Nchw => self.output_shape(),
+            Layout::Nhwc => {
+                let [n, h, w, c] = self.output_shape();
+                [n, c, h, w]
+            }
+        };
+        2.0 * (n * c * h * w) as f64 * (self.kernel_h * self.kernel_w) as f64
+    }
+}
+
+fn out_extent(len: usize, pad0: usize, pad1: usize, k: usize, dilation: usize, stride: usize) -> Option<usize> {
+    if k == 0 || dilation == 0 || stride == 0 {
+        return None;
+    }
+    let padded = len.checked_add(pad0)?.checked_add(pad1)?;
+    let span = (k - 1).checked_mul(dilation)?.checked_add(1)?;
+    if padded < span {
+        return None;
+    }
+    Some((padded - span) / stride + 1)
+}
+
+/// Elementwise `out[i] = act(x[i] + bias[i mod bias_len])`: the bias (if any) is broadcast
+/// along the last dimension, whose length is `bias_len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActivationDesc {
+    /// Number of elements.
+    pub len: usize,
+    /// Length of the bias (the last dimension), or `None` for no bias.
+    pub bias_len: Option<usize>,
+    /// The activation.
+    pub activation: Activation,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conv_output_extent() {
+        // 3×3, pad 1, stride 1 keeps the size; stride 2 halves it (rounded up).
+        assert_eq!(out_extent(112, 1, 1, 3, 1, 1), Some(112));
+        assert_eq!(out_extent(112, 0, 1, 3, 1, 2), Some(56));
+        // Dilation 2 widens a 3-tap filter to 5.
+        assert_eq!(out_extent(5, 0, 0, 3, 2, 1), Some(1));
+        assert_eq!(out_extent(4, 0, 0, 3, 2, 1), None);
+        assert_eq!(out_extent(4, 0, 0, 3, 1, 0), None);
+    }
+
+    #[test]
+    fn view_length_handles_broadcast_and_overflow() {
+        let v = MatrixView { offset: 3, ld: 10, batch_stride: 0 };
+        assert_eq!(v.required_len(4, 2, 5), Some(3 + 10 + 5));
+        let big = MatrixView { offset: 0, ld: usize::MAX, batch_stride: 0 };
+        assert_eq!(big.required_len(1, 3, 1), None);
+        assert_eq!(big.required_len(1, 0, 1), Some(0));
+    }
+}

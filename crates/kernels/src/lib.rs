@@ -1,0 +1,24 @@
+//! The runtime-free half of tilekit: what each kernel is, not how it is launched.
+//!
+//! This crate holds
+//! - the element types ([`DType`]) and the fused activations ([`Activation`]), with the scalar
+//!   formulas every backend implements;
+//! - the operation descriptors ([`MatmulDesc`], [`Conv2dDesc`], [`ActivationDesc`]): plain data
+//!   that says which elements an op reads and writes;
+//! - the kernel catalogue ([`catalogue`]): the WGSL (and, later, CUDA) sources embedded from
+//!   `shaders/`, their entry points, launch shapes and `#[repr(C)]` parameter blocks;
+//! - the CPU reference implementations ([`reference`]): naive loops with `f64` accumulation,
+//!   the oracle the tests and the bench compare every backend with.
+//!
+//! It depends on no GPU runtime, so an engine that owns its own device can take the kernel
+//! sources and parameter layouts from here and launch them itself.
+
+pub mod activation;
+pub mod catalogue;
+pub mod desc;
+pub mod dtype;
+pub mod reference;
+
+pub use activation::Activation;
+pub use desc::{ActivationDesc, Conv2dDesc, Layout, MatmulDesc, MatrixView, Precision};
+pub use dtype::DType;
