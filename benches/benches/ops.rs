@@ -1,1 +1,2 @@
+//! Criterion benches (being written).
 fn main() {}

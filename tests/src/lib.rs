@@ -1,1 +1,1 @@
-//! Shared harness of the test suite.
+//! Shared harness of tilekit's test suite (being written).
