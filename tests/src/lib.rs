@@ -270,7 +270,8 @@ impl MatmulInputs {
 
 /// Runs `desc` through `matmul_into` on every backend that has `dtype`, with the output view
 /// inside a buffer of sentinels, and checks every element of the view against the reference
-/// and every other word against the sentinel. Returns the number of backends that ran.
+/// and every other word against the sentinel. Returns the number of guard words checked (summed
+/// over the backends that ran).
 pub fn run_matmul(desc: &MatmulDesc, dtype: DType, data: Data, seed: u64) -> Result<usize, String> {
     let inp = MatmulInputs::new(desc, dtype, data, seed);
     run_matmul_with(desc, dtype, data.exact(), &inp)
@@ -278,6 +279,7 @@ pub fn run_matmul(desc: &MatmulDesc, dtype: DType, data: Data, seed: u64) -> Res
 
 /// [`run_matmul`] on given inputs (`exact` asks for bit-exact results).
 pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &MatmulInputs) -> Result<usize, String> {
+    let mut total_guards = 0;
     // The reference: pre-activation values, then the magnitudes for the bound.
     let mut plain = *desc;
     plain.activation = Activation::None;
@@ -304,7 +306,6 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
     }
     let sentinel_bytes = to_storage_bytes(dtype, &vec![SENTINEL; inp.out_len]);
     let sentinel = word(dtype, &sentinel_bytes, 0);
-    let mut ran = 0;
     for be in backends_for(dtype) {
         let dev = &be.device;
         let what = format!("{} {dtype} matmul {desc:?}", be.label);
@@ -328,6 +329,7 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
             }
         }
         GUARD_WORDS.fetch_add(guards, Ordering::Relaxed);
+        total_guards += guards;
         let indices = (0..inp.out_len).filter(|&i| in_view[i]);
         compare(&what, dtype, desc.activation, desc.k, exact, &got, &pre, &magnitude, indices)?;
         // Out-of-bounds stores are clamped onto the last element on some backends: check it
@@ -335,9 +337,8 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
         if let Some(last) = (0..inp.out_len).rev().find(|&i| in_view[i]) {
             compare(&format!("{what} (last element)"), dtype, desc.activation, desc.k, exact, &got, &pre, &magnitude, [last].into_iter())?;
         }
-        ran += 1;
     }
-    Ok(ran)
+    Ok(total_guards)
 }
 
 /// Builds tensors for a depthwise conv case, runs it on every backend that has `dtype` (through
@@ -482,7 +483,7 @@ pub fn conv_desc(batch: usize, channels: usize, h: usize, w: usize, kh: usize, k
     }
 }
 
-/// Prints how many guard words this binary has checked so far.
+/// Prints how many guard words this binary has checked so far (all tests together).
 pub fn report_guard_words(test: &str) {
-    eprintln!("{test}: guard words checked so far in this binary: {}", GUARD_WORDS.load(Ordering::Relaxed));
+    eprintln!("{test}: guard words checked so far in this binary (all tests): {}", GUARD_WORDS.load(Ordering::Relaxed));
 }

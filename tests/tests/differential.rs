@@ -175,7 +175,7 @@ fn matmul_edge_shapes() {
         }
     }
     shapes.extend([(1, 1, 1000), (130, 3, 7), (3, 130, 7), (65, 63, 129), (1, 65, 64), (64, 1, 65)]);
-    let mut rows = 0;
+    let (mut rows, mut guards) = (0, 0);
     for (row, &(m, n, k)) in shapes.iter().enumerate() {
         let mut d = MatmulDesc::new(m, n, k);
         d.trans_a = row % 2 == 1;
@@ -189,13 +189,14 @@ fn matmul_edge_shapes() {
         d.beta = 0.5;
         d.activation = Activation::ALL[row % Activation::ALL.len()];
         for dtype in DType::ALL {
-            if let Err(e) = run_matmul(&d, dtype, Data::Uniform, row as u64) {
-                panic!("edge-shape row {row} ({m}x{n}x{k}): {e}");
+            match run_matmul(&d, dtype, Data::Uniform, row as u64) {
+                Ok(g) => guards += g,
+                Err(e) => panic!("edge-shape row {row} ({m}x{n}x{k}): {e}"),
             }
             rows += 1;
         }
     }
-    eprintln!("matmul_edge_shapes: {rows} (shape, dtype) rows");
+    eprintln!("matmul_edge_shapes: {rows} (shape, dtype) rows, {guards} guard words checked");
     report_guard_words("matmul_edge_shapes");
 }
 
@@ -215,7 +216,7 @@ fn exact_limits(dtype: DType) -> (i32, usize) {
 #[test]
 fn matmul_exact_integers_with_guard_bands() {
     let shapes = [(1, 1, 1), (2, 3, 5), (7, 5, 3), (16, 16, 16), (17, 13, 29), (33, 65, 30), (64, 17, 1), (65, 64, 2)];
-    let mut rows = 0;
+    let (mut rows, mut guards) = (0, 0);
     for dtype in DType::ALL {
         let (r, kmax) = exact_limits(dtype);
         for (row, &(m, n, k)) in shapes.iter().enumerate() {
@@ -239,14 +240,16 @@ fn matmul_exact_integers_with_guard_bands() {
                 d.beta = [1.0, -2.0][row % 2];
                 d.activation = [Activation::None, Activation::Relu, Activation::Relu6][row % 3];
                 d.precision = if row % 4 == 3 { Precision::Bf16 } else { Precision::Highest };
-                if let Err(e) = run_matmul(&d, dtype, Data::Integers(r), 1000 + row as u64) {
-                    panic!("exact row {row} batch {batch}: {e}");
+                match run_matmul(&d, dtype, Data::Integers(r), 1000 + row as u64) {
+                    Ok(g) => guards += g,
+                    Err(e) => panic!("exact row {row} batch {batch}: {e}"),
                 }
                 rows += 1;
             }
         }
     }
-    eprintln!("matmul_exact_integers_with_guard_bands: {rows} rows, bit-exact");
+    eprintln!("matmul_exact_integers_with_guard_bands: {rows} rows bit-exact, {guards} guard words checked");
+    assert!(guards > 0, "no guard words were checked");
     report_guard_words("matmul_exact_integers_with_guard_bands");
 }
 
