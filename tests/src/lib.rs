@@ -335,7 +335,17 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
         // Out-of-bounds stores are clamped onto the last element on some backends: check it
         // exactly against the (bit-exact or toleranced) reference once more, by name.
         if let Some(last) = (0..inp.out_len).rev().find(|&i| in_view[i]) {
-            compare(&format!("{what} (last element)"), dtype, desc.activation, desc.k, exact, &got, &pre, &magnitude, [last].into_iter())?;
+            compare(
+                &format!("{what} (last element)"),
+                dtype,
+                desc.activation,
+                desc.k,
+                exact,
+                &got,
+                &pre,
+                &magnitude,
+                [last].into_iter(),
+            )?;
         }
     }
     Ok(total_guards)
@@ -460,7 +470,15 @@ pub fn run_activation(
 }
 
 /// A dense NCHW/NHWC conv descriptor with no padding, stride or dilation (tests adjust it).
-pub fn conv_desc(batch: usize, channels: usize, h: usize, w: usize, kh: usize, kw: usize, layout: Layout) -> Conv2dDesc {
+pub fn conv_desc(
+    batch: usize,
+    channels: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    layout: Layout,
+) -> Conv2dDesc {
     Conv2dDesc {
         batch,
         channels,

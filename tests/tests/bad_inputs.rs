@@ -49,7 +49,14 @@ fn into(dev: &Device, d: DType, desc: &MatmulDesc, lens: [usize; 3]) -> Result<(
     dev.matmul_into(desc, &a, &b, None, None, &out)
 }
 
-fn conv(dev: &Device, d: DType, input: &[usize], weight: &[usize], bias: Option<usize>, o: Conv2dOptions) -> Result<()> {
+fn conv(
+    dev: &Device,
+    d: DType,
+    input: &[usize],
+    weight: &[usize],
+    bias: Option<usize>,
+    o: Conv2dOptions,
+) -> Result<()> {
     let bias = bias.map(|n| t(dev, d, &[n]));
     dev.depthwise_conv2d(&t(dev, d, input), &t(dev, d, weight), bias.as_ref(), &o).map(|_| ())
 }
@@ -327,12 +334,23 @@ fn rows() -> Vec<Row> {
         // ---- depthwise conv ----
         Row {
             name: "conv: stride 0",
-            call: |dev, d| conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions { stride: [1, 0], ..Default::default() }),
+            call: |dev, d| {
+                conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions { stride: [1, 0], ..Default::default() })
+            },
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "stride", .. })),
         },
         Row {
             name: "conv: dilation 0",
-            call: |dev, d| conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions { dilation: [0, 1], ..Default::default() }),
+            call: |dev, d| {
+                conv(
+                    dev,
+                    d,
+                    &[1, 2, 5, 5],
+                    &[2, 1, 3, 3],
+                    None,
+                    Conv2dOptions { dilation: [0, 1], ..Default::default() },
+                )
+            },
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "dilation", .. })),
         },
         Row {
@@ -342,13 +360,37 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "conv: empty output from dilation",
-            call: |dev, d| conv(dev, d, &[1, 2, 4, 4], &[2, 1, 3, 3], None, Conv2dOptions { dilation: [2, 2], ..Default::default() }),
+            call: |dev, d| {
+                conv(
+                    dev,
+                    d,
+                    &[1, 2, 4, 4],
+                    &[2, 1, 3, 3],
+                    None,
+                    Conv2dOptions { dilation: [2, 2], ..Default::default() },
+                )
+            },
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "padding", .. })),
         },
         Row {
             name: "conv: padding that overflows usize",
-            call: |dev, d| conv(dev, d, &[1, 2, 4, 4], &[2, 1, 3, 3], None, Conv2dOptions { padding: [usize::MAX, 1, 0, 0], ..Default::default() }),
-            expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "padding", .. }) | Err(Overflow { op: "depthwise_conv2d", .. })),
+            call: |dev, d| {
+                conv(
+                    dev,
+                    d,
+                    &[1, 2, 4, 4],
+                    &[2, 1, 3, 3],
+                    None,
+                    Conv2dOptions { padding: [usize::MAX, 1, 0, 0], ..Default::default() },
+                )
+            },
+            expect: |r| {
+                matches!(
+                    r,
+                    Err(InvalidParameter { op: "depthwise_conv2d", param: "padding", .. })
+                        | Err(Overflow { op: "depthwise_conv2d", .. })
+                )
+            },
         },
         Row {
             name: "conv: weight [C·m, 2, kh, kw]",
@@ -382,14 +424,27 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "conv: NHWC input with an NCHW-sized weight",
-            call: |dev, d| conv(dev, d, &[1, 5, 5, 2], &[5, 1, 3, 3], None, Conv2dOptions { layout: Layout::Nhwc, ..Default::default() }),
+            call: |dev, d| {
+                conv(
+                    dev,
+                    d,
+                    &[1, 5, 5, 2],
+                    &[5, 1, 3, 3],
+                    None,
+                    Conv2dOptions { layout: Layout::Nhwc, ..Default::default() },
+                )
+            },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "depthwise_conv2d", tensor: "weight", .. })),
         },
         Row {
             name: "conv: weight in another dtype",
             call: |dev, d| match dev.tensor_from_f32(&[2, 1, 3, 3], other(d), &[0.0; 18]) {
-                Ok(w) => dev.depthwise_conv2d(&t(dev, d, &[1, 2, 5, 5]), &w, None, &Conv2dOptions::default()).map(|_| ()),
-                Err(_) => Err(DTypeMismatch { op: "depthwise_conv2d", tensor: "weight", expected: d, actual: other(d) }),
+                Ok(w) => {
+                    dev.depthwise_conv2d(&t(dev, d, &[1, 2, 5, 5]), &w, None, &Conv2dOptions::default()).map(|_| ())
+                }
+                Err(_) => {
+                    Err(DTypeMismatch { op: "depthwise_conv2d", tensor: "weight", expected: d, actual: other(d) })
+                }
             },
             expect: |r| matches!(r, Err(DTypeMismatch { op: "depthwise_conv2d", tensor: "weight", .. })),
         },
@@ -413,16 +468,32 @@ fn rows() -> Vec<Row> {
             name: "conv_into: an output of the wrong shape",
             call: |dev, d| {
                 let out = t(dev, d, &[1, 2, 5, 5]);
-                dev.depthwise_conv2d_into(&t(dev, d, &[1, 2, 5, 5]), &t(dev, d, &[2, 1, 3, 3]), None, &Conv2dOptions::default(), &out)
+                dev.depthwise_conv2d_into(
+                    &t(dev, d, &[1, 2, 5, 5]),
+                    &t(dev, d, &[2, 1, 3, 3]),
+                    None,
+                    &Conv2dOptions::default(),
+                    &out,
+                )
             },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "depthwise_conv2d", tensor: "out", .. })),
         },
         Row {
             name: "conv: batch 0 and 0 channels give empty outputs",
             call: |dev, d| {
-                let y = dev.depthwise_conv2d(&t(dev, d, &[0, 2, 5, 5]), &t(dev, d, &[2, 1, 3, 3]), None, &Conv2dOptions::default())?;
+                let y = dev.depthwise_conv2d(
+                    &t(dev, d, &[0, 2, 5, 5]),
+                    &t(dev, d, &[2, 1, 3, 3]),
+                    None,
+                    &Conv2dOptions::default(),
+                )?;
                 assert_eq!(y.shape(), [0, 2, 3, 3]);
-                let y = dev.depthwise_conv2d(&t(dev, d, &[1, 0, 5, 5]), &t(dev, d, &[0, 1, 3, 3]), None, &Conv2dOptions::default())?;
+                let y = dev.depthwise_conv2d(
+                    &t(dev, d, &[1, 0, 5, 5]),
+                    &t(dev, d, &[0, 1, 3, 3]),
+                    None,
+                    &Conv2dOptions::default(),
+                )?;
                 assert_eq!(y.shape(), [1, 0, 3, 3]);
                 Ok(())
             },

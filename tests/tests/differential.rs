@@ -8,7 +8,9 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tilekit::{Activation, DType, Layout, MatmulDesc, MatmulOptions, MatrixView, Precision};
-use tilekit_tests::{ActMode, Data, Rng, backends_for, conv_desc, report_guard_words, run_activation, run_conv, run_matmul};
+use tilekit_tests::{
+    ActMode, Data, Rng, backends_for, conv_desc, report_guard_words, run_activation, run_conv, run_matmul,
+};
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
@@ -276,7 +278,9 @@ fn k_zero_gives_the_epilogue_of_zeros() {
 /// bit for bit what `matmul_into` gives on the equivalent descriptor.
 #[test]
 fn dense_api_matches_strided_api() {
-    let cases: [(Option<usize>, Option<usize>, usize, usize, usize); 5] = [
+    /// (batch of a, batch of b, M, N, K); `None` is a rank-2 operand.
+    type Case = (Option<usize>, Option<usize>, usize, usize, usize);
+    let cases: [Case; 5] = [
         (None, None, 5, 7, 3),
         (Some(3), None, 4, 6, 9),
         (None, Some(2), 17, 3, 16),
@@ -352,7 +356,9 @@ fn conv_exact_integers() {
             _ => 4,
         };
         for (row, layout) in [Layout::Nchw, Layout::Nhwc].into_iter().enumerate() {
-            for (kh, kw, s, dil, m) in [(3, 3, 1, 1, 1), (3, 3, 2, 1, 2), (1, 1, 1, 1, 3), (3, 1, 1, 2, 1), (2, 3, 3, 1, 1)] {
+            for (kh, kw, s, dil, m) in
+                [(3, 3, 1, 1, 1), (3, 3, 2, 1, 2), (1, 1, 1, 1, 3), (3, 1, 1, 2, 1), (2, 3, 3, 1, 1)]
+            {
                 let mut d = conv_desc(2, 3, 9, 8, kh, kw, layout);
                 (d.stride_h, d.stride_w, d.dilation_h, d.dilation_w, d.multiplier) = (s, s, dil, dil, m);
                 (d.pad_top, d.pad_bottom, d.pad_left, d.pad_right) = (1, 0, 2, 1);

@@ -11,8 +11,10 @@ use tilekit_tests::skip;
 /// Parses and validates one WGSL source with every capability naga knows (f16 included; the
 /// device-side feature check is the backend's job, not the shader's).
 fn validate(name: &str, source: &str) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))?;
-    let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+    let module =
+        naga::front::wgsl::parse_str(source).map_err(|e| format!("{name}: parse: {}", e.emit_to_string(source)))?;
+    let mut validator =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
     validator.validate(&module).map_err(|e| format!("{name}: validate: {}", e.emit_to_string(source)))?;
     Ok(())
 }

@@ -96,7 +96,10 @@ fn f16_overflow_gives_infinity() {
         assert_eq!(f16_values(&y), [f32::INFINITY, 300.0, f32::NEG_INFINITY, -512.0], "{label} f16 matmul overflow");
         // Conv: a 2×2 filter of 200s over 100s is 80000.
         let x = ok("x", dev.tensor_from_f32(&[1, 1, 2, 2], dt, &[100.0; 4]));
-        let w = ok("w", dev.tensor_from_f32(&[2, 1, 2, 2], dt, &[200.0, 200.0, 200.0, 200.0, -200.0, -200.0, -200.0, -200.0]));
+        let w = ok(
+            "w",
+            dev.tensor_from_f32(&[2, 1, 2, 2], dt, &[200.0, 200.0, 200.0, 200.0, -200.0, -200.0, -200.0, -200.0]),
+        );
         let y = ok("conv", dev.depthwise_conv2d(&x, &w, None, &Conv2dOptions::default()));
         assert_eq!(f16_values(&y), [f32::INFINITY, f32::NEG_INFINITY], "{label} f16 conv overflow");
     }
