@@ -8,10 +8,10 @@
 //!   built on first use and cached by (module name, override constants). f16 is stored natively
 //!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
 //!   per `u32` otherwise; bf16 is always packed.
-//! - Ops are recorded without a host sync: each op is a compute pass in one pending command
-//!   encoder, submitted every [`MAX_PENDING_OPS`] ops and whenever the host waits
-//!   (`download`, `synchronize`). Waits poll with a timeout and return a typed error instead of
-//!   hanging.
+//! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
+//!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
+//!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
+//!   poll with a timeout and return a typed error instead of hanging.
 //! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
@@ -34,7 +34,7 @@ use wgpu::util::DeviceExt;
 mod tests;
 
 const KIND: BackendKind = BackendKind::Wgpu;
-/// Ops recorded before the pending encoder is submitted: large enough to amortise the 70–135 µs
+/// Ops queued before they are submitted: large enough to amortise the 70–135 µs
 /// a submit costs on lavapipe (`shared/FIELD-NOTES.md`), small enough to keep the GPU busy
 /// while the host records more.
 const MAX_PENDING_OPS: usize = 64;
@@ -50,16 +50,28 @@ pub(crate) struct AdapterSummary {
     pub(crate) software: bool,
 }
 
-fn new_instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    // WGPU_BACKEND and the other wgpu variables still override.
+    wgpu::Instance::new(desc.with_env())
 }
 
 fn enumerate() -> std::result::Result<Vec<wgpu::Adapter>, String> {
     // wgpu panics only when no backend is compiled in; the catch keeps the probe's promise
     // never to panic even on such a build.
     std::panic::catch_unwind(|| {
-        let instance = new_instance();
-        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        // The primary backends (Vulkan, Metal, DX12) first; GL only where none of them has an
+        // adapter: its compute support is the narrowest, and initialising EGL on a headless
+        // machine prints errors.
+        let primary = new_instance(wgpu::Backends::PRIMARY);
+        let adapters = pollster::block_on(primary.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            let secondary = new_instance(wgpu::Backends::SECONDARY);
+            pollster::block_on(secondary.enumerate_adapters(wgpu::Backends::all()))
+        } else {
+            adapters
+        }
     })
     .map_err(|_| "wgpu failed to enumerate adapters".to_string())
 }
@@ -101,11 +113,12 @@ struct Pipeline {
 /// constants (as bits, so the key is `Eq + Hash`).
 type PipelineKey = (String, Vec<(&'static str, u64)>);
 
-/// Work recorded but not yet submitted.
+/// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
+/// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
+/// before it: its command buffer is never queued, the others are.
 #[derive(Debug, Default)]
 struct Pending {
-    encoder: Option<wgpu::CommandEncoder>,
-    ops: usize,
+    buffers: Vec<wgpu::CommandBuffer>,
 }
 
 /// The wgpu backend: a box around its state, so the `Backend` enum stays small.
@@ -463,9 +476,10 @@ impl WgpuBackend {
         Ok([x, y, 1])
     }
 
-    /// Records launches of `pipeline` (one compute pass each) into the pending encoder.
+    /// Records launches of `pipeline` (one compute pass each) as one pending command buffer.
     /// `buffers` are the storage bindings by slot; each launch brings its parameter block,
-    /// bound at `uniform_slot`, and its grid.
+    /// bound at `uniform_slot`, and its grid. Nothing waits: the buffer is submitted with the
+    /// next [`MAX_PENDING_OPS`] or when the host waits.
     fn record(
         &self,
         op: &'static str,
@@ -478,14 +492,8 @@ impl WgpuBackend {
             self.check_binding(op, b)?;
         }
         self.check_health()?;
-        let mut pending = self.pending.lock().map_err(|_| Error::Backend {
-            backend: KIND,
-            message: "the pending command encoder's lock was poisoned".into(),
-        })?;
-        self.scoped(0, || {
-            let encoder = pending.encoder.get_or_insert_with(|| {
-                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tilekit ops") })
-            });
+        let commands = self.scoped(0, || {
+            let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
             for (params, grid) in launches {
                 let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(op),
@@ -508,25 +516,24 @@ impl WgpuBackend {
                 pass.set_bind_group(0, &bind_group, &[]);
                 pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
             }
+            encoder.finish()
         })?;
-        pending.ops += 1;
-        if pending.ops >= MAX_PENDING_OPS {
+        let mut pending = self.lock_pending()?;
+        pending.buffers.push(commands);
+        if pending.buffers.len() >= MAX_PENDING_OPS {
             self.submit(&mut pending, None)?;
         }
         Ok(())
     }
 
-    /// Submits the pending encoder (plus `extra`, recorded after it) and returns the index.
+    /// Submits the pending command buffers (plus `extra`, after them) in one submission and
+    /// returns its index.
     fn submit(
         &self,
         pending: &mut Pending,
         extra: Option<wgpu::CommandBuffer>,
     ) -> Result<Option<wgpu::SubmissionIndex>> {
-        let mut buffers = Vec::new();
-        if let Some(encoder) = pending.encoder.take() {
-            buffers.push(self.scoped(0, || encoder.finish())?);
-        }
-        pending.ops = 0;
+        let mut buffers = std::mem::take(&mut pending.buffers);
         buffers.extend(extra);
         if buffers.is_empty() {
             return Ok(None);
@@ -551,10 +558,9 @@ impl WgpuBackend {
     }
 
     fn lock_pending(&self) -> Result<std::sync::MutexGuard<'_, Pending>> {
-        self.pending.lock().map_err(|_| Error::Backend {
-            backend: KIND,
-            message: "the pending command encoder's lock was poisoned".into(),
-        })
+        self.pending
+            .lock()
+            .map_err(|_| Error::Backend { backend: KIND, message: "the pending-work lock was poisoned".into() })
     }
 
     /// Shared part of matmul and the naive matmul: the parameter block of `desc`.

@@ -538,3 +538,92 @@ fn every_catalogue_module_builds_a_pipeline() {
         }
     }
 }
+
+fn own_device(what: &str) -> Option<Device> {
+    match Device::wgpu(&WgpuOptions::allow_software()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("SKIP {what}: no adapter ({e})");
+            None
+        }
+    }
+}
+
+/// An engine's own device with a tiny storage-binding limit: tilekit runs on it, and a tensor
+/// over the limit is refused with a typed error instead of a wgpu validation panic.
+#[test]
+fn from_raw_device_and_the_binding_limit() {
+    let Some(adapter) = enumerate().ok().and_then(|a| a.into_iter().next()) else {
+        eprintln!("SKIP from_raw test: no adapter");
+        return;
+    };
+    let limits = wgpu::Limits { max_storage_buffer_binding_size: 1024, ..adapter.limits() };
+    let desc = wgpu::DeviceDescriptor { label: Some("engine"), required_limits: limits, ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let dev = Device::from_wgpu(device, queue).unwrap();
+    let small = dev.tensor_from_f32(&[4, 8], DType::F32, &values(32, 1)).unwrap();
+    let y = dev.activation(&small, None, Activation::Relu).unwrap();
+    assert_eq!(y.to_f32_vec().unwrap(), values(32, 1).iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
+    if backend(&dev).limits.max_storage_buffer_binding_size <= 1024 {
+        let big = dev.zeros(&[1024], DType::F32).unwrap();
+        let err = dev.activation(&big, None, Activation::Relu).unwrap_err();
+        assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    } else {
+        eprintln!("SKIP binding-limit check: the device did not take the lower limit");
+    }
+}
+
+/// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
+/// grid folding run on small, quick shapes.
+fn narrow_grid_device() -> Option<Device> {
+    let adapter = enumerate().ok().and_then(|a| a.into_iter().next())?;
+    let limits = wgpu::Limits { max_compute_workgroups_per_dimension: 8, ..adapter.limits() };
+    let desc = wgpu::DeviceDescriptor { label: Some("narrow grid"), required_limits: limits, ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).ok()?;
+    let dev = Device::from_wgpu(device, queue).ok()?;
+    (backend(&dev).limits.max_compute_workgroups_per_dimension == 8).then_some(dev)
+}
+
+#[test]
+fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
+    let Some(dev) = narrow_grid_device() else {
+        eprintln!("SKIP grid test: no adapter, or it did not take the lower grid limit");
+        return;
+    };
+    // 20 batches of a 3x5x2 product with B broadcast: launches of 8, 8 and 4 batches.
+    let mut case = dense_case(20, 3, 5, 2, false, false);
+    case.desc.b.batch_stride = 0;
+    case.desc.bias_offset = Some(0);
+    case.bias = true;
+    run_matmul_case(&dev, DType::F32, &case, 900);
+    run_matmul_case(&dev, DType::Bf16, &case, 901);
+    // 3000 elements = 750 invocations = 12 workgroups of 64: folded into an 8 x 2 grid.
+    for in_place in [false, true] {
+        run_activation_case(&dev, DType::F32, 3000, Some(6), Activation::Gelu, in_place);
+    }
+    let mut d = conv_desc(Layout::Nhwc, 8, 1, (9, 9), (3, 3));
+    d.pad_top = 1;
+    d.pad_left = 1;
+    run_conv_case(&dev, DType::F16, &d, 902);
+    // N = 64 * 8 + 1 needs 9 column blocks: more than the grid dimension holds.
+    let b = dev.zeros(&[1, 64 * 8 + 1], DType::F32).unwrap();
+    let a = dev.zeros(&[1, 1], DType::F32).unwrap();
+    let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    // 64 * 4 * 8 * 8 + 1 elements need 65 workgroups: more than an 8 x 8 grid.
+    let x = dev.zeros(&[64 * 4 * 64 + 1], DType::F32).unwrap();
+    let err = dev.activation(&x, None, Activation::Relu).unwrap_err();
+    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+}
+
+#[test]
+fn a_destroyed_device_gives_errors_not_panics() {
+    let Some(dev) = own_device("device-lost test") else { return };
+    let x = dev.tensor_from_f32(&[8], DType::F32, &values(8, 1)).unwrap();
+    backend(&dev).device.destroy();
+    let r = dev
+        .activation_in_place(&x, None, Activation::Relu)
+        .and_then(|_| dev.synchronize())
+        .and_then(|_| x.to_f32_vec());
+    assert!(r.is_err(), "{r:?}");
+}
