@@ -49,14 +49,14 @@ fn variants() -> Vec<(&'static Device, DType)> {
     v
 }
 
-/// Deterministic values in [-1, 1) with a few bits of mantissa, so f16/bf16 storage keeps
-/// most of them and the sums stay well conditioned.
+/// Deterministic values in [-1, 1) on a 2^-11 grid: exact in f32, often rounded in f16 and
+/// bf16 storage (and by `Precision::Bf16`), so those roundings are exercised.
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) % 64) as f32 / 32.0 - 1.0
+            ((s >> 40) % 4096) as f32 / 2048.0 - 1.0
         })
         .collect()
 }
@@ -174,6 +174,17 @@ fn matmul_epilogue_batches_and_strided_views() {
         desc.activation = act;
         run_matmul_case(dev, DType::F32, &MatmulCase { desc, bias: true }, 100 + i as u64);
     }
+    // K = 0: the epilogue of zeros (bias + beta C, then the activation); and alpha = 0.
+    for (k, alpha) in [(0, 1.0), (5, 0.0)] {
+        let mut case = dense_case(2, 6, 9, k, false, true);
+        case.desc.c = Some(MatrixView::dense(6, 9));
+        case.desc.bias_offset = Some(0);
+        case.desc.alpha = alpha;
+        case.desc.beta = 2.0;
+        case.desc.activation = Activation::GeluTanh;
+        case.bias = true;
+        run_matmul_case(dev, DType::F32, &case, 150 + k as u64);
+    }
     // Aligned views (vec4 fast paths for A, B and the output) with a bias at offset 4.
     let mut desc = MatmulDesc::new(20, 24, 36);
     desc.batch = 2;
@@ -205,6 +216,10 @@ fn matmul_half_types_both_paths() {
         desc.beta = 0.5;
         desc.activation = Activation::Gelu;
         run_matmul_case(dev, dtype, &MatmulCase { desc, bias: true }, 400);
+        // Precision::Bf16 on half storage (f16 values are rounded to bf16 before the products).
+        let mut case = dense_case(1, 7, 10, 12, true, false);
+        case.desc.precision = Precision::Bf16;
+        run_matmul_case(dev, dtype, &case, 410);
     }
 }
 
@@ -626,4 +641,23 @@ fn a_destroyed_device_gives_errors_not_panics() {
         .and_then(|_| dev.synchronize())
         .and_then(|_| x.to_f32_vec());
     assert!(r.is_err(), "{r:?}");
+}
+
+/// Every module of the catalogue parses and validates with naga (wgpu's own copy), with or
+/// without an adapter on the machine.
+#[test]
+fn every_catalogue_module_validates_with_naga() {
+    use wgpu::naga;
+    for m in cat::all_modules() {
+        let module = naga::front::wgsl::parse_str(&m.source)
+            .unwrap_or_else(|e| panic!("{}: {}", m.name, e.emit_to_string(&m.source)));
+        let mut caps = naga::valid::Capabilities::default();
+        if m.needs_f16 {
+            caps |= naga::valid::Capabilities::SHADER_FLOAT16;
+        }
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}: {}", m.name, e.emit_to_string(&m.source)));
+        assert!(module.entry_points.iter().any(|e| e.name == m.entry_point), "{}", m.name);
+    }
 }
