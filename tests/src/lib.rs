@@ -68,7 +68,10 @@ pub fn backends() -> &'static [TestBackend] {
                 let mut packed = WgpuOptions::allow_software();
                 packed.force_packed_f16 = true;
                 match Device::wgpu(&packed) {
-                    Ok(device) => v.push(TestBackend { label: "wgpu-packed-f16", device }),
+                    Ok(device) => {
+                        eprintln!("testing wgpu-packed-f16 on {}", device.description());
+                        v.push(TestBackend { label: "wgpu-packed-f16", device });
+                    }
                     Err(e) => skip("wgpu-packed-f16", &e.to_string()),
                 }
             }
