@@ -3,16 +3,19 @@
 //! block.
 //!
 //! # How a module is put together
-//! WGSL has no `#include` and no generics, so [`module`] composes each module's text from
-//! three parts:
+//! WGSL has no `#include` and no generics, so [`module`] composes each module's text:
 //! 1. `enable f16;` when the module stores f16 natively ([`ElementStorage::F16`]);
-//! 2. `common.wgsl`: the activations (exactly [`crate::Activation::apply_f32`]), the
-//!    round-to-nearest-even f16/bf16 conversions (bit operations) and the grid folding helper;
-//! 3. a *storage prelude* generated here: one storage binding per tensor argument plus
-//!    accessors `ld_X(i) -> f32`, `ld4_X(v) -> vec4<f32>` (elements `4v..4v+4`) and, for the
-//!    output, `st_X(i, f32)` and `st4_X(v, vec4<f32>)`. Kernels only ever see f32 values; the
-//!    prelude decides how elements are stored;
-//! 4. the kernel file, which declares its parameter block and entry point.
+//! 2. the kernel file from `shaders/wgsl/`, which declares its parameter block, workgroup
+//!    arrays and entry point and works on f32 values only;
+//! 3. a generated block ([`generated_block`]): `common.wgsl` (the activations, exactly
+//!    [`crate::Activation::apply_f32`]; the round-to-nearest-even f16/bf16 conversions in bit
+//!    operations; the grid folding helper), then a *storage prelude*: one storage binding per
+//!    tensor argument with accessors `ld_X(i) -> f32`, `ld4_X(v) -> vec4<f32>` (elements
+//!    `4v..4v+4`) and, for the output, `st_X(i, f32)` and `st4_X(v, vec4<f32>)`. The prelude
+//!    alone decides how elements are stored.
+//!
+//! Each kernel file already ends with its f32 generated block, so the file is valid WGSL as it
+//! stands; the catalogue swaps that block for the one of the variant it builds.
 //!
 //! # Storage variants
 //! - [`ElementStorage::F32`]: `array<vec4<f32>>`; scalar accesses index a vector component, so
@@ -315,6 +318,40 @@ fn prelude(kernel: Kernel, storage: ElementStorage) -> String {
     s
 }
 
+/// First line of the generated block at the end of each kernel file.
+const GENERATED_BEGIN: &str = "// ---- BEGIN GENERATED";
+/// Last line of the generated block.
+const GENERATED_END: &str = "// ---- END GENERATED ----";
+
+/// Splits a kernel file into the hand-written kernel and its generated block (empty when the
+/// file has none).
+fn split_generated(file: &str) -> (&str, &str) {
+    match file.find(GENERATED_BEGIN) {
+        Some(start) => (&file[..start], &file[start..]),
+        None => (file, ""),
+    }
+}
+
+/// The generated block of `kernel` in `storage`: `common.wgsl` and the storage prelude, framed
+/// by the marker lines. Each kernel file ends with its f32 block so that it is valid WGSL as it
+/// stands (editors and naga can check it); [`module`] replaces that block with the one of the
+/// variant it builds. A test keeps the files' blocks in sync with this function
+/// (`TILEKIT_BLESS=1 cargo test -p tilekit-kernels` rewrites them).
+pub fn generated_block(kernel: Kernel, storage: ElementStorage) -> String {
+    let mut s = String::new();
+    s.push_str(GENERATED_BEGIN);
+    s.push_str(": common.wgsl and the storage prelude (crates/kernels/src/catalogue/wgsl.rs) ----\n");
+    s.push_str("// Do not edit: the catalogue replaces this block with the one of the dtype variant it builds;\n");
+    s.push_str("// here it holds the f32 variant so that this file is valid WGSL on its own.\n\n");
+    s.push_str(COMMON);
+    if kernel.is_typed() {
+        s.push('\n');
+        s.push_str(&prelude(kernel, storage));
+    }
+    s.push_str(GENERATED_END);
+    s
+}
+
 /// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
 pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
     let tile = MatmulTile::DEFAULT;
@@ -335,17 +372,14 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
+    let (kernel_text, _) = split_generated(body);
     let mut source = String::new();
     if needs_f16 {
         source.push_str("enable f16;\n\n");
     }
-    source.push_str(COMMON);
+    source.push_str(kernel_text);
+    source.push_str(&generated_block(kernel, storage));
     source.push('\n');
-    if typed {
-        source.push_str(&prelude(kernel, storage));
-        source.push('\n');
-    }
-    source.push_str(body);
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     WgslModule {
         name,
@@ -511,6 +545,32 @@ mod tests {
         for m in &all {
             assert_eq!(m.needs_f16, m.source.starts_with("enable f16;"), "{}", m.name);
             assert!(m.source.contains(&format!("fn {}(", m.entry_point)), "{}", m.name);
+        }
+    }
+
+    /// Each kernel file ends with its f32 generated block, up to date (`TILEKIT_BLESS=1`
+    /// rewrites the blocks).
+    #[test]
+    fn kernel_files_carry_their_current_generated_block() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shaders/wgsl");
+        let files = [
+            ("matmul.wgsl", Kernel::Matmul, MATMUL),
+            ("matmul_naive.wgsl", Kernel::MatmulNaive, MATMUL_NAIVE),
+            ("depthwise_conv2d.wgsl", Kernel::DepthwiseConv2d, DEPTHWISE_CONV2D),
+            ("activation.wgsl", Kernel::Activation, ACTIVATION),
+            ("copy.wgsl", Kernel::Copy, COPY),
+        ];
+        let bless = std::env::var_os("TILEKIT_BLESS").is_some();
+        for (file, kernel, text) in files {
+            let (body, block) = split_generated(text);
+            let want = format!("{}\n", generated_block(kernel, ElementStorage::F32));
+            if block != want {
+                if bless {
+                    std::fs::write(dir.join(file), format!("{body}{want}")).expect("rewrite the shader file");
+                } else {
+                    panic!("shaders/wgsl/{file}: the generated block is stale; rerun with TILEKIT_BLESS=1");
+                }
+            }
         }
     }
 

@@ -193,8 +193,14 @@ impl WgpuBackend {
     /// integrated, virtual, other), software ones only with `allow_software`.
     pub(crate) fn new(opts: &WgpuOptions) -> Result<WgpuBackend> {
         let unavailable = |reason: String| Error::BackendUnavailable { backend: KIND, reason };
-        let mut adapters: Vec<(wgpu::Adapter, wgpu::AdapterInfo)> =
-            enumerate().map_err(unavailable)?.into_iter().map(|a| (a.get_info(), a)).map(|(i, a)| (a, i)).collect();
+        let mut adapters: Vec<(wgpu::Adapter, wgpu::AdapterInfo)> = enumerate()
+            .map_err(unavailable)?
+            .into_iter()
+            .map(|a| {
+                let info = a.get_info();
+                (a, info)
+            })
+            .collect();
         if adapters.is_empty() {
             return Err(unavailable("no adapter found (no Vulkan, Metal, DX12 or GL driver)".into()));
         }
