@@ -4,7 +4,8 @@
 // Design (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels 5-6 and
 // wgpu/burn matmul shaders):
 // - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 4 WG_Y and
-//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations).
+//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to 16 x 128
+//   and 4 x 256 blocks for short M, see `MatmulTile` in the catalogue).
 // - Each invocation owns a 4 x 4 register tile (`acc`, four vec4 rows): per k step it reads one
 //   vec4 of A and one vec4 of B from workgroup memory and does 16 FMAs, so workgroup-memory
 //   traffic is 8 floats per 16 FMAs instead of 2 per 1.

@@ -148,6 +148,28 @@ impl MatmulTile {
     /// each give a 64 × 64 block; BK = 16 keeps the two staged slabs at 8.5 KiB, inside the
     /// 16 KiB WebGPU minimum of workgroup storage, with 16 FMAs per pair of vec4 reads.
     pub const DEFAULT: MatmulTile = MatmulTile { wg_x: 16, wg_y: 16, bk: 16 };
+    /// For 4 < M <= 16: a 16 × 128 block (4 × 32 invocations), so a short M does not leave
+    /// most of a 64-row block idle; BK = 16 (9.5 KiB of workgroup storage).
+    pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 4, bk: 16 };
+    /// For M <= 4 (matrix-vector-like products, batch-1 inference): a 4 × 256 block (one row
+    /// of 64 invocations); BK = 8 keeps the 8 × 256 B slab at 8.1 KiB.
+    pub const THIN: MatmulTile = MatmulTile { wg_x: 64, wg_y: 1, bk: 8 };
+
+    /// The tile the backends use for a product with `m` rows.
+    pub const fn for_rows(m: usize) -> MatmulTile {
+        if m <= 4 {
+            MatmulTile::THIN
+        } else if m <= 16 {
+            MatmulTile::SHORT
+        } else {
+            MatmulTile::DEFAULT
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        self.wg_x * self.wg_y
+    }
     /// Outputs per invocation along M and N.
     pub const TM: u32 = 4;
     /// Outputs per invocation along N.
@@ -196,6 +218,8 @@ pub struct WgslModule {
     pub overrides: Vec<(&'static str, f64)>,
     /// Workgroup storage the module uses, bytes (checked against the device limit).
     pub workgroup_bytes: u32,
+    /// The workgroup size the overrides give (checked against the device limits).
+    pub workgroup_size: [u32; 3],
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -354,7 +378,12 @@ pub fn generated_block(kernel: Kernel, storage: ElementStorage) -> String {
 
 /// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
 pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
-    let tile = MatmulTile::DEFAULT;
+    module_with_tile(kernel, storage, MatmulTile::DEFAULT)
+}
+
+/// The module of `kernel` in `storage`; `tile` sets the overrides of [`Kernel::Matmul`] (the
+/// other kernels ignore it). The WGSL text does not depend on `tile`, only the overrides do.
+pub fn module_with_tile(kernel: Kernel, storage: ElementStorage, tile: MatmulTile) -> WgslModule {
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
             Kernel::Matmul => (
@@ -381,6 +410,11 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
     source.push_str(&generated_block(kernel, storage));
     source.push('\n');
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
+    let workgroup_size = match kernel {
+        Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
+        _ => [WG_1D, 1, 1],
+    };
     WgslModule {
         name,
         kernel,
@@ -390,6 +424,7 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
         entry_point,
         overrides,
         workgroup_bytes,
+        workgroup_size,
     }
 }
 
@@ -581,6 +616,12 @@ mod tests {
         {
             assert_eq!(size % 16, 0);
         }
-        assert!(MatmulTile::DEFAULT.workgroup_bytes() <= 16 * 1024);
+        // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
+        // BK a multiple of 4.
+        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT, MatmulTile::THIN] {
+            assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
+            assert!(t.invocations() <= 256, "{t:?}");
+            assert_eq!(t.bk % 4, 0, "{t:?}");
+        }
     }
 }

@@ -109,9 +109,9 @@ struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// A pipeline's cache key: the module name (kernel and storage variant) and its override
-/// constants (as bits, so the key is `Eq + Hash`).
-type PipelineKey = (String, Vec<(&'static str, u64)>);
+/// A pipeline's cache key: kernel, storage variant and tile constants (the module's text and
+/// override values follow from them).
+type PipelineKey = (Kernel, ElementStorage, MatmulTile);
 
 /// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
 /// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
@@ -393,13 +393,24 @@ impl WgpuBackend {
         })
     }
 
-    /// The cached pipeline of `kernel` in `storage`, built on first use.
-    fn pipeline(&self, op: &'static str, kernel: Kernel, storage: ElementStorage) -> Result<Arc<Pipeline>> {
-        let module = cat::module(kernel, storage);
-        let key = (module.name.clone(), module.overrides.iter().map(|&(n, v)| (n, v.to_bits())).collect::<Vec<_>>());
+    /// The cached pipeline of `kernel` in `storage` with `tile` (matmul only), built on first
+    /// use.
+    fn pipeline(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        storage: ElementStorage,
+        tile: MatmulTile,
+    ) -> Result<Arc<Pipeline>> {
+        // The copy is dtype-free and only the matmul has tiles: normalise the key so each
+        // distinct module is built once.
+        let storage = if kernel.is_typed() { storage } else { ElementStorage::F32 };
+        let tile = if kernel == Kernel::Matmul { tile } else { MatmulTile::DEFAULT };
+        let key = (kernel, storage, tile);
         if let Some(p) = self.pipelines.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(p);
         }
+        let module = cat::module_with_tile(kernel, storage, tile);
         if module.needs_f16 && !self.device.features().contains(wgpu::Features::SHADER_F16) {
             return Err(Error::UnsupportedDType {
                 op,
@@ -409,26 +420,31 @@ impl WgpuBackend {
             });
         }
         // wgpu does not check workgroup storage against the limit (gfx-rs/wgpu #8946): do it here.
-        if module.workgroup_bytes > self.limits.max_compute_workgroup_storage_size {
+        let l = &self.limits;
+        if module.workgroup_bytes > l.max_compute_workgroup_storage_size {
             return Err(Error::Backend {
                 backend: KIND,
                 message: format!(
                     "{} needs {} bytes of workgroup storage, the device has {}",
-                    module.name, module.workgroup_bytes, self.limits.max_compute_workgroup_storage_size
+                    module.name, module.workgroup_bytes, l.max_compute_workgroup_storage_size
                 ),
             });
         }
-        let invocations = match kernel {
-            Kernel::Matmul => MatmulTile::DEFAULT.wg_x * MatmulTile::DEFAULT.wg_y,
-            Kernel::MatmulNaive => cat::NAIVE_WG * cat::NAIVE_WG,
-            _ => cat::WG_1D,
-        };
-        if invocations > self.limits.max_compute_invocations_per_workgroup {
+        let [x, y, z] = module.workgroup_size;
+        if x * y * z > l.max_compute_invocations_per_workgroup
+            || x > l.max_compute_workgroup_size_x
+            || y > l.max_compute_workgroup_size_y
+            || z > l.max_compute_workgroup_size_z
+        {
             return Err(Error::Backend {
                 backend: KIND,
                 message: format!(
-                    "{} needs {invocations} invocations per workgroup, the device allows {}",
-                    module.name, self.limits.max_compute_invocations_per_workgroup
+                    "{} needs a {x} x {y} x {z} workgroup, the device allows {} invocations ({} x {} x {})",
+                    module.name,
+                    l.max_compute_invocations_per_workgroup,
+                    l.max_compute_workgroup_size_x,
+                    l.max_compute_workgroup_size_y,
+                    l.max_compute_workgroup_size_z
                 ),
             });
         }
@@ -753,11 +769,11 @@ impl BackendOps for WgpuBackend {
             }
         }
         let params = self.matmul_params(op, desc)?;
-        let tile = MatmulTile::DEFAULT;
+        let tile = MatmulTile::for_rows(desc.m);
         let gx = div_ceil_u32(params.n, tile.bn());
         let gy = div_ceil_u32(params.m, tile.bm());
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::Matmul, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, Kernel::Matmul, self.storage_variant(dtype), tile)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let c = c.map_or(&self.dummy, |s| &s.buffer);
         let buffers = [(0, &a.buffer), (1, &b.buffer), (2, bias), (3, c), (4, &out.buffer)];
@@ -832,7 +848,7 @@ impl BackendOps for WgpuBackend {
             items,
         };
         let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let buffers = [(0, &input.buffer), (1, &weight.buffer), (2, bias), (3, &out.buffer)];
         self.record(op, &pipeline, &buffers, 4, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
@@ -864,7 +880,7 @@ impl BackendOps for WgpuBackend {
         let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
         let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
         let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
-        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let launches = [(bytemuck::bytes_of(&p).to_vec(), grid)];
         if in_place {
@@ -884,7 +900,7 @@ impl BackendOps for WgpuBackend {
         let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
         let p = CopyParams { words, tail_half, items, _pad: 0 };
         let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32)?;
+        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, MatmulTile::DEFAULT)?;
         self.record(op, &pipeline, &[(0, &src.buffer), (1, &dst.buffer)], 2, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
     }
 
@@ -904,7 +920,7 @@ impl BackendOps for WgpuBackend {
         let gx = div_ceil_u32(params.n, cat::NAIVE_WG);
         let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
         self.record(op, &pipeline, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)], 3, &launches)?;
         Ok(true)
     }

@@ -549,7 +549,9 @@ fn every_catalogue_module_builds_a_pipeline() {
             if storage.needs_f16() && !be.device.features().contains(wgpu::Features::SHADER_F16) {
                 continue;
             }
-            be.pipeline("test", kernel, storage).unwrap();
+            for tile in [MatmulTile::DEFAULT, MatmulTile::SHORT, MatmulTile::THIN] {
+                be.pipeline("test", kernel, storage, tile).unwrap();
+            }
         }
     }
 }
@@ -620,8 +622,9 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     d.pad_top = 1;
     d.pad_left = 1;
     run_conv_case(&dev, DType::F16, &d, 902);
-    // N = 64 * 8 + 1 needs 9 column blocks: more than the grid dimension holds.
-    let b = dev.zeros(&[1, 64 * 8 + 1], DType::F32).unwrap();
+    // M = 1 takes the 4 x 256 tile: N = 256 * 8 + 1 needs 9 column blocks, more than the grid
+    // dimension holds.
+    let b = dev.zeros(&[1, MatmulTile::THIN.bn() as usize * 8 + 1], DType::F32).unwrap();
     let a = dev.zeros(&[1, 1], DType::F32).unwrap();
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
