@@ -548,7 +548,9 @@ pub struct ActivationParams {
     pub flags: u32,
     /// Invocations that do work: `ceil(len / 4)`.
     pub items: u32,
-    pub _pad: [u32; 3],
+    /// Position in the bias row of element 0 (a chunk of a larger tensor starts mid-row).
+    pub bias_phase: u32,
+    pub _pad: [u32; 2],
 }
 
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).

@@ -12,6 +12,10 @@
 //!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
 //!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
 //!   poll with a timeout and return a typed error instead of hanging.
+//! - Limits: grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to stay
+//!   within the per-dimension workgroup limit; activations and copies over the storage-binding
+//!   limit run in chunks bound as buffer windows; a matmul or conv operand over that limit, and
+//!   anything whose indices would pass `u32`, is refused with [`Error::Overflow`].
 //! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
@@ -112,6 +116,27 @@ struct Pipeline {
 /// A pipeline's cache key: kernel, storage variant and tile constants (the module's text and
 /// override values follow from them).
 type PipelineKey = (Kernel, ElementStorage, MatmulTile);
+
+/// A storage binding: a whole buffer, or a byte window `(offset, size)` of it.
+#[derive(Clone, Copy, Debug)]
+struct Bind<'a> {
+    slot: u32,
+    buffer: &'a wgpu::Buffer,
+    window: Option<(u64, u64)>,
+}
+
+/// `buffer` bound whole at `slot`.
+fn whole(slot: u32, buffer: &wgpu::Buffer) -> Bind<'_> {
+    Bind { slot, buffer, window: None }
+}
+
+/// One dispatch: bindings, parameter block, grid.
+#[derive(Debug)]
+struct Launch<'a> {
+    binds: Vec<Bind<'a>>,
+    params: Vec<u8>,
+    grid: [u32; 3],
+}
 
 /// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
 /// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
@@ -474,13 +499,13 @@ impl WgpuBackend {
         Ok(p)
     }
 
-    /// Checks that a buffer may be bound as a storage binding.
-    fn check_binding(&self, op: &'static str, buffer: &wgpu::Buffer) -> Result<()> {
+    /// Checks that a binding of `bytes` fits the device's storage-binding limit.
+    fn check_binding(&self, op: &'static str, bytes: u64) -> Result<()> {
         let limit = self.limits.max_storage_buffer_binding_size;
-        if buffer.size() > limit {
+        if bytes > limit {
             return Err(Error::Overflow {
                 op,
-                what: format!("a binding of {} bytes (the device's storage-binding limit is {limit})", buffer.size()),
+                what: format!("a binding of {bytes} bytes (the device's storage-binding limit is {limit})"),
             });
         }
         Ok(())
@@ -498,33 +523,39 @@ impl WgpuBackend {
         Ok([x, y, 1])
     }
 
-    /// Records launches of `pipeline` (one compute pass each) as one pending command buffer.
-    /// `buffers` are the storage bindings by slot; each launch brings its parameter block,
-    /// bound at `uniform_slot`, and its grid. Nothing waits: the buffer is submitted with the
-    /// next [`MAX_PENDING_OPS`] or when the host waits.
-    fn record(
-        &self,
-        op: &'static str,
-        pipeline: &Pipeline,
-        buffers: &[(u32, &wgpu::Buffer)],
-        uniform_slot: u32,
-        launches: &[(Vec<u8>, [u32; 3])],
-    ) -> Result<()> {
-        for (_, b) in buffers {
-            self.check_binding(op, b)?;
+    /// Records `launches` of `pipeline` (one compute pass each) as one pending command buffer;
+    /// each launch brings its bindings, its parameter block (bound at `uniform_slot`) and its
+    /// grid. Nothing waits: the buffer is submitted with the next [`MAX_PENDING_OPS`] or when
+    /// the host waits.
+    fn record(&self, op: &'static str, pipeline: &Pipeline, uniform_slot: u32, launches: &[Launch<'_>]) -> Result<()> {
+        for launch in launches {
+            for bind in &launch.binds {
+                self.check_binding(op, bind.window.map_or(bind.buffer.size(), |w| w.1))?;
+            }
         }
         self.check_health()?;
         let commands = self.scoped(0, || {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-            for (params, grid) in launches {
+            for launch in launches {
                 let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(op),
-                    contents: params,
+                    contents: &launch.params,
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
+                    .binds
                     .iter()
-                    .map(|&(slot, b)| wgpu::BindGroupEntry { binding: slot, resource: b.as_entire_binding() })
+                    .map(|b| wgpu::BindGroupEntry {
+                        binding: b.slot,
+                        resource: match b.window {
+                            None => b.buffer.as_entire_binding(),
+                            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: b.buffer,
+                                offset,
+                                size: wgpu::BufferSize::new(size),
+                            }),
+                        },
+                    })
                     .collect();
                 entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
                 let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -536,7 +567,8 @@ impl WgpuBackend {
                     .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
                 pass.set_pipeline(&pipeline.pipeline);
                 pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                let [x, y, z] = launch.grid;
+                pass.dispatch_workgroups(x, y, z);
             }
             encoder.finish()
         })?;
@@ -546,6 +578,21 @@ impl WgpuBackend {
             self.submit(&mut pending, None)?;
         }
         Ok(())
+    }
+
+    /// Splits `len` elements of `size` bytes into chunks `(first, count)` whose bindings fit
+    /// the device's storage-binding limit. Chunks start at multiples of the storage offset
+    /// alignment (256 bytes on most devices), so each starts on a whole vec4 and, for packed
+    /// 16-bit types, on a whole word.
+    fn chunks(&self, op: &'static str, len: usize, size: usize) -> Result<Vec<(usize, usize)>> {
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        // Element indices inside a chunk are u32; 2^30 elements keep `4 * items` in range too.
+        let limit = self.limits.max_storage_buffer_binding_size.min((1 << 30) * size as u64);
+        let per = usize::try_from(limit / align * align / size as u64).unwrap_or(usize::MAX);
+        if per == 0 {
+            return Err(Error::Overflow { op, what: format!("a chunk of the storage-binding limit ({limit} bytes)") });
+        }
+        Ok((0..len).step_by(per).map(|first| (first, per.min(len - first))).collect())
     }
 
     /// Submits the pending command buffers (plus `extra`, after them) in one submission and
@@ -776,8 +823,10 @@ impl BackendOps for WgpuBackend {
         let pipeline = self.pipeline(op, Kernel::Matmul, self.storage_variant(dtype), tile)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let c = c.map_or(&self.dummy, |s| &s.buffer);
-        let buffers = [(0, &a.buffer), (1, &b.buffer), (2, bias), (3, c), (4, &out.buffer)];
-        self.record(op, &pipeline, &buffers, 5, &launches)
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 5, &launches)
     }
 
     fn depthwise_conv2d(
@@ -850,8 +899,8 @@ impl BackendOps for WgpuBackend {
         let grid = self.grid_1d(op, items, cat::WG_1D)?;
         let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let buffers = [(0, &input.buffer), (1, &weight.buffer), (2, bias), (3, &out.buffer)];
-        self.record(op, &pipeline, &buffers, 4, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
+        let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
+        self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
     }
 
     fn activation(
@@ -863,45 +912,60 @@ impl BackendOps for WgpuBackend {
         out: &WgpuStorage,
     ) -> Result<()> {
         let op = "activation";
-        let len = to_u32(op, "len", desc.len)?;
-        let mut p = ActivationParams {
-            len,
-            act: desc.activation.code(),
-            items: len.div_ceil(4),
-            ..ActivationParams::default()
-        };
-        if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
-            p.bias_len = to_u32(op, "bias length", bl)?.max(1);
-            p.flags |= activation_flags::HAS_BIAS;
-            if bl.is_multiple_of(4) {
-                p.flags |= activation_flags::BIAS_VEC;
-            }
-        }
-        let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
         let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
         let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
         let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
-        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let launches = [(bytemuck::bytes_of(&p).to_vec(), grid)];
-        if in_place {
-            self.record(op, &pipeline, &[(1, bias), (2, &out.buffer)], 3, &launches)
-        } else {
-            self.record(op, &pipeline, &[(0, &x.buffer), (1, bias), (2, &out.buffer)], 3, &launches)
+        let bias_buffer = bias.map_or(&self.dummy, |s| &s.buffer);
+        let size = dtype.size_bytes();
+        // Tensors over the storage-binding limit run in chunks, each bound as a window.
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, desc.len, size)? {
+            let len = to_u32(op, "len", count)?;
+            let mut p = ActivationParams {
+                len,
+                act: desc.activation.code(),
+                items: len.div_ceil(4),
+                ..ActivationParams::default()
+            };
+            if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
+                p.bias_len = to_u32(op, "bias length", bl)?.max(1);
+                // Where this chunk starts in the bias row.
+                p.bias_phase = to_u32(op, "bias phase", first % bl.max(1))?;
+                p.flags |= activation_flags::HAS_BIAS;
+                if bl.is_multiple_of(4) {
+                    p.flags |= activation_flags::BIAS_VEC;
+                }
+            }
+            let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
+            let offset = (first * size) as u64;
+            let window = Some((offset, ((count * size) as u64).div_ceil(16) * 16));
+            let mut binds = vec![whole(1, bias_buffer), Bind { slot: 2, buffer: &out.buffer, window }];
+            if !in_place {
+                binds.push(Bind { slot: 0, buffer: &x.buffer, window });
+            }
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
         }
+        self.record(op, &pipeline, 3, &launches)
     }
 
     fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {
         let op = "copy";
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| Error::Overflow { op, what: format!("{len} elements") })?;
-        let words = to_u32(op, "words", bytes / 4)?;
-        let tail_half = (bytes % 4 != 0) as u32;
-        let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
-        let p = CopyParams { words, tail_half, items, _pad: 0 };
-        let grid = self.grid_1d(op, items, cat::WG_1D)?;
+        let size = dtype.size_bytes();
         let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, MatmulTile::DEFAULT)?;
-        self.record(op, &pipeline, &[(0, &src.buffer), (1, &dst.buffer)], 2, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, len, size)? {
+            let bytes = count * size;
+            let words = to_u32(op, "words", bytes / 4)?;
+            let tail_half = (!bytes.is_multiple_of(4)) as u32;
+            let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
+            let p = CopyParams { words, tail_half, items, _pad: 0 };
+            let grid = self.grid_1d(op, items, cat::WG_1D)?;
+            let window = Some(((first * size) as u64, (bytes as u64).div_ceil(16) * 16));
+            let binds =
+                vec![Bind { slot: 0, buffer: &src.buffer, window }, Bind { slot: 1, buffer: &dst.buffer, window }];
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
+        }
+        self.record(op, &pipeline, 2, &launches)
     }
 
     fn naive_matmul(
@@ -921,7 +985,10 @@ impl BackendOps for WgpuBackend {
         let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
         let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
-        self.record(op, &pipeline, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)], 3, &launches)?;
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 3, &launches)?;
         Ok(true)
     }
 

@@ -566,8 +566,10 @@ fn own_device(what: &str) -> Option<Device> {
     }
 }
 
-/// An engine's own device with a tiny storage-binding limit: tilekit runs on it, and a tensor
-/// over the limit is refused with a typed error instead of a wgpu validation panic.
+/// An engine's own device (no `SHADER_F16` requested, so f16 takes the packed path) with a
+/// 1 KiB storage-binding limit: tilekit runs on it; activations and copies over the limit run
+/// in chunks bound as windows; a matmul operand over it is refused with a typed error instead
+/// of a wgpu validation panic.
 #[test]
 fn from_raw_device_and_the_binding_limit() {
     let Some(adapter) = enumerate().ok().and_then(|a| a.into_iter().next()) else {
@@ -578,16 +580,37 @@ fn from_raw_device_and_the_binding_limit() {
     let desc = wgpu::DeviceDescriptor { label: Some("engine"), required_limits: limits, ..Default::default() };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
     let dev = Device::from_wgpu(device, queue).unwrap();
-    let small = dev.tensor_from_f32(&[4, 8], DType::F32, &values(32, 1)).unwrap();
-    let y = dev.activation(&small, None, Activation::Relu).unwrap();
-    assert_eq!(y.to_f32_vec().unwrap(), values(32, 1).iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
-    if backend(&dev).limits.max_storage_buffer_binding_size <= 1024 {
-        let big = dev.zeros(&[1024], DType::F32).unwrap();
-        let err = dev.activation(&big, None, Activation::Relu).unwrap_err();
-        assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
-    } else {
-        eprintln!("SKIP binding-limit check: the device did not take the lower limit");
+    assert!(dev.description().contains("f16 packed"), "{}", dev.description());
+    if backend(&dev).limits.max_storage_buffer_binding_size > 1024 {
+        eprintln!("SKIP binding-limit checks: the device did not take the lower limit");
+        return;
     }
+    // 1000 f32 = 4000 bytes: four chunks of 256 elements, the bias row (6) crossing chunks.
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for in_place in [false, true] {
+            run_activation_case(&dev, dtype, 1002, Some(6), Activation::Gelu, in_place);
+            run_activation_case(&dev, dtype, 1000, Some(8), Activation::Relu, in_place);
+        }
+        // An odd length of a 16-bit type: the last chunk ends on half a word.
+        let len = 999;
+        let src = upload(&dev, dtype, &values(len, 3));
+        let dst = upload(&dev, dtype, &vec![3.0; len + 1]);
+        backend(&dev)
+            .copy(
+                dtype,
+                WgpuBackend::storage_of(&src.buffer.storage).unwrap(),
+                WgpuBackend::storage_of(&dst.buffer.storage).unwrap(),
+                len,
+            )
+            .unwrap();
+        let got = dst.to_f32_vec().unwrap();
+        assert_eq!(&got[..len], &src.to_f32_vec().unwrap()[..], "{dtype}");
+        assert_eq!(got[len], 3.0, "{dtype}");
+    }
+    let a = dev.zeros(&[16, 32], DType::F32).unwrap();
+    let b = dev.zeros(&[32, 2], DType::F32).unwrap();
+    let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
 }
 
 /// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
