@@ -687,3 +687,25 @@ fn every_catalogue_module_validates_with_naga() {
         assert!(module.entry_points.iter().any(|e| e.name == m.entry_point), "{}", m.name);
     }
 }
+
+/// Several threads recording ops on one device at once (the device is `Send + Sync`).
+#[test]
+fn ops_from_several_threads() {
+    let Some(dev) = device(false) else { return };
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            scope.spawn(move || {
+                for i in 0..5 {
+                    let (m, n, k) = (3 + t as usize, 5 + i, 4);
+                    run_matmul_case(
+                        dev,
+                        DType::F32,
+                        &dense_case(1, m, n, k, i % 2 == 0, false),
+                        1000 + t * 10 + i as u64,
+                    );
+                    run_activation_case(dev, DType::Bf16, 37 + i, None, Activation::Relu6, i % 2 == 1);
+                }
+            });
+        }
+    });
+}
