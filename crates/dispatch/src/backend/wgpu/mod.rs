@@ -5,7 +5,7 @@
 //! - Storage is one `wgpu::Buffer` (`STORAGE | COPY_SRC | COPY_DST`) sized in bytes rounded up
 //!   to 16, so the kernels' vec4 views never reach past its end.
 //! - Modules come from the kernel catalogue (`tilekit_kernels::catalogue::wgsl`); pipelines are
-//!   built on first use and cached by (module name, override constants). f16 is stored natively
+//!   built on first use and cached by (kernel, storage variant, tile constants). f16 is stored natively
 //!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
 //!   per `u32` otherwise; bf16 is always packed.
 //! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
