@@ -88,8 +88,11 @@ impl ElementStorage {
 /// The WGSL kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
-    /// Tiled matmul with the fused epilogue (`matmul.wgsl`).
+    /// Tiled matmul with the fused epilogue (`matmul.wgsl`, entry `matmul`).
     Matmul,
+    /// Matmul for M <= [`SMALL_M_ROWS`] without workgroup memory (`matmul.wgsl`, entry
+    /// `matmul_small_m`), same parameters and epilogue.
+    MatmulSmallM,
     /// One output per invocation, no tiling, no epilogue (`matmul_naive.wgsl`, for the bench).
     MatmulNaive,
     /// Depthwise 2-D convolution with bias and activation (`depthwise_conv2d.wgsl`).
@@ -104,8 +107,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::Matmul,
+        Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
         Kernel::DepthwiseConv2d,
         Kernel::Activation,
@@ -117,6 +121,7 @@ impl Kernel {
     pub const fn name(self) -> &'static str {
         match self {
             Kernel::Matmul => "matmul",
+            Kernel::MatmulSmallM => "matmul_small_m",
             Kernel::MatmulNaive => "matmul_naive",
             Kernel::DepthwiseConv2d => "depthwise_conv2d",
             Kernel::Activation => "activation",
@@ -151,24 +156,23 @@ impl MatmulTile {
     /// For 4 < M <= 16: a 16 × 128 block (4 × 32 invocations), so a short M does not leave
     /// most of a 64-row block idle; BK = 16 (9.5 KiB of workgroup storage).
     pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 4, bk: 16 };
-    /// For M <= 4 (matrix-vector-like products, batch-1 inference): a 4 × 256 block (one row
-    /// of 64 invocations); BK = 8 keeps the 8 × 256 B slab at 8.1 KiB.
-    pub const THIN: MatmulTile = MatmulTile { wg_x: 64, wg_y: 1, bk: 8 };
-
     /// The tile the backends use for a product with `m` rows.
+    /// (Products with M <= [`SMALL_M_ROWS`] take [`Kernel::MatmulSmallM`] instead.)
     pub const fn for_rows(m: usize) -> MatmulTile {
-        if m <= 4 {
-            MatmulTile::THIN
-        } else if m <= 16 {
-            MatmulTile::SHORT
-        } else {
-            MatmulTile::DEFAULT
-        }
+        if m <= 16 { MatmulTile::SHORT } else { MatmulTile::DEFAULT }
     }
 
     /// Invocations per workgroup.
     pub const fn invocations(self) -> u32 {
         self.wg_x * self.wg_y
+    }
+
+    /// The most vec4s of one operand an invocation stages per slab; `matmul.wgsl` keeps them
+    /// in registers of `MAX_LOADS` = 8.
+    pub const fn loads_per_invocation(self) -> u32 {
+        let a = (self.bm() * self.bk / 4).div_ceil(self.invocations());
+        let b = (self.bn() * self.bk / 4).div_ceil(self.invocations());
+        if a > b { a } else { b }
     }
     /// Outputs per invocation along M and N.
     pub const TM: u32 = 4;
@@ -196,6 +200,12 @@ impl MatmulTile {
 pub const WG_1D: u32 = 64;
 /// Elements (conv: outputs; copy: 32-bit words) one invocation of a 1-D kernel handles.
 pub const ITEMS_PER_INVOCATION: u32 = 4;
+/// Products with at most this many rows take [`Kernel::MatmulSmallM`]: one 4-row register
+/// tile covers them, so workgroup-memory staging has nothing to share.
+pub const SMALL_M_ROWS: usize = 4;
+/// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`): 64, two 32-wide subgroups;
+/// each owns 4 columns, so a workgroup covers 256 columns.
+pub const SMALL_M_WG: u32 = 64;
 /// Invocations per workgroup of the naive matmul along x and y.
 pub const NAIVE_WG: u32 = 16;
 
@@ -247,7 +257,9 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul => vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)],
+        Kernel::Matmul | Kernel::MatmulSmallM => {
+            vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
+        }
         Kernel::MatmulNaive => vec![read("a", 0), read("b", 1), write("out", 2)],
         Kernel::DepthwiseConv2d => vec![read("input", 0), read("weight", 1), read("bias", 2), write("out", 3)],
         Kernel::Activation => vec![read("x", 0), read("bias", 1), write("out", 2)],
@@ -376,14 +388,41 @@ pub fn generated_block(kernel: Kernel, storage: ElementStorage) -> String {
     s
 }
 
-/// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
-pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
-    module_with_tile(kernel, storage, MatmulTile::DEFAULT)
+/// The launch specialisation of a module: the values of its shape `override` constants. The
+/// WGSL text does not depend on it, only the overrides (and so the pipeline) do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// Tile of [`Kernel::Matmul`] (`WG_X`, `WG_Y`, `BK`).
+    pub tile: MatmulTile,
+    /// Rows of [`Kernel::MatmulSmallM`] (`SM_ROWS`, 1 to 4): the register tile covers exactly
+    /// M rows, so a matrix-vector product does no wasted FMAs.
+    pub rows: u32,
 }
 
-/// The module of `kernel` in `storage`; `tile` sets the overrides of [`Kernel::Matmul`] (the
-/// other kernels ignore it). The WGSL text does not depend on `tile`, only the overrides do.
-pub fn module_with_tile(kernel: Kernel, storage: ElementStorage, tile: MatmulTile) -> WgslModule {
+impl Spec {
+    /// The default tiles.
+    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32 };
+
+    /// This spec with the fields `kernel` does not use reset to the default, so equal modules
+    /// have equal specs (the pipeline-cache key).
+    pub fn normalised(self, kernel: Kernel) -> Spec {
+        match kernel {
+            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, ..self },
+            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4) },
+            _ => Spec::DEFAULT,
+        }
+    }
+}
+
+/// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
+pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
+    module_with(kernel, storage, Spec::DEFAULT)
+}
+
+/// The module of `kernel` in `storage` specialised by `spec` (see [`Spec`]).
+pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslModule {
+    let spec = spec.normalised(kernel);
+    let tile = spec.tile;
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
             Kernel::Matmul => (
@@ -392,6 +431,9 @@ pub fn module_with_tile(kernel: Kernel, storage: ElementStorage, tile: MatmulTil
                 vec![("WG_X", tile.wg_x as f64), ("WG_Y", tile.wg_y as f64), ("BK", tile.bk as f64)],
                 tile.workgroup_bytes(),
             ),
+            Kernel::MatmulSmallM => {
+                (MATMUL, "matmul_small_m", vec![("WG_N", SMALL_M_WG as f64), ("SM_ROWS", spec.rows as f64)], 0)
+            }
             Kernel::MatmulNaive => {
                 (MATMUL_NAIVE, "matmul_naive", vec![("WG_X", NAIVE_WG as f64), ("WG_Y", NAIVE_WG as f64)], 0)
             }
@@ -412,6 +454,7 @@ pub fn module_with_tile(kernel: Kernel, storage: ElementStorage, tile: MatmulTil
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
         Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::MatmulSmallM => [SMALL_M_WG, 1, 1],
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
         _ => [WG_1D, 1, 1],
     };
@@ -574,7 +617,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 5 * 4 + 1);
+        assert_eq!(all.len(), 6 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -620,10 +663,11 @@ mod tests {
         }
         // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
         // BK a multiple of 4.
-        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT, MatmulTile::THIN] {
+        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT] {
             assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
             assert!(t.invocations() <= 256, "{t:?}");
             assert_eq!(t.bk % 4, 0, "{t:?}");
+            assert!(t.loads_per_invocation() <= 8, "{t:?}");
         }
     }
 }

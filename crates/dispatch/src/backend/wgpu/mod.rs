@@ -5,7 +5,7 @@
 //! - Storage is one `wgpu::Buffer` (`STORAGE | COPY_SRC | COPY_DST`) sized in bytes rounded up
 //!   to 16, so the kernels' vec4 views never reach past its end.
 //! - Modules come from the kernel catalogue (`tilekit_kernels::catalogue::wgsl`); pipelines are
-//!   built on first use and cached by (kernel, storage variant, tile constants). f16 is stored natively
+//!   built on first use and cached by (kernel, storage variant, shape constants). f16 is stored natively
 //!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
 //!   per `u32` otherwise; bf16 is always packed.
 //! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tilekit_kernels::catalogue::wgsl::{
-    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile,
+    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
     activation_flags, conv_flags, matmul_flags,
 };
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, Precision};
@@ -113,9 +113,9 @@ struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// A pipeline's cache key: kernel, storage variant and tile constants (the module's text and
+/// A pipeline's cache key: kernel, storage variant and shape constants (the module's text and
 /// override values follow from them).
-type PipelineKey = (Kernel, ElementStorage, MatmulTile);
+type PipelineKey = (Kernel, ElementStorage, Spec);
 
 /// A storage binding: a whole buffer, or a byte window `(offset, size)` of it.
 #[derive(Clone, Copy, Debug)]
@@ -418,24 +418,17 @@ impl WgpuBackend {
         })
     }
 
-    /// The cached pipeline of `kernel` in `storage` with `tile` (matmul only), built on first
-    /// use.
-    fn pipeline(
-        &self,
-        op: &'static str,
-        kernel: Kernel,
-        storage: ElementStorage,
-        tile: MatmulTile,
-    ) -> Result<Arc<Pipeline>> {
-        // The copy is dtype-free and only the matmul has tiles: normalise the key so each
-        // distinct module is built once.
+    /// The cached pipeline of `kernel` in `storage` specialised by `spec`, built on first use.
+    fn pipeline(&self, op: &'static str, kernel: Kernel, storage: ElementStorage, spec: Spec) -> Result<Arc<Pipeline>> {
+        // The copy is dtype-free and each kernel uses only its own part of the spec: normalise
+        // the key so each distinct pipeline is built once.
         let storage = if kernel.is_typed() { storage } else { ElementStorage::F32 };
-        let tile = if kernel == Kernel::Matmul { tile } else { MatmulTile::DEFAULT };
-        let key = (kernel, storage, tile);
+        let spec = spec.normalised(kernel);
+        let key = (kernel, storage, spec);
         if let Some(p) = self.pipelines.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(p);
         }
-        let module = cat::module_with_tile(kernel, storage, tile);
+        let module = cat::module_with(kernel, storage, spec);
         if module.needs_f16 && !self.device.features().contains(wgpu::Features::SHADER_F16) {
             return Err(Error::UnsupportedDType {
                 op,
@@ -816,11 +809,19 @@ impl BackendOps for WgpuBackend {
             }
         }
         let params = self.matmul_params(op, desc)?;
-        let tile = MatmulTile::for_rows(desc.m);
-        let gx = div_ceil_u32(params.n, tile.bn());
-        let gy = div_ceil_u32(params.m, tile.bm());
+        // A few rows take the kernel without workgroup memory; the others the tiled kernel
+        // with the tile preset for their row count.
+        let (kernel, spec, block_m, block_n) = if desc.m <= cat::SMALL_M_ROWS {
+            let rows = params.m.max(1);
+            (Kernel::MatmulSmallM, Spec { rows, ..Spec::DEFAULT }, rows, cat::SMALL_M_WG * MatmulTile::TN)
+        } else {
+            let tile = MatmulTile::for_rows(desc.m);
+            (Kernel::Matmul, Spec { tile, ..Spec::DEFAULT }, tile.bm(), tile.bn())
+        };
+        let gx = div_ceil_u32(params.n, block_n);
+        let gy = div_ceil_u32(params.m, block_m);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::Matmul, self.storage_variant(dtype), tile)?;
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), spec)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let c = c.map_or(&self.dummy, |s| &s.buffer);
         let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
@@ -897,7 +898,7 @@ impl BackendOps for WgpuBackend {
             items,
         };
         let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
+        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), Spec::DEFAULT)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
         self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
@@ -914,7 +915,7 @@ impl BackendOps for WgpuBackend {
         let op = "activation";
         let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
         let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
-        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), Spec::DEFAULT)?;
         let bias_buffer = bias.map_or(&self.dummy, |s| &s.buffer);
         let size = dtype.size_bytes();
         // Tensors over the storage-binding limit run in chunks, each bound as a window.
@@ -951,7 +952,7 @@ impl BackendOps for WgpuBackend {
     fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {
         let op = "copy";
         let size = dtype.size_bytes();
-        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, MatmulTile::DEFAULT)?;
+        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, Spec::DEFAULT)?;
         let mut launches = Vec::new();
         for (first, count) in self.chunks(op, len, size)? {
             let bytes = count * size;
@@ -984,7 +985,7 @@ impl BackendOps for WgpuBackend {
         let gx = div_ceil_u32(params.n, cat::NAIVE_WG);
         let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), MatmulTile::DEFAULT)?;
+        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), Spec::DEFAULT)?;
         let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, &out.buffer)];
         let launches: Vec<Launch<'_>> =
             launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();

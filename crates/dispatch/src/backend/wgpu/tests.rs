@@ -159,8 +159,9 @@ fn matmul_f32_edge_shapes_and_transposes() {
 #[test]
 fn matmul_epilogue_batches_and_strided_views() {
     let Some(dev) = device(false) else { return };
-    for (i, act) in Activation::ALL.into_iter().enumerate() {
-        let (m, n, k, batch) = (9, 11, 7, 3);
+    // M = 9 takes the tiled kernel, M = 3 the small-M one.
+    for (i, (act, m)) in Activation::ALL.into_iter().flat_map(|a| [(a, 9), (a, 3)]).enumerate() {
+        let (n, k, batch) = (11, 7, 3);
         let mut desc = MatmulDesc::new(m, n, k);
         desc.batch = batch;
         // A with an odd offset and a padded leading dimension; B broadcast to every batch.
@@ -549,9 +550,8 @@ fn every_catalogue_module_builds_a_pipeline() {
             if storage.needs_f16() && !be.device.features().contains(wgpu::Features::SHADER_F16) {
                 continue;
             }
-            for tile in [MatmulTile::DEFAULT, MatmulTile::SHORT, MatmulTile::THIN] {
-                be.pipeline("test", kernel, storage, tile).unwrap();
-            }
+            // The other specs (tiles, small-M rows) are built by the matmul tests.
+            be.pipeline("test", kernel, storage, Spec::DEFAULT).unwrap();
         }
     }
 }
@@ -645,9 +645,9 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     d.pad_top = 1;
     d.pad_left = 1;
     run_conv_case(&dev, DType::F16, &d, 902);
-    // M = 1 takes the 4 x 256 tile: N = 256 * 8 + 1 needs 9 column blocks, more than the grid
-    // dimension holds.
-    let b = dev.zeros(&[1, MatmulTile::THIN.bn() as usize * 8 + 1], DType::F32).unwrap();
+    // M = 1 takes the small-M kernel, 256 columns per workgroup: N = 256 * 8 + 1 needs 9
+    // column blocks, more than the grid dimension holds.
+    let b = dev.zeros(&[1, (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1], DType::F32).unwrap();
     let a = dev.zeros(&[1, 1], DType::F32).unwrap();
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
