@@ -1,11 +1,13 @@
-// Tiled matmul with a fused epilogue:
+// Matmul with a fused epilogue:
 //   out = act(alpha * op(A) * op(B) + bias[j] + beta * C)     (see `MatmulDesc`)
+// Two entry points share the parameter block, the loads and the epilogue: `matmul` (tiled,
+// below) and `matmul_small_m` (M <= 4, further down).
 //
-// Design (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels 5-6 and
-// wgpu/burn matmul shaders):
+// Design of `matmul` (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels
+// 5-6 and the wgpu/burn matmul shaders):
 // - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 4 WG_Y and
-//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to 16 x 128
-//   and 4 x 128 blocks for short M, see `MatmulTile` in the catalogue).
+//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to a
+//   16 x 128 block for 4 < M <= 16, see `MatmulTile` in the catalogue).
 // - Each invocation owns a 4 x 4 register tile (`acc`, four vec4 rows): per k step it reads one
 //   vec4 of A and one vec4 of B from workgroup memory and does 16 FMAs, so workgroup-memory
 //   traffic is 8 floats per 16 FMAs instead of 2 per 1.
@@ -53,7 +55,7 @@ const TN: u32 = 4u;
 const PAD4: u32 = 1u;
 // Most vec4s of one operand an invocation stages per slab (the register arrays of the
 // software pipeline need a constant size): BM * BK / 4 and BN * BK / 4 divided by the
-// invocations, 1 for the default tile and 8 for the thinnest (`MatmulTile` checks it).
+// invocations: 1 for the default tile, 4 for the 16 x 128 one (`MatmulTile` checks the bound).
 const MAX_LOADS: u32 = 8u;
 
 const A_VEC: u32 = 1u;
