@@ -17,12 +17,27 @@
 //! Each kernel file already ends with its f32 generated block, so the file is valid WGSL as it
 //! stands; the catalogue swaps that block for the one of the variant it builds.
 //!
+//! # Kernels and launch shapes
+//! | kernel | workgroup | work per invocation |
+//! |---|---|---|
+//! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 4 for M ≤ 16) | 4 × 4 outputs; BK-deep slabs of A and B staged in workgroup memory, software-pipelined |
+//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 | M × 4 outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
+//! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 | 4 outputs along W (NCHW) or C (NHWC) |
+//! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
+//! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
+//!
+//! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid.
+//!
 //! # Storage variants
 //! - [`ElementStorage::F32`]: `array<vec4<f32>>`; scalar accesses index a vector component, so
-//!   one binding serves both the vec4 fast paths and the scalar edges.
+//!   one binding serves both the vec4 fast paths and the scalar edges (naga lowers a component
+//!   store to a 4-byte store in SPIR-V, HLSL and MSL, so neighbouring invocations writing
+//!   different components of one vec4 do not race).
 //! - [`ElementStorage::F16`]: `array<vec4<f16>>` under `enable f16` (`SHADER_F16`); loads widen
-//!   in hardware; stores round with the bit-exact `f16_bits_from_f32` first, so the final
-//!   `f16()` conversion is exact.
+//!   in hardware (a device may quiet a signalling NaN there: lavapipe turns 0x7c01 into
+//!   0x7e00); stores round with the bit-exact `f16_bits_from_f32` first, so the final `f16()`
+//!   conversion is exact.
 //! - [`ElementStorage::F16Packed`] and [`ElementStorage::Bf16Packed`]: two elements per `u32`,
 //!   inputs read as `array<vec2<u32>>` (4 elements per vector load), converted with bit
 //!   operations. The output is `array<atomic<u32>>`: a single-element store clears its half
