@@ -815,7 +815,14 @@ impl BackendOps for WgpuBackend {
             let rows = params.m.max(1);
             (Kernel::MatmulSmallM, Spec { rows, ..Spec::DEFAULT }, rows, cat::SMALL_M_WG * MatmulTile::TN)
         } else {
-            let tile = MatmulTile::for_rows(desc.m);
+            let mut tile = MatmulTile::for_rows(desc.m);
+            // Downlevel devices (GL, some mobile GPUs) allow fewer than 256 invocations per
+            // workgroup: the 128-invocation tile still runs there.
+            if tile.invocations() > self.limits.max_compute_invocations_per_workgroup
+                || tile.wg_y > self.limits.max_compute_workgroup_size_y
+            {
+                tile = MatmulTile::SHORT;
+            }
             (Kernel::Matmul, Spec { tile, ..Spec::DEFAULT }, tile.bm(), tile.bn())
         };
         let gx = div_ceil_u32(params.n, block_n);

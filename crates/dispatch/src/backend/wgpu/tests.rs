@@ -614,14 +614,20 @@ fn from_raw_device_and_the_binding_limit() {
 }
 
 /// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
-/// grid folding run on small, quick shapes.
+/// grid folding run on small, quick shapes, and 128 invocations per workgroup, as downlevel
+/// devices do.
 fn narrow_grid_device() -> Option<Device> {
     let adapter = enumerate().ok().and_then(|a| a.into_iter().next())?;
-    let limits = wgpu::Limits { max_compute_workgroups_per_dimension: 8, ..adapter.limits() };
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 8,
+        max_compute_invocations_per_workgroup: 128,
+        ..adapter.limits()
+    };
     let desc = wgpu::DeviceDescriptor { label: Some("narrow grid"), required_limits: limits, ..Default::default() };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc)).ok()?;
     let dev = Device::from_wgpu(device, queue).ok()?;
-    (backend(&dev).limits.max_compute_workgroups_per_dimension == 8).then_some(dev)
+    let l = &backend(&dev).limits;
+    (l.max_compute_workgroups_per_dimension == 8 && l.max_compute_invocations_per_workgroup == 128).then_some(dev)
 }
 
 #[test]
@@ -637,6 +643,8 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     case.bias = true;
     run_matmul_case(&dev, DType::F32, &case, 900);
     run_matmul_case(&dev, DType::Bf16, &case, 901);
+    // M = 40 would take the 256-invocation tile: the device allows 128, so the 16 x 128 one runs.
+    run_matmul_case(&dev, DType::F32, &dense_case(1, 40, 33, 20, true, true), 903);
     // 3000 elements = 750 invocations = 12 workgroups of 64: folded into an 8 x 2 grid.
     for in_place in [false, true] {
         run_activation_case(&dev, DType::F32, 3000, Some(6), Activation::Gelu, in_place);
