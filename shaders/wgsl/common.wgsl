@@ -1,7 +1,8 @@
-// Shared helpers of every tilekit WGSL module. The catalogue
-// (`crates/kernels/src/catalogue/wgsl.rs`) prepends this file, then the storage prelude it
-// generates for the module's dtype variant (bindings plus `ld_*`/`ld4_*`/`st_*`/`st4_*`
-// accessors), then the kernel file.
+// Shared helpers of every tilekit WGSL module. The kernel catalogue
+// (`crates/kernels/src/catalogue/wgsl.rs`) appends this file, followed by the storage prelude
+// it generates for the module's dtype variant (bindings plus `ld_*`/`ld4_*`/`st_*`/`st4_*`
+// accessors), to each kernel file; the kernel files carry the f32 version of that block so
+// that they are valid WGSL on their own.
 //
 // The activations are EXACTLY the formulas of `Activation::apply_f32` in
 // `crates/kernels/src/activation.rs`; the conversions are bit-exact ports of the `half` crate's
