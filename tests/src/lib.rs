@@ -424,6 +424,8 @@ pub enum ActMode {
     InPlace,
     /// `Device::activation_into` a separate tensor.
     Into,
+    /// `Device::activation_into` with `x` itself (a clone of its handle) as the output.
+    IntoSelf,
 }
 
 /// Runs `act(x + bias)` over a tensor of `shape` on every backend that has `dtype` and compares
@@ -469,6 +471,11 @@ pub fn run_activation(
             }
             ActMode::Into => {
                 let out = dev.tensor_from_f32(shape, dtype, &vec![SENTINEL; len]).map_err(err)?;
+                dev.activation_into(&xt, bt.as_ref(), act, &out).map_err(err)?;
+                out
+            }
+            ActMode::IntoSelf => {
+                let out = xt.clone();
                 dev.activation_into(&xt, bt.as_ref(), act, &out).map_err(err)?;
                 out
             }
