@@ -29,12 +29,11 @@ typedef unsigned short u16;
 #define MM_HAS_BIAS 4u
 #define MM_HAS_C 8u
 // The operand's offset, leading dimension and batch stride are multiples of 16 bytes'
-// worth of elements, so 128-bit loads (stores for `out`) are aligned wherever the column index
-// is a multiple of the vector width.
+// worth of elements, so 128-bit loads (for `out`: 4-element stores) are aligned wherever the
+// column index is a multiple of the vector width.
 #define MM_A_VEC 16u
 #define MM_B_VEC 32u
-#define MM_C_VEC 64u
-#define MM_OUT_VEC 128u
+#define MM_OUT_VEC 64u
 
 // `out = act(alpha·op(A)·op(B) + bias + beta·C)`, element (r, c) of batch b of an operand at
 // `off + b·bs + r·ld + c` (see `MatmulDesc`). Pointers are device addresses (0 = absent).
@@ -194,4 +193,51 @@ __device__ __forceinline__ float matmul_epilogue(const MatmulParams& p, float ac
 
 template <typename T> __device__ __forceinline__ T* out_ptr(const MatmulParams& p, i64 batch, i64 row, i64 col) {
     return (T*)p.out + p.o_off + batch * p.o_bs + row * p.o_ld + col;
+}
+
+// Stores 4 consecutive outputs (`n_valid` of them inside the matrix): one 16- or 8-byte store
+// where the output view allows it.
+template <typename T> __device__ __forceinline__ void store4(const MatmulParams& p, T* o, const float (&v)[4], int n_valid) {
+    if ((p.flags & MM_OUT_VEC) && n_valid == 4) {
+        if (sizeof(T) == 4) {
+            *(float4*)o = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            u16 b[4];
+            for (int j = 0; j < 4; j++) {
+                T t = from_f32<T>(v[j]);
+                b[j] = *(const u16*)&t;
+            }
+            *(uint2*)o = make_uint2((u32)b[0] | ((u32)b[1] << 16), (u32)b[2] | ((u32)b[3] << 16));
+        }
+        return;
+    }
+    for (int j = 0; j < n_valid; j++) o[j] = from_f32<T>(v[j]);
+}
+
+// The epilogue goes through shared memory: the accumulators of 64 rows × 128 columns of the
+// block tile are parked there, then every thread walks the slab 4 columns at a time. Stores
+// become row-contiguous across a warp (coalesced) whatever the MMA or register-tile layout, and
+// the epilogue, with its activation, is compiled once instead of once per accumulator (which
+// had made the tensor-core PTX several megabytes).
+#define EPI_ROWS 64
+#define EPI_COLS 128
+#define EPI_STRIDE (EPI_COLS + 4)
+#define EPI_BYTES (EPI_ROWS * EPI_STRIDE * 4)
+
+// `row_of(lr)` maps a slab row to its row inside the block tile.
+template <typename T, typename RowMap>
+__device__ __forceinline__ void epilogue_slab(const MatmulParams& p, const float* slab, i64 bt, int m0, int n0,
+                                              RowMap row_of, int tid, int nthreads) {
+#pragma unroll 1
+    for (int e = tid; e < EPI_ROWS * EPI_COLS / 4; e += nthreads) {
+        const int lr = e / (EPI_COLS / 4), c4 = (e % (EPI_COLS / 4)) * 4;
+        const int row = m0 + row_of(lr), col = n0 + c4;
+        if (row >= p.m || col >= p.n) continue;
+        const float4 a = *(const float4*)&slab[lr * EPI_STRIDE + c4];
+        const float acc[4] = {a.x, a.y, a.z, a.w};
+        const int n_valid = p.n - col < 4 ? p.n - col : 4;
+        float v[4];
+        for (int j = 0; j < 4; j++) v[j] = j < n_valid ? matmul_epilogue<T>(p, acc[j], bt, row, col + j) : 0.0f;
+        store4<T>(p, out_ptr<T>(p, bt, row, col), v, n_valid);
+    }
 }

@@ -125,52 +125,14 @@ template <bool BF> __device__ __forceinline__ void mma16816(float (&d)[4], const
     }
 }
 
-// Stores the pair (row, col), (row, col + 1) through the epilogue.
-template <typename T>
-__device__ __forceinline__ void store_pair(const MatmulParams& p, i64 bt, int row, int col, float a0, float a1) {
-    if (row >= p.m || col >= p.n) return;
-    T* o = out_ptr<T>(p, bt, row, col);
-    float v0 = matmul_epilogue<T>(p, a0, bt, row, col);
-    if (col + 1 < p.n) {
-        float v1 = matmul_epilogue<T>(p, a1, bt, row, col + 1);
-        if (p.flags & MM_OUT_VEC) {
-            // col is even and the view is 16-byte aligned: one 4- or 8-byte store.
-            if (sizeof(T) == 2) {
-                u32 w = (u32)from_f32<T>(v0).bits | ((u32)from_f32<T>(v1).bits << 16);
-                *(u32*)o = w;
-            } else {
-                *(float2*)o = make_float2(v0, v1);
-            }
-            return;
-        }
-        o[1] = from_f32<T>(v1);
-    }
-    o[0] = from_f32<T>(v0);
-}
-// `float` has no `.bits`; its pair store never takes the 16-bit branch above, but the
-// template must still compile, so the f32 case is spelled out.
-template <>
-__device__ __forceinline__ void store_pair<float>(const MatmulParams& p, i64 bt, int row, int col, float a0, float a1) {
-    if (row >= p.m || col >= p.n) return;
-    float* o = out_ptr<float>(p, bt, row, col);
-    float v0 = matmul_epilogue<float>(p, a0, bt, row, col);
-    if (col + 1 < p.n) {
-        float v1 = matmul_epilogue<float>(p, a1, bt, row, col + 1);
-        if (p.flags & MM_OUT_VEC) {
-            *(float2*)o = make_float2(v0, v1);
-            return;
-        }
-        o[1] = v1;
-    }
-    o[0] = v0;
-}
-
 template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
     // A is K-contiguous unless transposed; B is K-contiguous only when transposed.
     constexpr bool A_KC = !TA;
     constexpr bool B_KC = TB;
-    __shared__ __align__(16) u16 sa[2][TC_TILE];
-    __shared__ __align__(16) u16 sb[2][TC_TILE];
+    // The A and B tiles of both buffers (40 KiB), reused by the epilogue's 33 KiB slab.
+    __shared__ __align__(16) u16 smem[4 * TC_TILE];
+    u16(*sa)[TC_TILE] = (u16(*)[TC_TILE])smem;
+    u16(*sb)[TC_TILE] = (u16(*)[TC_TILE])(smem + 2 * TC_TILE);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
@@ -251,33 +213,46 @@ template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ vo
         __syncthreads();
     }
 
-    // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1).
+    // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1). The two
+    // rows of warps park their 64×128 halves in the slab in turn.
     const int g = lane >> 2, t4 = lane & 3;
+    float* slab = (float*)smem;
+#pragma unroll 1
+    for (int h = 0; h < 2; h++) {
+        __syncthreads();
+        if ((warp >> 2) == h) {
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+            for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const int row = m0 + wm + mt * 16 + g, col = n0 + wn + nt * 8 + 2 * t4;
-            store_pair<TIn>(p, bt, row, col, acc[mt][nt][0], acc[mt][nt][1]);
-            store_pair<TIn>(p, bt, row + 8, col, acc[mt][nt][2], acc[mt][nt][3]);
+                for (int nt = 0; nt < 4; nt++) {
+                    float* s = slab + (mt * 16 + g) * EPI_STRIDE + wn + nt * 8 + 2 * t4;
+                    *(float2*)s = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+                    *(float2*)(s + 8 * EPI_STRIDE) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+                }
         }
+        __syncthreads();
+        epilogue_slab<TIn>(p, slab, bt, m0, n0, [h](int lr) { return h * 64 + lr; }, tid, TC_THREADS);
+    }
 }
 
-#define TC_ENTRY(NAME, TIN, BF)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME##_nn(const MatmulParams p) {                        \
+// MINB 2 (at most 128 registers a thread) gives 16 warps per SM to hide the shared-memory and
+// global latencies that one block of 8 cannot. The f32-input variant stages twice the bytes in
+// registers and would spill under that cap, so it runs one block per SM.
+#define TC_ENTRY(NAME, TIN, BF, MINB)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const MatmulParams p) {                        \
         matmul_mma<TIN, BF, false, false>(p);                                                                          \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME##_nt(const MatmulParams p) {                        \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const MatmulParams p) {                        \
         matmul_mma<TIN, BF, false, true>(p);                                                                           \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME##_tn(const MatmulParams p) {                        \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const MatmulParams p) {                        \
         matmul_mma<TIN, BF, true, false>(p);                                                                           \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME##_tt(const MatmulParams p) {                        \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tt(const MatmulParams p) {                        \
         matmul_mma<TIN, BF, true, true>(p);                                                                            \
     }
 
-TC_ENTRY(matmul_f16_f16, f16, false)
-TC_ENTRY(matmul_bf16_bf16, bf16, true)
-TC_ENTRY(matmul_f16_bf16, f16, true)
-TC_ENTRY(matmul_f32_bf16, float, true)
+TC_ENTRY(matmul_f16_f16, f16, false, 2)
+TC_ENTRY(matmul_bf16_bf16, bf16, true, 2)
+TC_ENTRY(matmul_f16_bf16, f16, true, 2)
+TC_ENTRY(matmul_f32_bf16, float, true, 1)

@@ -29,6 +29,13 @@ struct SgemmTiles {
     float b[2][SG_BK][SG_BN + SG_PAD];
 };
 
+// The main loop's tiles and the epilogue's accumulator slab share one shared-memory block
+// (33 KiB: two blocks per SM still fit on every sm_80+ part).
+union SgemmSmem {
+    SgemmTiles t;
+    float slab[EPI_ROWS * EPI_STRIDE];
+};
+
 // Queues the copy of the K slice starting at k0 of A (rows m0..) and B (columns n0..) into
 // buffer `buf`. Indices are recomputed from the parameter block (constant memory) on every
 // slice instead of being kept in registers: registers are the scarce resource at 8×8 outputs
@@ -84,22 +91,9 @@ __device__ __forceinline__ void sgemm_load_tile(const MatmulParams& p, SgemmTile
     }
 }
 
-// Stores four consecutive outputs of one row through the epilogue.
-__device__ __forceinline__ void sgemm_store4(const MatmulParams& p, i64 bt, int row, int col, const float* acc) {
-    if (row >= p.m || col >= p.n) return;
-    float v[4];
-    for (int j = 0; j < 4; j++) v[j] = (col + j < p.n) ? matmul_epilogue<float>(p, acc[j], bt, row, col + j) : 0.0f;
-    float* o = out_ptr<float>(p, bt, row, col);
-    if ((p.flags & MM_OUT_VEC) && col + 3 < p.n) {
-        *(float4*)o = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-        for (int j = 0; j < 4; j++)
-            if (col + j < p.n) o[j] = v[j];
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const MatmulParams p) {
-    __shared__ __align__(16) SgemmTiles t;
+    __shared__ __align__(16) SgemmSmem smem;
+    SgemmTiles& t = smem.t;
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     // Warps 4 (M) × 2 (N), lanes 4 (M) × 8 (N); each thread owns rows r0+{0..3}, r0+16+{0..3}
@@ -149,11 +143,24 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
             __syncthreads();
         }
 
+        // Two passes of 64 rows: pass q parks accumulator rows i = 4q..4q+3 of every thread, which
+        // are block rows w·32 + 16q + (0..15) for w = 0..3; slab row lr holds block row
+        // (lr / 16)·32 + 16q + lr % 16.
+        const int lr0 = (warp >> 1) * 16 + (lane >> 3) * 4;
+#pragma unroll 1
+        for (int q = 0; q < 2; q++) {
+            __syncthreads();
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int row = m0 + r0 + (i < 4 ? i : 12 + i);
-            sgemm_store4(p, bt, row, n0 + c0, &acc[i][0]);
-            sgemm_store4(p, bt, row, n0 + c0 + 32, &acc[i][4]);
+            for (int i = 0; i < 4; i++) {
+                float* s = &smem.slab[(lr0 + i) * EPI_STRIDE];
+                const float* a = acc[4 * q + i];
+                *(float4*)&s[c0] = make_float4(a[0], a[1], a[2], a[3]);
+                *(float4*)&s[c0 + 32] = make_float4(a[4], a[5], a[6], a[7]);
+            }
+            __syncthreads();
+            epilogue_slab<float>(
+                p, smem.slab, bt, m0, n0, [q](int lr) { return (lr >> 4) * 32 + q * 16 + (lr & 15); }, tid,
+                SG_THREADS);
         }
     }
 }
