@@ -28,9 +28,10 @@ typedef unsigned short u16;
 #define MM_TRANS_B 2u
 #define MM_HAS_BIAS 4u
 #define MM_HAS_C 8u
-// The operand's offset, leading dimension and batch stride are multiples of 16 bytes'
-// worth of elements, so 128-bit loads (for `out`: 4-element stores) are aligned wherever the
-// column index is a multiple of the vector width.
+// MM_A_VEC, MM_B_VEC: the operand's offset, leading dimension and batch stride are multiples
+// of 16 bytes' worth of elements, so 128-bit loads are aligned wherever the column index is a
+// multiple of the vector width. MM_OUT_VEC: the same for `out` in multiples of 4 elements (the
+// epilogue stores 4 outputs at once).
 #define MM_A_VEC 16u
 #define MM_B_VEC 32u
 #define MM_OUT_VEC 64u
