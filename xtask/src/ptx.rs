@@ -251,7 +251,8 @@ fn parse_ptxas(log: &str, file: &str, sm: Sm) -> Result<Vec<Row>> {
                 rows.push(r);
             }
             let kernel = rest.split('\'').next().unwrap_or_default().to_string();
-            current = Some(Row { file: file.to_string(), kernel, sm, regs: 0, smem: 0, spill_stores: 0, spill_loads: 0 });
+            current =
+                Some(Row { file: file.to_string(), kernel, sm, regs: 0, smem: 0, spill_stores: 0, spill_loads: 0 });
         } else if let Some(r) = current.as_mut() {
             if line.contains("spill stores") {
                 // "N bytes stack frame, S bytes spill stores, L bytes spill loads"

@@ -113,11 +113,15 @@ pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b:
     let pick = |names: [&'static str; 4]| k(M, names[t]);
     match (dtype, precision) {
         (DType::F32, Precision::Highest) => k(Module::MatmulSimt, "matmul_f32"),
-        (DType::F32, _) => pick(["matmul_f32_bf16_nn", "matmul_f32_bf16_nt", "matmul_f32_bf16_tn", "matmul_f32_bf16_tt"]),
+        (DType::F32, _) => {
+            pick(["matmul_f32_bf16_nn", "matmul_f32_bf16_nt", "matmul_f32_bf16_tn", "matmul_f32_bf16_tt"])
+        }
         (DType::F16, Precision::Highest) => {
             pick(["matmul_f16_f16_nn", "matmul_f16_f16_nt", "matmul_f16_f16_tn", "matmul_f16_f16_tt"])
         }
-        (DType::F16, _) => pick(["matmul_f16_bf16_nn", "matmul_f16_bf16_nt", "matmul_f16_bf16_tn", "matmul_f16_bf16_tt"]),
+        (DType::F16, _) => {
+            pick(["matmul_f16_bf16_nn", "matmul_f16_bf16_nt", "matmul_f16_bf16_tn", "matmul_f16_bf16_tt"])
+        }
         (DType::Bf16, _) => {
             pick(["matmul_bf16_bf16_nn", "matmul_bf16_bf16_nt", "matmul_bf16_bf16_tn", "matmul_bf16_bf16_tt"])
         }
