@@ -107,11 +107,10 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = element_count(shape)?;
         if n != self.len() {
-            return Err(Error::ShapeMismatch {
+            return Err(Error::InvalidParameter {
                 op: "reshape",
-                tensor: "tensor",
-                expected: self.shape.clone(),
-                actual: shape.to_vec(),
+                param: "shape",
+                reason: format!("{shape:?} has {n} elements, the tensor {:?} has {}", self.shape, self.len()),
             });
         }
         Ok(Tensor { buffer: self.buffer.clone(), shape: shape.to_vec() })

@@ -13,6 +13,9 @@ use crate::{ActivationDesc, Conv2dDesc, DType, MatmulDesc, Precision};
 /// # Panics
 /// If a slice is shorter than the descriptor's view of it (the caller validates).
 pub fn matmul(desc: &MatmulDesc, a: &[f64], b: &[f64], bias: Option<&[f64]>, c: Option<&[f64]>, out: &mut [f64]) {
+    if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
+        return; // An empty product: nothing to write (and nothing to loop over).
+    }
     let round = |x: f64| match desc.precision {
         Precision::Highest => x,
         Precision::Bf16 => DType::Bf16.round_f32(x as f32) as f64,
