@@ -9,7 +9,8 @@
 //!    the native CPU backend, the deliberately naive WGSL matmul (`Device::naive_matmul`),
 //!    the f64 reference itself (small cases only), and the device's copy kernel moving as many
 //!    bytes as the op must (the bandwidth roof);
-//! 4. print a row and, at the end, write JSON and CSV under `results/`.
+//! 4. print a row and, at the end, write JSON and CSV under `results/` (and, with
+//!    `--compare BASELINE.json`, the speedup over an earlier run with regressions flagged).
 //!
 //! The bench must time optimised code, so when the xtask itself was built without
 //! optimisations (the `cargo xtask` alias builds it in the dev profile, which keeps
@@ -18,6 +19,7 @@
 
 mod cases;
 mod check;
+mod compare;
 mod measure;
 mod report;
 mod workload;
@@ -50,6 +52,9 @@ pub struct Args {
     /// Where to write the JSON results (default: results/bench-<time>.json; a CSV goes next to it).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// An earlier results JSON: print the speedup per row and flag regressions beyond noise.
+    #[arg(long)]
+    compare: Option<PathBuf>,
 }
 
 /// Set in the environment of the release build this command starts, so it does not start another.
@@ -107,9 +112,17 @@ pub fn run(args: Args) -> Result<()> {
     report::write(&json, &meta, &rows)?;
     println!("\nwrote {} and {}", json.display(), json.with_extension("csv").display());
 
+    let regressions = match &args.compare {
+        Some(base) => compare::compare(base, &rows)?,
+        None => 0,
+    };
+
     let failed: Vec<String> = rows.iter().filter(|r| !r.passed()).map(|r| format!("{} {}", r.op, r.shape)).collect();
     if !failed.is_empty() {
         bail!("{} case(s) failed their correctness check or could not run: {}", failed.len(), failed.join("; "));
+    }
+    if regressions > 0 {
+        bail!("{regressions} case(s) regressed against {}", args.compare.unwrap_or_default().display());
     }
     Ok(())
 }
