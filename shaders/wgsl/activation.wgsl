@@ -1,5 +1,6 @@
 // Elementwise activation with a broadcast bias: out[i] = act(x[i] + bias[i % bias_len]).
 //
+// (Indices reduce modulo bias_len before the phase is added, so the sums stay below 2^32.)
 // Each invocation handles 4 consecutive elements: one vec4 load of x (a 16-byte load for f32,
 // 8 bytes for f16 and bf16), one vec4 load of the bias when bias_len is a multiple of 4 (the 4
 // elements then share one bias row segment), one vec4 store. The last, partial group of 4 is
@@ -19,9 +20,11 @@ struct ActivationParams {
     act: u32,
     flags: u32,
     items: u32,
+    // Position in the bias row of element 0: a tensor over the storage-binding limit runs in
+    // chunks, bound as windows, and a chunk may start mid-row.
+    bias_phase: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(3) var<uniform> p: ActivationParams;
@@ -40,12 +43,12 @@ fn activation(
     if (i0 + 4u <= p.len) {
         var v = ld4_x(g);
         if ((p.flags & HAS_BIAS) != 0u) {
-            let b0 = i0 % p.bias_len;
+            let b0 = (i0 % p.bias_len + p.bias_phase) % p.bias_len;
             if ((p.flags & BIAS_VEC) != 0u) {
                 v = v + ld4_bias(b0 >> 2u);
             } else {
                 for (var j = 0u; j < 4u; j++) {
-                    v[j] = v[j] + ld_bias((i0 + j) % p.bias_len);
+                    v[j] = v[j] + ld_bias(((i0 + j) % p.bias_len + p.bias_phase) % p.bias_len);
                 }
             }
         }
@@ -54,7 +57,7 @@ fn activation(
         for (var i = i0; i < p.len; i++) {
             var v = ld_x(i);
             if ((p.flags & HAS_BIAS) != 0u) {
-                v = v + ld_bias(i % p.bias_len);
+                v = v + ld_bias((i % p.bias_len + p.bias_phase) % p.bias_len);
             }
             st_out(i, apply_act(v, p.act));
         }

@@ -1,10 +1,13 @@
-// Tiled matmul with a fused epilogue:
+// Matmul with a fused epilogue:
 //   out = act(alpha * op(A) * op(B) + bias[j] + beta * C)     (see `MatmulDesc`)
+// Two entry points share the parameter block, the loads and the epilogue: `matmul` (tiled,
+// below) and `matmul_small_m` (M <= 4, further down).
 //
-// Design (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels 5-6 and
-// wgpu/burn matmul shaders):
+// Design of `matmul` (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels
+// 5-6 and the wgpu/burn matmul shaders):
 // - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 4 WG_Y and
-//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations).
+//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to a
+//   16 x 128 block for 4 < M <= 16, see `MatmulTile` in the catalogue).
 // - Each invocation owns a 4 x 4 register tile (`acc`, four vec4 rows): per k step it reads one
 //   vec4 of A and one vec4 of B from workgroup memory and does 16 FMAs, so workgroup-memory
 //   traffic is 8 floats per 16 FMAs instead of 2 per 1.
@@ -16,6 +19,9 @@
 //   of 4: the host sets the A_VEC/B_VEC flags) and the 4 elements are inside the matrix;
 //   otherwise 4 guarded scalar loads with zero fill. Zero fill makes every M, N, K correct,
 //   including K = 0 (no slab: the epilogue of zeros).
+// - The slabs are software-pipelined: slab s+1 is loaded into registers while slab s is
+//   multiplied, then stored to workgroup memory (one vec4 per operand per invocation with the
+//   default tile).
 // - Rows of the workgroup arrays are padded by 4 floats (one vec4): it keeps every row 16-byte
 //   aligned for the vec4 reads and shifts the banks of the transposing scalar stores of
 //   row-major A (without it the 4 invocations writing one A row hit the same bank).
@@ -35,12 +41,22 @@ override WG_Y: u32 = 16u;
 // 16 KiB WebGPU minimum of workgroup storage) while giving 16 FMAs per vec4 pair loaded.
 override BK: u32 = 16u;
 
+// Invocations per workgroup of the small-M kernel: 64 (two 32-wide subgroups), 256 columns.
+override WG_N: u32 = 64u;
+// Rows the small-M kernel computes per invocation (1 to 4): M itself, so a matrix-vector
+// product does no wasted FMAs. A pipeline constant, so the row loops unroll.
+override SM_ROWS: u32 = 4u;
+
 // Register tile per invocation: 4 x 4 (four vec4 accumulators). A `const` because
 // function-scope arrays need a constant size.
 const TM: u32 = 4u;
 const TN: u32 = 4u;
 // Row padding of the workgroup arrays, in vec4s (see above).
 const PAD4: u32 = 1u;
+// Most vec4s of one operand an invocation stages per slab (the register arrays of the
+// software pipeline need a constant size): BM * BK / 4 and BN * BK / 4 divided by the
+// invocations: 1 for the default tile, 4 for the 16 x 128 one (`MatmulTile` checks the bound).
+const MAX_LOADS: u32 = 8u;
 
 const A_VEC: u32 = 1u;
 const B_VEC: u32 = 2u;
@@ -137,6 +153,61 @@ fn load4_b(base: u32, rows: u32, cols: u32, r: u32, c0: u32) -> vec4<f32> {
     return v;
 }
 
+// The v-th vec4 of the stored slab of A starting at k0 (BM x BK of op(A)): stored rows are m
+// and a vec4 runs along k, or (transposed) stored rows are k and a vec4 runs along m.
+fn fetch_a(v: u32, k0: u32, m0: u32, a_base: u32, a_rows: u32, a_cols: u32) -> vec4<f32> {
+    if (p.trans_a == 0u) {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        return load4_a(a_base, a_rows, a_cols, m0 + r, k0 + c);
+    }
+    let r = v / (WG_Y * TM / 4u);
+    let c = (v % (WG_Y * TM / 4u)) * 4u;
+    return load4_a(a_base, a_rows, a_cols, k0 + r, m0 + c);
+}
+
+// Stores what `fetch_a(v, ...)` loaded into As[k][m]: scattered over 4 rows, or one vec4.
+fn put_a(v: u32, x: vec4<f32>) {
+    if (p.trans_a == 0u) {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            As[(c + j) * ROW_A4 + r / 4u][r % 4u] = x[j];
+        }
+    } else {
+        let r = v / (WG_Y * TM / 4u);
+        let c = (v % (WG_Y * TM / 4u)) * 4u;
+        As[r * ROW_A4 + c / 4u] = x;
+    }
+}
+
+// The v-th vec4 of the stored slab of B starting at k0 (BK x BN of op(B)).
+fn fetch_b(v: u32, k0: u32, n0: u32, b_base: u32, b_rows: u32, b_cols: u32) -> vec4<f32> {
+    if (p.trans_b == 0u) {
+        let r = v / (WG_X * TN / 4u);
+        let c = (v % (WG_X * TN / 4u)) * 4u;
+        return load4_b(b_base, b_rows, b_cols, k0 + r, n0 + c);
+    }
+    let r = v / (BK / 4u);
+    let c = (v % (BK / 4u)) * 4u;
+    return load4_b(b_base, b_rows, b_cols, n0 + r, k0 + c);
+}
+
+// Stores what `fetch_b(v, ...)` loaded into Bs[k][n].
+fn put_b(v: u32, x: vec4<f32>) {
+    if (p.trans_b == 0u) {
+        let r = v / (WG_X * TN / 4u);
+        let c = (v % (WG_X * TN / 4u)) * 4u;
+        Bs[r * ROW_B4 + c / 4u] = x;
+    } else {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            Bs[(c + j) * ROW_B4 + r / 4u][r % 4u] = x[j];
+        }
+    }
+}
+
 @compute @workgroup_size(WG_X, WG_Y, 1)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let bm = WG_Y * TM;
@@ -170,42 +241,58 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         acc[i] = vec4<f32>(0.0);
     }
 
+    // Software pipelining: the next slab's global loads are issued into registers (pa, pb)
+    // before the current slab is multiplied, so their latency hides behind the FMAs; the
+    // registers go to workgroup memory at the top of the next iteration.
+    let na = bm * BK / 4u;
+    let nb = bn * BK / 4u;
+    let la = (na + threads - 1u) / threads;
+    let lb = (nb + threads - 1u) / threads;
+    var pa: array<vec4<f32>, MAX_LOADS>;
+    var pb: array<vec4<f32>, MAX_LOADS>;
+    for (var l = 0u; l < la; l++) {
+        let v = flat + l * threads;
+        if (v < na) {
+            pa[l] = fetch_a(v, 0u, m0, a_base, a_rows, a_cols);
+        }
+    }
+    for (var l = 0u; l < lb; l++) {
+        let v = flat + l * threads;
+        if (v < nb) {
+            pb[l] = fetch_b(v, 0u, n0, b_base, b_rows, b_cols);
+        }
+    }
+
     let slabs = (p.k + BK - 1u) / BK;
     for (var s = 0u; s < slabs; s++) {
-        let k0 = s * BK;
-        // Stage op(A)[m0.., k0..] into As[k][m]: BM x BK elements, one vec4 of stored A per step.
-        for (var v = flat; v < bm * BK / 4u; v += threads) {
-            if (p.trans_a == 0u) {
-                // Stored rows are m, columns k: a vec4 runs along k and is scattered into 4 rows.
-                let r = v / (BK / 4u);
-                let c = (v % (BK / 4u)) * 4u;
-                let x = load4_a(a_base, a_rows, a_cols, m0 + r, k0 + c);
-                for (var j = 0u; j < 4u; j++) {
-                    As[(c + j) * ROW_A4 + r / 4u][r % 4u] = x[j];
-                }
-            } else {
-                // Stored rows are k, columns m: a vec4 runs along m, one vec4 store.
-                let r = v / (bm / 4u);
-                let c = (v % (bm / 4u)) * 4u;
-                As[r * ROW_A4 + c / 4u] = load4_a(a_base, a_rows, a_cols, k0 + r, m0 + c);
+        for (var l = 0u; l < la; l++) {
+            let v = flat + l * threads;
+            if (v < na) {
+                put_a(v, pa[l]);
             }
         }
-        // Stage op(B)[k0.., n0..] into Bs[k][n].
-        for (var v = flat; v < bn * BK / 4u; v += threads) {
-            if (p.trans_b == 0u) {
-                let r = v / (bn / 4u);
-                let c = (v % (bn / 4u)) * 4u;
-                Bs[r * ROW_B4 + c / 4u] = load4_b(b_base, b_rows, b_cols, k0 + r, n0 + c);
-            } else {
-                let r = v / (BK / 4u);
-                let c = (v % (BK / 4u)) * 4u;
-                let x = load4_b(b_base, b_rows, b_cols, n0 + r, k0 + c);
-                for (var j = 0u; j < 4u; j++) {
-                    Bs[(c + j) * ROW_B4 + r / 4u][r % 4u] = x[j];
-                }
+        for (var l = 0u; l < lb; l++) {
+            let v = flat + l * threads;
+            if (v < nb) {
+                put_b(v, pb[l]);
             }
         }
         workgroupBarrier();
+        if (s + 1u < slabs) {
+            let k0 = (s + 1u) * BK;
+            for (var l = 0u; l < la; l++) {
+                let v = flat + l * threads;
+                if (v < na) {
+                    pa[l] = fetch_a(v, k0, m0, a_base, a_rows, a_cols);
+                }
+            }
+            for (var l = 0u; l < lb; l++) {
+                let v = flat + l * threads;
+                if (v < nb) {
+                    pb[l] = fetch_b(v, k0, n0, b_base, b_rows, b_cols);
+                }
+            }
+        }
         for (var kk = 0u; kk < BK; kk++) {
             let av = As[kk * ROW_A4 + ty];
             let bv = Bs[kk * ROW_B4 + tx];
@@ -217,8 +304,84 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
     }
 
-    // Fused epilogue, once per output.
-    let col0 = n0 + tx * TN;
+    epilogue(acc, m0 + ty * TM, p.m, n0 + tx * TN, bt);
+}
+
+// The small-M kernel (M <= 4: matrix-vector-like products, batch-1 inference). With 4 rows
+// there is nothing to share between invocations (each B element feeds one invocation's 4
+// outputs only), so staging through workgroup memory would cost barriers and buy nothing:
+// each invocation owns an SM_ROWS x 4 output tile (SM_ROWS = M rows x 4 consecutive columns),
+// walks K four at a time, reads an SM_ROWS x 4 block of op(A) (vec4 loads along the stored
+// rows; A is tiny and cached) and a 4 x 4 block of op(B) (vec4 loads along N, coalesced across
+// neighbouring invocations), and does 16 SM_ROWS FMAs per step. No barriers, so any invocation may return early.
+@compute @workgroup_size(WG_N, 1, 1)
+fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let col0 = (wid.x * WG_N + lid.x) * TN;
+    let row0 = wid.y * SM_ROWS;
+    let bt = p.batch_base + wid.z;
+    if (col0 >= p.n) {
+        return;
+    }
+    let a_base = p.a_off + bt * p.a_bs;
+    let b_base = p.b_off + bt * p.b_bs;
+    var a_rows = p.m;
+    var a_cols = p.k;
+    if (p.trans_a != 0u) {
+        a_rows = p.k;
+        a_cols = p.m;
+    }
+    var b_rows = p.k;
+    var b_cols = p.n;
+    if (p.trans_b != 0u) {
+        b_rows = p.n;
+        b_cols = p.k;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < TM; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    for (var k = 0u; k < p.k; k += 4u) {
+        // ab[i] = op(A)[row0 + i][k..k+4], bb[q] = op(B)[k + q][col0..col0+4]; zero outside.
+        var ab: array<vec4<f32>, 4>;
+        var bb: array<vec4<f32>, 4>;
+        if (p.trans_a == 0u) {
+            for (var i = 0u; i < SM_ROWS; i++) {
+                ab[i] = load4_a(a_base, a_rows, a_cols, row0 + i, k);
+            }
+        } else {
+            let c = mat4x4<f32>(load4_a(a_base, a_rows, a_cols, k, row0), load4_a(a_base, a_rows, a_cols, k + 1u, row0),
+                load4_a(a_base, a_rows, a_cols, k + 2u, row0), load4_a(a_base, a_rows, a_cols, k + 3u, row0));
+            let t = transpose(c);
+            for (var i = 0u; i < 4u; i++) {
+                ab[i] = t[i];
+            }
+        }
+        if (p.trans_b == 0u) {
+            for (var q = 0u; q < 4u; q++) {
+                bb[q] = load4_b(b_base, b_rows, b_cols, k + q, col0);
+            }
+        } else {
+            let c = mat4x4<f32>(load4_b(b_base, b_rows, b_cols, col0, k), load4_b(b_base, b_rows, b_cols, col0 + 1u, k),
+                load4_b(b_base, b_rows, b_cols, col0 + 2u, k), load4_b(b_base, b_rows, b_cols, col0 + 3u, k));
+            let t = transpose(c);
+            for (var q = 0u; q < 4u; q++) {
+                bb[q] = t[q];
+            }
+        }
+        for (var i = 0u; i < SM_ROWS; i++) {
+            acc[i] = fma(vec4<f32>(ab[i].x), bb[0], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].y), bb[1], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].z), bb[2], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].w), bb[3], acc[i]);
+        }
+    }
+    epilogue(acc, row0, min(p.m, row0 + SM_ROWS), col0, bt);
+}
+
+// The fused epilogue, once per output: rows row0..min(row0 + 4, row_end) and columns
+// col0..col0+4 of batch bt (both kernels). Stores a vec4 where the output view is aligned (O_VEC) and the 4 columns
+// are inside N.
+fn epilogue(acc: array<vec4<f32>, 4>, row0: u32, row_end: u32, col0: u32, bt: u32) {
     if (col0 >= p.n) {
         return;
     }
@@ -232,8 +395,8 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         }
     }
     for (var i = 0u; i < TM; i++) {
-        let row = m0 + ty * TM + i;
-        if (row >= p.m) {
+        let row = row0 + i;
+        if (row >= row_end) {
             break;
         }
         var v = p.alpha * acc[i] + bias;

@@ -97,7 +97,7 @@ fn matmul_case() -> impl Strategy<Value = MatmulCase> {
 }
 
 proptest! {
-    #![proptest_config(config(24))]
+    #![proptest_config(config(48))]
 
     /// Strided, batched, transposed matmul with every epilogue, in every dtype on every backend,
     /// with the output view inside a buffer of guard words.
@@ -385,4 +385,43 @@ fn activation_exact_integers() {
             }
         }
     }
+}
+
+/// Half-precision outputs packed two per 32-bit word: with odd N, odd leading dimensions and odd
+/// offsets, adjacent outputs written by different invocations share a word, so a store that is
+/// not confined to its own 16 bits loses a neighbour (or clobbers a guard word). Exact integers,
+/// several repeats, since a lost update is a race.
+#[test]
+fn packed_half_outputs_keep_their_neighbours() {
+    let mut guards = 0;
+    for dtype in [DType::F16, DType::Bf16] {
+        let (r, kmax) = exact_limits(dtype);
+        for (row, &(m, n, ld, offset)) in
+            [(130, 63, 63, 0), (67, 33, 35, 1), (5, 129, 131, 3), (64, 1, 1, 1)].iter().enumerate()
+        {
+            let mut d = MatmulDesc::new(m, n, 9.min(kmax));
+            d.out = MatrixView { offset, ld, batch_stride: m * ld + 1 };
+            d.batch = 2;
+            (d.a.batch_stride, d.b.batch_stride) = (0, 0);
+            d.bias_offset = Some(0);
+            for repeat in 0..3 {
+                match run_matmul(&d, dtype, Data::Integers(r), (row * 10 + repeat) as u64) {
+                    Ok(g) => guards += g,
+                    Err(e) => panic!("row {row} repeat {repeat}: {e}"),
+                }
+            }
+        }
+        for shape in [[1usize, 3, 7, 9], [2, 5, 1, 3]] {
+            // Odd output widths; padding 1 on every side keeps the 3-tap filters inside.
+            let mut d = conv_desc(shape[0], shape[1], shape[2], shape[3], 3, 1, Layout::Nhwc);
+            (d.pad_top, d.pad_bottom, d.pad_left, d.pad_right) = (1, 1, 1, 1);
+            run_conv(&d, dtype, Data::Integers(3), 4, true).unwrap_or_else(|e| panic!("{e}"));
+            let mut d = conv_desc(shape[0], shape[1], shape[2], shape[3], 1, 3, Layout::Nchw);
+            (d.pad_top, d.pad_bottom, d.pad_left, d.pad_right) = (1, 1, 1, 1);
+            run_conv(&d, dtype, Data::Integers(3), 5, false).unwrap_or_else(|e| panic!("{e}"));
+        }
+        run_activation(&[7, 13], true, Activation::Relu, ActMode::Into, dtype, Data::Integers(9), 6, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    eprintln!("packed_half_outputs_keep_their_neighbours: {guards} guard words checked");
 }

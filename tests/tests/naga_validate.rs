@@ -1,11 +1,13 @@
 //! Every WGSL module parses and validates with naga.
 //!
-//! The style rule is that each file under `shaders/wgsl/` is valid WGSL as it stands (editors
-//! and naga can check it), so every file is validated on its own. Once the kernel catalogue
-//! lists its modules (`tilekit_kernels::catalogue::wgsl`), those exact sources are the ones the
-//! device compiles and are worth validating too.
+//! The files under `shaders/wgsl/` are a common prelude and kernel bodies; the kernel catalogue
+//! (`tilekit_kernels::catalogue::wgsl::all_modules`) composes them, per storage variant, into
+//! the exact sources the device compiles. Those composed modules are what is validated here,
+//! every one of them, and every file under `shaders/wgsl/` must be part of at least one of
+//! them, so no WGSL escapes the check.
 
 use std::path::{Path, PathBuf};
+use tilekit::kernels::catalogue::wgsl::all_modules;
 use tilekit_tests::skip;
 
 /// Parses and validates one WGSL source with every capability naga knows (f16 included; the
@@ -19,13 +21,8 @@ fn validate(name: &str, source: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn wgsl_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("shaders").join("wgsl")
-}
-
-#[test]
-fn every_wgsl_file_validates() {
-    let dir = wgsl_dir();
+fn wgsl_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("shaders").join("wgsl");
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -34,24 +31,39 @@ fn every_wgsl_file_validates() {
         Err(_) => Vec::new(),
     };
     files.sort();
-    if files.is_empty() {
-        skip("naga", &format!("no WGSL files under {}", dir.display()));
+    files
+}
+
+#[test]
+fn every_catalogue_module_validates() {
+    let modules = all_modules();
+    if modules.is_empty() {
+        skip("naga", "the WGSL catalogue lists no modules");
         return;
     }
-    let mut failures = Vec::new();
+    let failures: Vec<String> = modules.iter().filter_map(|m| validate(&m.name, &m.source).err()).collect();
+    let f16 = modules.iter().filter(|m| m.needs_f16).count();
+    eprintln!("naga: {} catalogue modules validated ({f16} with `enable f16`)", modules.len());
+    assert!(failures.is_empty(), "{} of {} modules fail:\n{}", failures.len(), modules.len(), failures.join("\n"));
+}
+
+#[test]
+fn every_wgsl_file_is_in_a_validated_module() {
+    let files = wgsl_files();
+    if files.is_empty() {
+        skip("naga files", "no WGSL files under shaders/wgsl");
+        return;
+    }
+    let modules = all_modules();
+    let mut missing = Vec::new();
     for path in &files {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        match std::fs::read_to_string(path) {
-            Ok(source) => {
-                if let Err(e) = validate(&name, &source) {
-                    failures.push(e);
-                }
-            }
-            Err(e) => failures.push(format!("{name}: {e}")),
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if !modules.iter().any(|m| m.source.contains(text.trim())) {
+            missing.push(path.display().to_string());
         }
     }
-    eprintln!("naga: {} WGSL files checked", files.len());
-    assert!(failures.is_empty(), "{} of {} WGSL files fail:\n{}", failures.len(), files.len(), failures.join("\n"));
+    eprintln!("naga: {} WGSL files, each inside a catalogue module", files.len());
+    assert!(missing.is_empty(), "WGSL files that no catalogue module includes (so never validated): {missing:?}");
 }
 
 #[test]

@@ -1,1 +1,318 @@
-//! CUDA kernels. Filled in with the CUDA backend.
+//! CUDA kernels: the PTX compiled from `shaders/cuda/` (by `cargo xtask ptx`), which entry
+//! point serves which op and dtype, their launch shapes and `#[repr(C)]` parameter blocks.
+//!
+//! # The PTX and the driver it needs
+//! The PTX is written by NVRTC 12.4 for `compute_80`: PTX ISA 8.4, which the driver
+//! JIT-compiles for the GPU at hand. That needs
+//! - an NVIDIA driver of the R550 branch or newer ([`MIN_DRIVER`]; the driver API reports
+//!   CUDA 12.4, [`MIN_DRIVER_API`]), and
+//! - a GPU of compute capability 8.0 or newer (Ampere, Ada, Hopper, Blackwell): the kernels use
+//!   `cp.async`, `ldmatrix` and bf16 `mma.sync`.
+//!
+//! # Entry points
+//! Named `<op>_<dtype>[_variant]`:
+//! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
+//! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
+//!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
+//! - `naive_matmul_<dtype>` — the bench's naive reference;
+//! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
+//! - `activation_<dtype>`, `copy_bytes` (`elementwise.cu`).
+//!
+//! Every kernel takes one parameter block by value, mirrored in `shaders/cuda/common.cuh`, and
+//! runs 256-thread blocks.
+
+use crate::{DType, Layout, Precision};
+
+/// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
+pub const PTX_ISA: &str = "8.4";
+/// The oldest NVIDIA driver that loads the shipped PTX.
+pub const MIN_DRIVER: &str = "R550 (550.54 on Linux, the CUDA 12.4 driver)";
+/// `cuDriverGetVersion` of the oldest driver that loads the shipped PTX (CUDA 12.4).
+pub const MIN_DRIVER_API: i32 = 12040;
+/// The oldest compute capability the kernels run on.
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+/// Threads per block of every kernel here.
+pub const THREADS: u32 = 256;
+
+/// One PTX file (one CUDA source file), loaded as one driver module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// `matmul_simt.cu`: `matmul_f32` and the naive matmuls.
+    MatmulSimt,
+    /// `matmul_mma.cu`: the tensor-core matmuls.
+    MatmulMma,
+    /// `depthwise.cu`.
+    Depthwise,
+    /// `elementwise.cu`: activation and copy.
+    Elementwise,
+}
+
+impl Module {
+    /// Every module, in a fixed order ([`Module::index`]).
+    pub const ALL: [Module; 4] = [Module::MatmulSimt, Module::MatmulMma, Module::Depthwise, Module::Elementwise];
+
+    /// The module's position in [`Module::ALL`] (for per-module caches).
+    pub const fn index(self) -> usize {
+        match self {
+            Module::MatmulSimt => 0,
+            Module::MatmulMma => 1,
+            Module::Depthwise => 2,
+            Module::Elementwise => 3,
+        }
+    }
+
+    /// The source file's stem.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Module::MatmulSimt => "matmul_simt",
+            Module::MatmulMma => "matmul_mma",
+            Module::Depthwise => "depthwise",
+            Module::Elementwise => "elementwise",
+        }
+    }
+
+    /// The PTX text.
+    pub const fn ptx(self) -> &'static str {
+        match self {
+            Module::MatmulSimt => include_str!("../../../../shaders/ptx/matmul_simt.ptx"),
+            Module::MatmulMma => include_str!("../../../../shaders/ptx/matmul_mma.ptx"),
+            Module::Depthwise => include_str!("../../../../shaders/ptx/depthwise.ptx"),
+            Module::Elementwise => include_str!("../../../../shaders/ptx/elementwise.ptx"),
+        }
+    }
+}
+
+/// One entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// The module holding it.
+    pub module: Module,
+    /// The `extern "C"` name.
+    pub entry: &'static str,
+}
+
+const fn k(module: Module, entry: &'static str) -> Kernel {
+    Kernel { module, entry }
+}
+
+/// Block tile of every fast matmul kernel: the grid is `ceil(N / 128) × ceil(M / 128) × batch`.
+pub const MATMUL_TILE_M: usize = 128;
+/// See [`MATMUL_TILE_M`].
+pub const MATMUL_TILE_N: usize = 128;
+/// Block of the naive matmul: 16 × 16 outputs.
+pub const NAIVE_TILE: usize = 16;
+/// The grid's `z` (batch) limit; larger batches are split into several launches.
+pub const MAX_GRID_Z: usize = 65535;
+/// The grid's `y` limit.
+pub const MAX_GRID_Y: usize = 65535;
+
+/// The matmul kernel for a storage dtype, precision policy and transposes.
+pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b: bool) -> Kernel {
+    use Module::MatmulMma as M;
+    let t = (trans_a as usize) * 2 + trans_b as usize;
+    let pick = |names: [&'static str; 4]| k(M, names[t]);
+    match (dtype, precision) {
+        (DType::F32, Precision::Highest) => k(Module::MatmulSimt, "matmul_f32"),
+        (DType::F32, _) => {
+            pick(["matmul_f32_bf16_nn", "matmul_f32_bf16_nt", "matmul_f32_bf16_tn", "matmul_f32_bf16_tt"])
+        }
+        (DType::F16, Precision::Highest) => {
+            pick(["matmul_f16_f16_nn", "matmul_f16_f16_nt", "matmul_f16_f16_tn", "matmul_f16_f16_tt"])
+        }
+        (DType::F16, _) => {
+            pick(["matmul_f16_bf16_nn", "matmul_f16_bf16_nt", "matmul_f16_bf16_tn", "matmul_f16_bf16_tt"])
+        }
+        (DType::Bf16, _) => {
+            pick(["matmul_bf16_bf16_nn", "matmul_bf16_bf16_nt", "matmul_bf16_bf16_tn", "matmul_bf16_bf16_tt"])
+        }
+    }
+}
+
+/// The naive matmul (bench reference).
+pub fn naive_matmul_kernel(dtype: DType) -> Kernel {
+    match dtype {
+        DType::F32 => k(Module::MatmulSimt, "naive_matmul_f32"),
+        DType::F16 => k(Module::MatmulSimt, "naive_matmul_f16"),
+        DType::Bf16 => k(Module::MatmulSimt, "naive_matmul_bf16"),
+    }
+}
+
+/// Outputs along x per thread of the NCHW depthwise kernel (`DW_NCHW_X`).
+pub const DW_NCHW_X: usize = 4;
+/// Channels per thread of the NHWC depthwise kernel (`DW_NHWC_C`).
+pub const DW_NHWC_C: usize = 4;
+/// Outputs along x per thread of the NHWC depthwise kernel (`DW_NHWC_X`).
+pub const DW_NHWC_X: usize = 2;
+
+/// The depthwise convolution kernel.
+pub fn depthwise_kernel(dtype: DType, layout: Layout) -> Kernel {
+    use Module::Depthwise as D;
+    match (dtype, layout) {
+        (DType::F32, Layout::Nchw) => k(D, "depthwise_conv2d_f32_nchw"),
+        (DType::F32, Layout::Nhwc) => k(D, "depthwise_conv2d_f32_nhwc"),
+        (DType::F16, Layout::Nchw) => k(D, "depthwise_conv2d_f16_nchw"),
+        (DType::F16, Layout::Nhwc) => k(D, "depthwise_conv2d_f16_nhwc"),
+        (DType::Bf16, Layout::Nchw) => k(D, "depthwise_conv2d_bf16_nchw"),
+        (DType::Bf16, Layout::Nhwc) => k(D, "depthwise_conv2d_bf16_nhwc"),
+    }
+}
+
+/// The activation kernel. It handles 16 bytes per thread step.
+pub fn activation_kernel(dtype: DType) -> Kernel {
+    match dtype {
+        DType::F32 => k(Module::Elementwise, "activation_f32"),
+        DType::F16 => k(Module::Elementwise, "activation_f16"),
+        DType::Bf16 => k(Module::Elementwise, "activation_bf16"),
+    }
+}
+
+/// The byte copy (16 bytes per thread step).
+pub const COPY: Kernel = k(Module::Elementwise, "copy_bytes");
+
+/// `MatmulParams::flags`: A is stored transposed.
+pub const MM_TRANS_A: u32 = 1;
+/// B is stored transposed.
+pub const MM_TRANS_B: u32 = 2;
+/// A bias is added.
+pub const MM_HAS_BIAS: u32 = 4;
+/// `beta · C` is added.
+pub const MM_HAS_C: u32 = 8;
+/// A's offset, leading dimension and batch stride are multiples of 16 bytes.
+pub const MM_A_VEC: u32 = 16;
+/// B's offset, leading dimension and batch stride are multiples of 16 bytes.
+pub const MM_B_VEC: u32 = 32;
+/// The output's offset, leading dimension and batch stride are multiples of 4 elements.
+pub const MM_OUT_VEC: u32 = 64;
+
+/// The matmul parameter block (`MatmulParams` in `common.cuh`). Pointers are device addresses
+/// (0 when absent); offsets, leading dimensions and batch strides are in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct MatmulParams {
+    pub a: u64,
+    pub b: u64,
+    pub bias: u64,
+    pub c: u64,
+    pub out: u64,
+    pub a_off: i64,
+    pub a_ld: i64,
+    pub a_bs: i64,
+    pub b_off: i64,
+    pub b_ld: i64,
+    pub b_bs: i64,
+    pub c_off: i64,
+    pub c_ld: i64,
+    pub c_bs: i64,
+    pub o_off: i64,
+    pub o_ld: i64,
+    pub o_bs: i64,
+    pub bias_off: i64,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub batch: i32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub act: u32,
+    pub flags: u32,
+}
+
+/// The depthwise convolution parameter block (`ConvParams` in `common.cuh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct ConvParams {
+    pub input: u64,
+    pub weight: u64,
+    pub bias: u64,
+    pub out: u64,
+    /// Thread work items (see the `DW_*` constants).
+    pub work: i64,
+    pub batch: i32,
+    pub channels: i32,
+    pub height: i32,
+    pub width: i32,
+    pub multiplier: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub pt: i32,
+    pub pl: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub oh: i32,
+    pub ow: i32,
+    pub act: u32,
+    pub has_bias: u32,
+    pub pad0: u32,
+}
+
+/// The activation parameter block (`ActParams` in `common.cuh`); `bias_len` 0 means no bias.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct ActParams {
+    pub x: u64,
+    pub bias: u64,
+    pub out: u64,
+    pub len: i64,
+    pub bias_len: i64,
+    pub act: u32,
+    pub pad0: u32,
+}
+
+/// The copy parameter block (`CopyParams` in `common.cuh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct CopyParams {
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sizes the PTX declares for each entry's parameter (`.param .align 8 .b8 x[N]`).
+    fn ptx_param_size(kernel: Kernel) -> Option<usize> {
+        let ptx = kernel.module.ptx();
+        let start = ptx.find(&format!(".entry {}(", kernel.entry))?;
+        let rest = &ptx[start..];
+        let open = rest.find('[')?;
+        let close = rest.find(']')?;
+        rest[open + 1..close].parse().ok()
+    }
+
+    #[test]
+    fn parameter_blocks_match_the_ptx() {
+        let mm = size_of::<MatmulParams>();
+        for dt in DType::ALL {
+            for p in [Precision::Highest, Precision::Bf16] {
+                for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    let kern = matmul_kernel(dt, p, ta, tb);
+                    assert_eq!(ptx_param_size(kern), Some(mm), "{}", kern.entry);
+                }
+            }
+            assert_eq!(ptx_param_size(naive_matmul_kernel(dt)), Some(mm));
+            for l in [Layout::Nchw, Layout::Nhwc] {
+                assert_eq!(ptx_param_size(depthwise_kernel(dt, l)), Some(size_of::<ConvParams>()));
+            }
+            assert_eq!(ptx_param_size(activation_kernel(dt)), Some(size_of::<ActParams>()));
+        }
+        assert_eq!(ptx_param_size(COPY), Some(size_of::<CopyParams>()));
+    }
+
+    #[test]
+    fn ptx_is_the_pinned_isa_for_compute_80() {
+        for m in Module::ALL {
+            let ptx = m.ptx();
+            assert!(ptx.contains(&format!(".version {PTX_ISA}\n")), "{}", m.name());
+            assert!(ptx.contains(".target sm_80\n"), "{}", m.name());
+            assert_eq!(Module::ALL[m.index()], m);
+        }
+    }
+}

@@ -17,12 +17,27 @@
 //! Each kernel file already ends with its f32 generated block, so the file is valid WGSL as it
 //! stands; the catalogue swaps that block for the one of the variant it builds.
 //!
+//! # Kernels and launch shapes
+//! | kernel | workgroup | work per invocation |
+//! |---|---|---|
+//! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 4 for M ≤ 16) | 4 × 4 outputs; BK-deep slabs of A and B staged in workgroup memory, software-pipelined |
+//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 | M × 4 outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
+//! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 | 4 outputs along W (NCHW) or C (NHWC) |
+//! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
+//! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
+//!
+//! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid.
+//!
 //! # Storage variants
 //! - [`ElementStorage::F32`]: `array<vec4<f32>>`; scalar accesses index a vector component, so
-//!   one binding serves both the vec4 fast paths and the scalar edges.
+//!   one binding serves both the vec4 fast paths and the scalar edges (naga lowers a component
+//!   store to a 4-byte store in SPIR-V, HLSL and MSL, so neighbouring invocations writing
+//!   different components of one vec4 do not race).
 //! - [`ElementStorage::F16`]: `array<vec4<f16>>` under `enable f16` (`SHADER_F16`); loads widen
-//!   in hardware; stores round with the bit-exact `f16_bits_from_f32` first, so the final
-//!   `f16()` conversion is exact.
+//!   in hardware (a device may quiet a signalling NaN there: lavapipe turns 0x7c01 into
+//!   0x7e00); stores round with the bit-exact `f16_bits_from_f32` first, so the final `f16()`
+//!   conversion is exact.
 //! - [`ElementStorage::F16Packed`] and [`ElementStorage::Bf16Packed`]: two elements per `u32`,
 //!   inputs read as `array<vec2<u32>>` (4 elements per vector load), converted with bit
 //!   operations. The output is `array<atomic<u32>>`: a single-element store clears its half
@@ -88,8 +103,11 @@ impl ElementStorage {
 /// The WGSL kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
-    /// Tiled matmul with the fused epilogue (`matmul.wgsl`).
+    /// Tiled matmul with the fused epilogue (`matmul.wgsl`, entry `matmul`).
     Matmul,
+    /// Matmul for M <= [`SMALL_M_ROWS`] without workgroup memory (`matmul.wgsl`, entry
+    /// `matmul_small_m`), same parameters and epilogue.
+    MatmulSmallM,
     /// One output per invocation, no tiling, no epilogue (`matmul_naive.wgsl`, for the bench).
     MatmulNaive,
     /// Depthwise 2-D convolution with bias and activation (`depthwise_conv2d.wgsl`).
@@ -104,8 +122,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::Matmul,
+        Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
         Kernel::DepthwiseConv2d,
         Kernel::Activation,
@@ -117,6 +136,7 @@ impl Kernel {
     pub const fn name(self) -> &'static str {
         match self {
             Kernel::Matmul => "matmul",
+            Kernel::MatmulSmallM => "matmul_small_m",
             Kernel::MatmulNaive => "matmul_naive",
             Kernel::DepthwiseConv2d => "depthwise_conv2d",
             Kernel::Activation => "activation",
@@ -148,6 +168,27 @@ impl MatmulTile {
     /// each give a 64 × 64 block; BK = 16 keeps the two staged slabs at 8.5 KiB, inside the
     /// 16 KiB WebGPU minimum of workgroup storage, with 16 FMAs per pair of vec4 reads.
     pub const DEFAULT: MatmulTile = MatmulTile { wg_x: 16, wg_y: 16, bk: 16 };
+    /// For 4 < M <= 16: a 16 × 128 block (4 × 32 invocations), so a short M does not leave
+    /// most of a 64-row block idle; BK = 16 (9.5 KiB of workgroup storage).
+    pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 4, bk: 16 };
+    /// The tile the backends use for a product with `m` rows.
+    /// (Products with M <= [`SMALL_M_ROWS`] take [`Kernel::MatmulSmallM`] instead.)
+    pub const fn for_rows(m: usize) -> MatmulTile {
+        if m <= 16 { MatmulTile::SHORT } else { MatmulTile::DEFAULT }
+    }
+
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        self.wg_x * self.wg_y
+    }
+
+    /// The most vec4s of one operand an invocation stages per slab; `matmul.wgsl` keeps them
+    /// in registers of `MAX_LOADS` = 8.
+    pub const fn loads_per_invocation(self) -> u32 {
+        let a = (self.bm() * self.bk / 4).div_ceil(self.invocations());
+        let b = (self.bn() * self.bk / 4).div_ceil(self.invocations());
+        if a > b { a } else { b }
+    }
     /// Outputs per invocation along M and N.
     pub const TM: u32 = 4;
     /// Outputs per invocation along N.
@@ -174,6 +215,12 @@ impl MatmulTile {
 pub const WG_1D: u32 = 64;
 /// Elements (conv: outputs; copy: 32-bit words) one invocation of a 1-D kernel handles.
 pub const ITEMS_PER_INVOCATION: u32 = 4;
+/// Products with at most this many rows take [`Kernel::MatmulSmallM`]: one 4-row register
+/// tile covers them, so workgroup-memory staging has nothing to share.
+pub const SMALL_M_ROWS: usize = 4;
+/// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`): 64, two 32-wide subgroups;
+/// each owns 4 columns, so a workgroup covers 256 columns.
+pub const SMALL_M_WG: u32 = 64;
 /// Invocations per workgroup of the naive matmul along x and y.
 pub const NAIVE_WG: u32 = 16;
 
@@ -196,6 +243,8 @@ pub struct WgslModule {
     pub overrides: Vec<(&'static str, f64)>,
     /// Workgroup storage the module uses, bytes (checked against the device limit).
     pub workgroup_bytes: u32,
+    /// The workgroup size the overrides give (checked against the device limits).
+    pub workgroup_size: [u32; 3],
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -223,7 +272,9 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul => vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)],
+        Kernel::Matmul | Kernel::MatmulSmallM => {
+            vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
+        }
         Kernel::MatmulNaive => vec![read("a", 0), read("b", 1), write("out", 2)],
         Kernel::DepthwiseConv2d => vec![read("input", 0), read("weight", 1), read("bias", 2), write("out", 3)],
         Kernel::Activation => vec![read("x", 0), read("bias", 1), write("out", 2)],
@@ -352,9 +403,41 @@ pub fn generated_block(kernel: Kernel, storage: ElementStorage) -> String {
     s
 }
 
+/// The launch specialisation of a module: the values of its shape `override` constants. The
+/// WGSL text does not depend on it, only the overrides (and so the pipeline) do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// Tile of [`Kernel::Matmul`] (`WG_X`, `WG_Y`, `BK`).
+    pub tile: MatmulTile,
+    /// Rows of [`Kernel::MatmulSmallM`] (`SM_ROWS`, 1 to 4): the register tile covers exactly
+    /// M rows, so a matrix-vector product does no wasted FMAs.
+    pub rows: u32,
+}
+
+impl Spec {
+    /// The default tiles.
+    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32 };
+
+    /// This spec with the fields `kernel` does not use reset to the default, so equal modules
+    /// have equal specs (the pipeline-cache key).
+    pub fn normalised(self, kernel: Kernel) -> Spec {
+        match kernel {
+            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, ..self },
+            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4) },
+            _ => Spec::DEFAULT,
+        }
+    }
+}
+
 /// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
 pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
-    let tile = MatmulTile::DEFAULT;
+    module_with(kernel, storage, Spec::DEFAULT)
+}
+
+/// The module of `kernel` in `storage` specialised by `spec` (see [`Spec`]).
+pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslModule {
+    let spec = spec.normalised(kernel);
+    let tile = spec.tile;
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
             Kernel::Matmul => (
@@ -363,6 +446,9 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
                 vec![("WG_X", tile.wg_x as f64), ("WG_Y", tile.wg_y as f64), ("BK", tile.bk as f64)],
                 tile.workgroup_bytes(),
             ),
+            Kernel::MatmulSmallM => {
+                (MATMUL, "matmul_small_m", vec![("WG_N", SMALL_M_WG as f64), ("SM_ROWS", spec.rows as f64)], 0)
+            }
             Kernel::MatmulNaive => {
                 (MATMUL_NAIVE, "matmul_naive", vec![("WG_X", NAIVE_WG as f64), ("WG_Y", NAIVE_WG as f64)], 0)
             }
@@ -381,6 +467,12 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
     source.push_str(&generated_block(kernel, storage));
     source.push('\n');
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
+    let workgroup_size = match kernel {
+        Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::MatmulSmallM => [SMALL_M_WG, 1, 1],
+        Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
+        _ => [WG_1D, 1, 1],
+    };
     WgslModule {
         name,
         kernel,
@@ -390,6 +482,7 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
         entry_point,
         overrides,
         workgroup_bytes,
+        workgroup_size,
     }
 }
 
@@ -513,7 +606,9 @@ pub struct ActivationParams {
     pub flags: u32,
     /// Invocations that do work: `ceil(len / 4)`.
     pub items: u32,
-    pub _pad: [u32; 3],
+    /// Position in the bias row of element 0 (a chunk of a larger tensor starts mid-row).
+    pub bias_phase: u32,
+    pub _pad: [u32; 2],
 }
 
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).
@@ -537,7 +632,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 5 * 4 + 1);
+        assert_eq!(all.len(), 6 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -581,6 +676,13 @@ mod tests {
         {
             assert_eq!(size % 16, 0);
         }
-        assert!(MatmulTile::DEFAULT.workgroup_bytes() <= 16 * 1024);
+        // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
+        // BK a multiple of 4.
+        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT] {
+            assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
+            assert!(t.invocations() <= 256, "{t:?}");
+            assert_eq!(t.bk % 4, 0, "{t:?}");
+            assert!(t.loads_per_invocation() <= 8, "{t:?}");
+        }
     }
 }

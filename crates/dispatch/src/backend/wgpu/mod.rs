@@ -5,13 +5,17 @@
 //! - Storage is one `wgpu::Buffer` (`STORAGE | COPY_SRC | COPY_DST`) sized in bytes rounded up
 //!   to 16, so the kernels' vec4 views never reach past its end.
 //! - Modules come from the kernel catalogue (`tilekit_kernels::catalogue::wgsl`); pipelines are
-//!   built on first use and cached by (module name, override constants). f16 is stored natively
+//!   built on first use and cached by (kernel, storage variant, shape constants). f16 is stored natively
 //!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
 //!   per `u32` otherwise; bf16 is always packed.
 //! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
 //!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
 //!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
 //!   poll with a timeout and return a typed error instead of hanging.
+//! - Limits: grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to stay
+//!   within the per-dimension workgroup limit; activations and copies over the storage-binding
+//!   limit run in chunks bound as buffer windows; a matmul or conv operand over that limit, and
+//!   anything whose indices would pass `u32`, is refused with [`Error::Overflow`].
 //! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
@@ -24,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tilekit_kernels::catalogue::wgsl::{
-    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile,
+    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
     activation_flags, conv_flags, matmul_flags,
 };
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, Precision};
@@ -109,9 +113,30 @@ struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// A pipeline's cache key: the module name (kernel and storage variant) and its override
-/// constants (as bits, so the key is `Eq + Hash`).
-type PipelineKey = (String, Vec<(&'static str, u64)>);
+/// A pipeline's cache key: kernel, storage variant and shape constants (the module's text and
+/// override values follow from them).
+type PipelineKey = (Kernel, ElementStorage, Spec);
+
+/// A storage binding: a whole buffer, or a byte window `(offset, size)` of it.
+#[derive(Clone, Copy, Debug)]
+struct Bind<'a> {
+    slot: u32,
+    buffer: &'a wgpu::Buffer,
+    window: Option<(u64, u64)>,
+}
+
+/// `buffer` bound whole at `slot`.
+fn whole(slot: u32, buffer: &wgpu::Buffer) -> Bind<'_> {
+    Bind { slot, buffer, window: None }
+}
+
+/// One dispatch: bindings, parameter block, grid.
+#[derive(Debug)]
+struct Launch<'a> {
+    binds: Vec<Bind<'a>>,
+    params: Vec<u8>,
+    grid: [u32; 3],
+}
 
 /// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
 /// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
@@ -393,13 +418,17 @@ impl WgpuBackend {
         })
     }
 
-    /// The cached pipeline of `kernel` in `storage`, built on first use.
-    fn pipeline(&self, op: &'static str, kernel: Kernel, storage: ElementStorage) -> Result<Arc<Pipeline>> {
-        let module = cat::module(kernel, storage);
-        let key = (module.name.clone(), module.overrides.iter().map(|&(n, v)| (n, v.to_bits())).collect::<Vec<_>>());
+    /// The cached pipeline of `kernel` in `storage` specialised by `spec`, built on first use.
+    fn pipeline(&self, op: &'static str, kernel: Kernel, storage: ElementStorage, spec: Spec) -> Result<Arc<Pipeline>> {
+        // The copy is dtype-free and each kernel uses only its own part of the spec: normalise
+        // the key so each distinct pipeline is built once.
+        let storage = if kernel.is_typed() { storage } else { ElementStorage::F32 };
+        let spec = spec.normalised(kernel);
+        let key = (kernel, storage, spec);
         if let Some(p) = self.pipelines.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(p);
         }
+        let module = cat::module_with(kernel, storage, spec);
         if module.needs_f16 && !self.device.features().contains(wgpu::Features::SHADER_F16) {
             return Err(Error::UnsupportedDType {
                 op,
@@ -409,26 +438,31 @@ impl WgpuBackend {
             });
         }
         // wgpu does not check workgroup storage against the limit (gfx-rs/wgpu #8946): do it here.
-        if module.workgroup_bytes > self.limits.max_compute_workgroup_storage_size {
+        let l = &self.limits;
+        if module.workgroup_bytes > l.max_compute_workgroup_storage_size {
             return Err(Error::Backend {
                 backend: KIND,
                 message: format!(
                     "{} needs {} bytes of workgroup storage, the device has {}",
-                    module.name, module.workgroup_bytes, self.limits.max_compute_workgroup_storage_size
+                    module.name, module.workgroup_bytes, l.max_compute_workgroup_storage_size
                 ),
             });
         }
-        let invocations = match kernel {
-            Kernel::Matmul => MatmulTile::DEFAULT.wg_x * MatmulTile::DEFAULT.wg_y,
-            Kernel::MatmulNaive => cat::NAIVE_WG * cat::NAIVE_WG,
-            _ => cat::WG_1D,
-        };
-        if invocations > self.limits.max_compute_invocations_per_workgroup {
+        let [x, y, z] = module.workgroup_size;
+        if x * y * z > l.max_compute_invocations_per_workgroup
+            || x > l.max_compute_workgroup_size_x
+            || y > l.max_compute_workgroup_size_y
+            || z > l.max_compute_workgroup_size_z
+        {
             return Err(Error::Backend {
                 backend: KIND,
                 message: format!(
-                    "{} needs {invocations} invocations per workgroup, the device allows {}",
-                    module.name, self.limits.max_compute_invocations_per_workgroup
+                    "{} needs a {x} x {y} x {z} workgroup, the device allows {} invocations ({} x {} x {})",
+                    module.name,
+                    l.max_compute_invocations_per_workgroup,
+                    l.max_compute_workgroup_size_x,
+                    l.max_compute_workgroup_size_y,
+                    l.max_compute_workgroup_size_z
                 ),
             });
         }
@@ -458,13 +492,13 @@ impl WgpuBackend {
         Ok(p)
     }
 
-    /// Checks that a buffer may be bound as a storage binding.
-    fn check_binding(&self, op: &'static str, buffer: &wgpu::Buffer) -> Result<()> {
+    /// Checks that a binding of `bytes` fits the device's storage-binding limit.
+    fn check_binding(&self, op: &'static str, bytes: u64) -> Result<()> {
         let limit = self.limits.max_storage_buffer_binding_size;
-        if buffer.size() > limit {
+        if bytes > limit {
             return Err(Error::Overflow {
                 op,
-                what: format!("a binding of {} bytes (the device's storage-binding limit is {limit})", buffer.size()),
+                what: format!("a binding of {bytes} bytes (the device's storage-binding limit is {limit})"),
             });
         }
         Ok(())
@@ -482,33 +516,39 @@ impl WgpuBackend {
         Ok([x, y, 1])
     }
 
-    /// Records launches of `pipeline` (one compute pass each) as one pending command buffer.
-    /// `buffers` are the storage bindings by slot; each launch brings its parameter block,
-    /// bound at `uniform_slot`, and its grid. Nothing waits: the buffer is submitted with the
-    /// next [`MAX_PENDING_OPS`] or when the host waits.
-    fn record(
-        &self,
-        op: &'static str,
-        pipeline: &Pipeline,
-        buffers: &[(u32, &wgpu::Buffer)],
-        uniform_slot: u32,
-        launches: &[(Vec<u8>, [u32; 3])],
-    ) -> Result<()> {
-        for (_, b) in buffers {
-            self.check_binding(op, b)?;
+    /// Records `launches` of `pipeline` (one compute pass each) as one pending command buffer;
+    /// each launch brings its bindings, its parameter block (bound at `uniform_slot`) and its
+    /// grid. Nothing waits: the buffer is submitted with the next [`MAX_PENDING_OPS`] or when
+    /// the host waits.
+    fn record(&self, op: &'static str, pipeline: &Pipeline, uniform_slot: u32, launches: &[Launch<'_>]) -> Result<()> {
+        for launch in launches {
+            for bind in &launch.binds {
+                self.check_binding(op, bind.window.map_or(bind.buffer.size(), |w| w.1))?;
+            }
         }
         self.check_health()?;
         let commands = self.scoped(0, || {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-            for (params, grid) in launches {
+            for launch in launches {
                 let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(op),
-                    contents: params,
+                    contents: &launch.params,
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
+                    .binds
                     .iter()
-                    .map(|&(slot, b)| wgpu::BindGroupEntry { binding: slot, resource: b.as_entire_binding() })
+                    .map(|b| wgpu::BindGroupEntry {
+                        binding: b.slot,
+                        resource: match b.window {
+                            None => b.buffer.as_entire_binding(),
+                            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: b.buffer,
+                                offset,
+                                size: wgpu::BufferSize::new(size),
+                            }),
+                        },
+                    })
                     .collect();
                 entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
                 let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -520,7 +560,8 @@ impl WgpuBackend {
                     .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
                 pass.set_pipeline(&pipeline.pipeline);
                 pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                let [x, y, z] = launch.grid;
+                pass.dispatch_workgroups(x, y, z);
             }
             encoder.finish()
         })?;
@@ -530,6 +571,21 @@ impl WgpuBackend {
             self.submit(&mut pending, None)?;
         }
         Ok(())
+    }
+
+    /// Splits `len` elements of `size` bytes into chunks `(first, count)` whose bindings fit
+    /// the device's storage-binding limit. Chunks start at multiples of the storage offset
+    /// alignment (256 bytes on most devices), so each starts on a whole vec4 and, for packed
+    /// 16-bit types, on a whole word.
+    fn chunks(&self, op: &'static str, len: usize, size: usize) -> Result<Vec<(usize, usize)>> {
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        // Element indices inside a chunk are u32; 2^30 elements keep `4 * items` in range too.
+        let limit = self.limits.max_storage_buffer_binding_size.min((1 << 30) * size as u64);
+        let per = usize::try_from(limit / align * align / size as u64).unwrap_or(usize::MAX);
+        if per == 0 {
+            return Err(Error::Overflow { op, what: format!("a chunk of the storage-binding limit ({limit} bytes)") });
+        }
+        Ok((0..len).step_by(per).map(|first| (first, per.min(len - first))).collect())
     }
 
     /// Submits the pending command buffers (plus `extra`, after them) in one submission and
@@ -753,15 +809,32 @@ impl BackendOps for WgpuBackend {
             }
         }
         let params = self.matmul_params(op, desc)?;
-        let tile = MatmulTile::DEFAULT;
-        let gx = div_ceil_u32(params.n, tile.bn());
-        let gy = div_ceil_u32(params.m, tile.bm());
+        // A few rows take the kernel without workgroup memory; the others the tiled kernel
+        // with the tile preset for their row count.
+        let (kernel, spec, block_m, block_n) = if desc.m <= cat::SMALL_M_ROWS {
+            let rows = params.m.max(1);
+            (Kernel::MatmulSmallM, Spec { rows, ..Spec::DEFAULT }, rows, cat::SMALL_M_WG * MatmulTile::TN)
+        } else {
+            let mut tile = MatmulTile::for_rows(desc.m);
+            // Downlevel devices (GL, some mobile GPUs) allow fewer than 256 invocations per
+            // workgroup: the 128-invocation tile still runs there.
+            if tile.invocations() > self.limits.max_compute_invocations_per_workgroup
+                || tile.wg_y > self.limits.max_compute_workgroup_size_y
+            {
+                tile = MatmulTile::SHORT;
+            }
+            (Kernel::Matmul, Spec { tile, ..Spec::DEFAULT }, tile.bm(), tile.bn())
+        };
+        let gx = div_ceil_u32(params.n, block_n);
+        let gy = div_ceil_u32(params.m, block_m);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::Matmul, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), spec)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
         let c = c.map_or(&self.dummy, |s| &s.buffer);
-        let buffers = [(0, &a.buffer), (1, &b.buffer), (2, bias), (3, c), (4, &out.buffer)];
-        self.record(op, &pipeline, &buffers, 5, &launches)
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 5, &launches)
     }
 
     fn depthwise_conv2d(
@@ -832,10 +905,10 @@ impl BackendOps for WgpuBackend {
             items,
         };
         let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype))?;
+        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), Spec::DEFAULT)?;
         let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let buffers = [(0, &input.buffer), (1, &weight.buffer), (2, bias), (3, &out.buffer)];
-        self.record(op, &pipeline, &buffers, 4, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
+        let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
+        self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
     }
 
     fn activation(
@@ -847,45 +920,60 @@ impl BackendOps for WgpuBackend {
         out: &WgpuStorage,
     ) -> Result<()> {
         let op = "activation";
-        let len = to_u32(op, "len", desc.len)?;
-        let mut p = ActivationParams {
-            len,
-            act: desc.activation.code(),
-            items: len.div_ceil(4),
-            ..ActivationParams::default()
-        };
-        if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
-            p.bias_len = to_u32(op, "bias length", bl)?.max(1);
-            p.flags |= activation_flags::HAS_BIAS;
-            if bl.is_multiple_of(4) {
-                p.flags |= activation_flags::BIAS_VEC;
-            }
-        }
-        let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
         let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
         let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
-        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype))?;
-        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let launches = [(bytemuck::bytes_of(&p).to_vec(), grid)];
-        if in_place {
-            self.record(op, &pipeline, &[(1, bias), (2, &out.buffer)], 3, &launches)
-        } else {
-            self.record(op, &pipeline, &[(0, &x.buffer), (1, bias), (2, &out.buffer)], 3, &launches)
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let bias_buffer = bias.map_or(&self.dummy, |s| &s.buffer);
+        let size = dtype.size_bytes();
+        // Tensors over the storage-binding limit run in chunks, each bound as a window.
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, desc.len, size)? {
+            let len = to_u32(op, "len", count)?;
+            let mut p = ActivationParams {
+                len,
+                act: desc.activation.code(),
+                items: len.div_ceil(4),
+                ..ActivationParams::default()
+            };
+            if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
+                p.bias_len = to_u32(op, "bias length", bl)?.max(1);
+                // Where this chunk starts in the bias row.
+                p.bias_phase = to_u32(op, "bias phase", first % bl.max(1))?;
+                p.flags |= activation_flags::HAS_BIAS;
+                if bl.is_multiple_of(4) {
+                    p.flags |= activation_flags::BIAS_VEC;
+                }
+            }
+            let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
+            let offset = (first * size) as u64;
+            let window = Some((offset, ((count * size) as u64).div_ceil(16) * 16));
+            let mut binds = vec![whole(1, bias_buffer), Bind { slot: 2, buffer: &out.buffer, window }];
+            if !in_place {
+                binds.push(Bind { slot: 0, buffer: &x.buffer, window });
+            }
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
         }
+        self.record(op, &pipeline, 3, &launches)
     }
 
     fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {
         let op = "copy";
-        let bytes = len
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| Error::Overflow { op, what: format!("{len} elements") })?;
-        let words = to_u32(op, "words", bytes / 4)?;
-        let tail_half = (bytes % 4 != 0) as u32;
-        let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
-        let p = CopyParams { words, tail_half, items, _pad: 0 };
-        let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32)?;
-        self.record(op, &pipeline, &[(0, &src.buffer), (1, &dst.buffer)], 2, &[(bytemuck::bytes_of(&p).to_vec(), grid)])
+        let size = dtype.size_bytes();
+        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, Spec::DEFAULT)?;
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, len, size)? {
+            let bytes = count * size;
+            let words = to_u32(op, "words", bytes / 4)?;
+            let tail_half = (!bytes.is_multiple_of(4)) as u32;
+            let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
+            let p = CopyParams { words, tail_half, items, _pad: 0 };
+            let grid = self.grid_1d(op, items, cat::WG_1D)?;
+            let window = Some(((first * size) as u64, (bytes as u64).div_ceil(16) * 16));
+            let binds =
+                vec![Bind { slot: 0, buffer: &src.buffer, window }, Bind { slot: 1, buffer: &dst.buffer, window }];
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
+        }
+        self.record(op, &pipeline, 2, &launches)
     }
 
     fn naive_matmul(
@@ -904,8 +992,11 @@ impl BackendOps for WgpuBackend {
         let gx = div_ceil_u32(params.n, cat::NAIVE_WG);
         let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
         let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype))?;
-        self.record(op, &pipeline, &[(0, &a.buffer), (1, &b.buffer), (2, &out.buffer)], 3, &launches)?;
+        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 3, &launches)?;
         Ok(true)
     }
 

@@ -159,8 +159,9 @@ fn matmul_f32_edge_shapes_and_transposes() {
 #[test]
 fn matmul_epilogue_batches_and_strided_views() {
     let Some(dev) = device(false) else { return };
-    for (i, act) in Activation::ALL.into_iter().enumerate() {
-        let (m, n, k, batch) = (9, 11, 7, 3);
+    // M = 9 takes the tiled kernel, M = 3 the small-M one.
+    for (i, (act, m)) in Activation::ALL.into_iter().flat_map(|a| [(a, 9), (a, 3)]).enumerate() {
+        let (n, k, batch) = (11, 7, 3);
         let mut desc = MatmulDesc::new(m, n, k);
         desc.batch = batch;
         // A with an odd offset and a padded leading dimension; B broadcast to every batch.
@@ -549,7 +550,8 @@ fn every_catalogue_module_builds_a_pipeline() {
             if storage.needs_f16() && !be.device.features().contains(wgpu::Features::SHADER_F16) {
                 continue;
             }
-            be.pipeline("test", kernel, storage).unwrap();
+            // The other specs (tiles, small-M rows) are built by the matmul tests.
+            be.pipeline("test", kernel, storage, Spec::DEFAULT).unwrap();
         }
     }
 }
@@ -564,8 +566,10 @@ fn own_device(what: &str) -> Option<Device> {
     }
 }
 
-/// An engine's own device with a tiny storage-binding limit: tilekit runs on it, and a tensor
-/// over the limit is refused with a typed error instead of a wgpu validation panic.
+/// An engine's own device (no `SHADER_F16` requested, so f16 takes the packed path) with a
+/// 1 KiB storage-binding limit: tilekit runs on it; activations and copies over the limit run
+/// in chunks bound as windows; a matmul operand over it is refused with a typed error instead
+/// of a wgpu validation panic.
 #[test]
 fn from_raw_device_and_the_binding_limit() {
     let Some(adapter) = enumerate().ok().and_then(|a| a.into_iter().next()) else {
@@ -576,27 +580,54 @@ fn from_raw_device_and_the_binding_limit() {
     let desc = wgpu::DeviceDescriptor { label: Some("engine"), required_limits: limits, ..Default::default() };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
     let dev = Device::from_wgpu(device, queue).unwrap();
-    let small = dev.tensor_from_f32(&[4, 8], DType::F32, &values(32, 1)).unwrap();
-    let y = dev.activation(&small, None, Activation::Relu).unwrap();
-    assert_eq!(y.to_f32_vec().unwrap(), values(32, 1).iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
-    if backend(&dev).limits.max_storage_buffer_binding_size <= 1024 {
-        let big = dev.zeros(&[1024], DType::F32).unwrap();
-        let err = dev.activation(&big, None, Activation::Relu).unwrap_err();
-        assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
-    } else {
-        eprintln!("SKIP binding-limit check: the device did not take the lower limit");
+    assert!(dev.description().contains("f16 packed"), "{}", dev.description());
+    if backend(&dev).limits.max_storage_buffer_binding_size > 1024 {
+        eprintln!("SKIP binding-limit checks: the device did not take the lower limit");
+        return;
     }
+    // 1000 f32 = 4000 bytes: four chunks of 256 elements, the bias row (6) crossing chunks.
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for in_place in [false, true] {
+            run_activation_case(&dev, dtype, 1002, Some(6), Activation::Gelu, in_place);
+            run_activation_case(&dev, dtype, 1000, Some(8), Activation::Relu, in_place);
+        }
+        // An odd length of a 16-bit type: the last chunk ends on half a word.
+        let len = 999;
+        let src = upload(&dev, dtype, &values(len, 3));
+        let dst = upload(&dev, dtype, &vec![3.0; len + 1]);
+        backend(&dev)
+            .copy(
+                dtype,
+                WgpuBackend::storage_of(&src.buffer.storage).unwrap(),
+                WgpuBackend::storage_of(&dst.buffer.storage).unwrap(),
+                len,
+            )
+            .unwrap();
+        let got = dst.to_f32_vec().unwrap();
+        assert_eq!(&got[..len], &src.to_f32_vec().unwrap()[..], "{dtype}");
+        assert_eq!(got[len], 3.0, "{dtype}");
+    }
+    let a = dev.zeros(&[16, 32], DType::F32).unwrap();
+    let b = dev.zeros(&[32, 2], DType::F32).unwrap();
+    let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
 }
 
 /// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
-/// grid folding run on small, quick shapes.
+/// grid folding run on small, quick shapes, and 128 invocations per workgroup, as downlevel
+/// devices do.
 fn narrow_grid_device() -> Option<Device> {
     let adapter = enumerate().ok().and_then(|a| a.into_iter().next())?;
-    let limits = wgpu::Limits { max_compute_workgroups_per_dimension: 8, ..adapter.limits() };
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 8,
+        max_compute_invocations_per_workgroup: 128,
+        ..adapter.limits()
+    };
     let desc = wgpu::DeviceDescriptor { label: Some("narrow grid"), required_limits: limits, ..Default::default() };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc)).ok()?;
     let dev = Device::from_wgpu(device, queue).ok()?;
-    (backend(&dev).limits.max_compute_workgroups_per_dimension == 8).then_some(dev)
+    let l = &backend(&dev).limits;
+    (l.max_compute_workgroups_per_dimension == 8 && l.max_compute_invocations_per_workgroup == 128).then_some(dev)
 }
 
 #[test]
@@ -612,6 +643,8 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     case.bias = true;
     run_matmul_case(&dev, DType::F32, &case, 900);
     run_matmul_case(&dev, DType::Bf16, &case, 901);
+    // M = 40 would take the 256-invocation tile: the device allows 128, so the 16 x 128 one runs.
+    run_matmul_case(&dev, DType::F32, &dense_case(1, 40, 33, 20, true, true), 903);
     // 3000 elements = 750 invocations = 12 workgroups of 64: folded into an 8 x 2 grid.
     for in_place in [false, true] {
         run_activation_case(&dev, DType::F32, 3000, Some(6), Activation::Gelu, in_place);
@@ -620,8 +653,9 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     d.pad_top = 1;
     d.pad_left = 1;
     run_conv_case(&dev, DType::F16, &d, 902);
-    // N = 64 * 8 + 1 needs 9 column blocks: more than the grid dimension holds.
-    let b = dev.zeros(&[1, 64 * 8 + 1], DType::F32).unwrap();
+    // M = 1 takes the small-M kernel, 256 columns per workgroup: N = 256 * 8 + 1 needs 9
+    // column blocks, more than the grid dimension holds.
+    let b = dev.zeros(&[1, (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1], DType::F32).unwrap();
     let a = dev.zeros(&[1, 1], DType::F32).unwrap();
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
@@ -659,5 +693,60 @@ fn every_catalogue_module_validates_with_naga() {
             .validate(&module)
             .unwrap_or_else(|e| panic!("{}: {}", m.name, e.emit_to_string(&m.source)));
         assert!(module.entry_points.iter().any(|e| e.name == m.entry_point), "{}", m.name);
+    }
+}
+
+/// Several threads recording ops on one device at once (the device is `Send + Sync`).
+#[test]
+fn ops_from_several_threads() {
+    let Some(dev) = device(false) else { return };
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            scope.spawn(move || {
+                for i in 0..5 {
+                    let (m, n, k) = (3 + t as usize, 5 + i, 4);
+                    run_matmul_case(
+                        dev,
+                        DType::F32,
+                        &dense_case(1, m, n, k, i % 2 == 0, false),
+                        1000 + t * 10 + i as u64,
+                    );
+                    run_activation_case(dev, DType::Bf16, 37 + i, None, Activation::Relu6, i % 2 == 1);
+                }
+            });
+        }
+    });
+}
+
+/// Integer inputs in a small range make every partial sum exact in f32 and the results exact
+/// in every storage type, so any correct kernel matches the reference bit for bit (the CUTLASS
+/// unit-test trick): tiled, small-M and both transposes, with bias, C and relu.
+#[test]
+fn integer_inputs_match_bit_for_bit() {
+    let ints = |n: usize, seed: u64| -> Vec<f32> { values(n, seed).iter().map(|v| (v * 2.5).round()).collect() };
+    for (dev, dtype) in variants() {
+        for (i, &(m, n, k, ta, tb)) in
+            [(3, 9, 16, false, false), (20, 7, 13, true, false), (33, 70, 16, false, true), (2, 5, 11, true, true)]
+                .iter()
+                .enumerate()
+        {
+            let mut d = dense_case(2, m, n, k, ta, tb).desc;
+            d.c = Some(MatrixView::dense(m, n));
+            d.bias_offset = Some(0);
+            d.activation = Activation::Relu;
+            let (ar, ac) = d.a_stored();
+            let (br, bc) = d.b_stored();
+            let seed = 2000 + i as u64;
+            let a = dev.tensor_from_f32(&[2 * ar * ac], dtype, &ints(2 * ar * ac, seed)).unwrap();
+            let b = dev.tensor_from_f32(&[2 * br * bc], dtype, &ints(2 * br * bc, seed + 1)).unwrap();
+            let bias = dev.tensor_from_f32(&[n], dtype, &ints(n, seed + 2)).unwrap();
+            let c = dev.tensor_from_f32(&[2 * m * n], dtype, &ints(2 * m * n, seed + 3)).unwrap();
+            let out = dev.zeros(&[2 * m * n], dtype).unwrap();
+            dev.matmul_into(&d, &a, &b, Some(&bias), Some(&c), &out).unwrap();
+            let mut want = vec![0.0; 2 * m * n];
+            reference::matmul(&d, &widen(&a), &widen(&b), Some(&widen(&bias)), Some(&widen(&c)), &mut want);
+            let got = widen(&out);
+            assert_eq!(got, want, "{dtype} m{m} n{n} k{k} ta{ta} tb{tb}");
+        }
     }
 }

@@ -1,0 +1,244 @@
+// Shared definitions of tilekit's CUDA kernels: parameter blocks, storage conversions and the
+// fused activations.
+//
+// The kernels include no CUDA header at all. Conversions between f32 and the 16-bit storage
+// types are single PTX instructions written inline, so `cargo xtask ptx` needs only NVRTC (no
+// toolkit headers) and the PTX does not depend on the header version.
+//
+// Every parameter block here has a `#[repr(C)]` twin in
+// `crates/kernels/src/catalogue/cuda.rs`; the two must change together (the Rust side checks
+// the sizes in a unit test).
+#pragma once
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned short u16;
+
+// Activation codes, as `Activation::code` in `crates/kernels/src/activation.rs`.
+#define ACT_NONE 0u
+#define ACT_RELU 1u
+#define ACT_RELU6 2u
+#define ACT_GELU 3u
+#define ACT_GELU_TANH 4u
+
+// Flags of `MatmulParams::flags`.
+#define MM_TRANS_A 1u
+#define MM_TRANS_B 2u
+#define MM_HAS_BIAS 4u
+#define MM_HAS_C 8u
+// MM_A_VEC, MM_B_VEC: the operand's offset, leading dimension and batch stride are multiples
+// of 16 bytes' worth of elements, so 128-bit loads are aligned wherever the column index is a
+// multiple of the vector width. MM_OUT_VEC: the same for `out` in multiples of 4 elements (the
+// epilogue stores 4 outputs at once).
+#define MM_A_VEC 16u
+#define MM_B_VEC 32u
+#define MM_OUT_VEC 64u
+
+// `out = act(alpha·op(A)·op(B) + bias + beta·C)`, element (r, c) of batch b of an operand at
+// `off + b·bs + r·ld + c` (see `MatmulDesc`). Pointers are device addresses (0 = absent).
+struct MatmulParams {
+    u64 a, b, bias, c, out;
+    i64 a_off, a_ld, a_bs;
+    i64 b_off, b_ld, b_bs;
+    i64 c_off, c_ld, c_bs;
+    i64 o_off, o_ld, o_bs;
+    i64 bias_off;
+    i32 m, n, k, batch;
+    float alpha, beta;
+    u32 act, flags;
+};
+
+// A depthwise convolution (see `Conv2dDesc`); `work` is the number of thread work items.
+struct ConvParams {
+    u64 input, weight, bias, out;
+    i64 work;
+    i32 batch, channels, height, width, multiplier, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow;
+    u32 act, has_bias, pad0;
+};
+
+// `out[i] = act(x[i] + bias[i % bias_len])` (bias_len 0 = no bias).
+struct ActParams {
+    u64 x, bias, out;
+    i64 len, bias_len;
+    u32 act, pad0;
+};
+
+// A plain byte copy (the bandwidth roof).
+struct CopyParams {
+    u64 src, dst;
+    i64 bytes;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Storage types. `f16` and `bf16` are 16-bit payloads; arithmetic is always in f32, and every
+// store rounds once, to nearest even.
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(f16 x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x.bits));
+    return r;
+}
+__device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+    // `cvt.rn.bf16.f32` (sm_80+) rounds to nearest even and keeps NaN a NaN.
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
+
+// Rounds an f32 to the nearest bf16 (even on ties) and returns the 16-bit pattern: the input
+// rounding of the bf16-compute policy.
+__device__ __forceinline__ u16 f32_to_bf16_bits(float x) { return from_f32<bf16>(x).bits; }
+
+template <typename T> __device__ __forceinline__ T load_elem(const T* p) { return *p; }
+
+// ---------------------------------------------------------------------------------------------
+// Activations: exactly `Activation::apply_f32` (crates/kernels/src/activation.rs). `expf` is the
+// accurate libdevice form (the kernels are not built with fast math).
+
+// erfc(z) for z >= 0 by the Chebyshev fit of Numerical Recipes §6.2 (fractional error below
+// 1.2e-7); z is clamped to 10, where erfc is below f32's smallest normal number.
+__device__ __forceinline__ float erfc_nonneg(float z) {
+    z = fminf(z, 10.0f);
+    float t = 1.0f / (1.0f + 0.5f * z);
+    // The coefficients exactly as `erfc_nonneg_f32` spells them, so both round to the same f32.
+    float p = -1.2655122f +
+              t * (1.0000237f +
+                   t * (0.37409196f +
+                        t * (0.09678418f +
+                             t * (-0.18628806f +
+                                  t * (0.27886807f +
+                                       t * (-1.13520398f +
+                                            t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+    return t * expf(p - z * z);
+}
+
+__device__ __forceinline__ float gelu_erf(float x) {
+    float z = fabsf(x) * 0.70710678118654752f;
+    float e = erfc_nonneg(z);
+    // 1 + erf(x/√2) is 2 − erfc(z) for x >= 0 and erfc(z) for x < 0: no cancellation.
+    return x >= 0.0f ? 0.5f * x * (2.0f - e) : 0.5f * x * e;
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    // x · sigmoid(2u): beyond ±20 the sigmoid has saturated and x³ could overflow, and 2u is
+    // clamped to ±88 where expf is still finite.
+    float xc = fminf(fmaxf(x, -20.0f), 20.0f);
+    float u = 0.7978846f * xc * (1.0f + 0.044715f * xc * xc);
+    float t = fminf(fmaxf(-2.0f * u, -88.0f), 88.0f);
+    return x / (1.0f + expf(t));
+}
+
+__device__ __forceinline__ float activate(u32 act, float x) {
+    switch (act) {
+    case ACT_RELU:
+        // NaN propagates: `x > 0 || x != x`.
+        return (x > 0.0f || x != x) ? x : 0.0f;
+    case ACT_RELU6:
+        return (x != x) ? x : fminf(fmaxf(x, 0.0f), 6.0f);
+    case ACT_GELU:
+        return gelu_erf(x);
+    case ACT_GELU_TANH:
+        return gelu_tanh(x);
+    default:
+        return x;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous copies (sm_80+). `src_size` 0 fills the destination with zeros without reading
+// global memory: the out-of-bounds guard of the tile loaders.
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits until at most one committed group is still in flight (the prefetch of the next tile).
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// ---------------------------------------------------------------------------------------------
+// The matmul epilogue, shared by every matmul kernel: `act(alpha·acc + bias[col] + beta·C)`,
+// rounded once to the storage type by the caller's store.
+
+template <typename T>
+__device__ __forceinline__ float matmul_epilogue(const MatmulParams& p, float acc, i64 batch, i64 row, i64 col) {
+    float v = p.alpha * acc;
+    if (p.flags & MM_HAS_BIAS) v += to_f32(((const T*)p.bias)[p.bias_off + col]);
+    if (p.flags & MM_HAS_C) v += p.beta * to_f32(((const T*)p.c)[p.c_off + batch * p.c_bs + row * p.c_ld + col]);
+    return activate(p.act, v);
+}
+
+template <typename T> __device__ __forceinline__ T* out_ptr(const MatmulParams& p, i64 batch, i64 row, i64 col) {
+    return (T*)p.out + p.o_off + batch * p.o_bs + row * p.o_ld + col;
+}
+
+// Stores 4 consecutive outputs (`n_valid` of them inside the matrix): one 16- or 8-byte store
+// where the output view allows it.
+template <typename T> __device__ __forceinline__ void store4(const MatmulParams& p, T* o, const float (&v)[4], int n_valid) {
+    if ((p.flags & MM_OUT_VEC) && n_valid == 4) {
+        if (sizeof(T) == 4) {
+            *(float4*)o = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            u16 b[4];
+            for (int j = 0; j < 4; j++) {
+                T t = from_f32<T>(v[j]);
+                b[j] = *(const u16*)&t;
+            }
+            *(uint2*)o = make_uint2((u32)b[0] | ((u32)b[1] << 16), (u32)b[2] | ((u32)b[3] << 16));
+        }
+        return;
+    }
+    for (int j = 0; j < n_valid; j++) o[j] = from_f32<T>(v[j]);
+}
+
+// The epilogue goes through shared memory: the accumulators of 64 rows × 128 columns of the
+// block tile are parked there, then every thread walks the slab 4 columns at a time. Stores
+// become row-contiguous across a warp (coalesced) whatever the MMA or register-tile layout, and
+// the epilogue, with its activation, is compiled once instead of once per accumulator (which
+// had made the tensor-core PTX several megabytes).
+#define EPI_ROWS 64
+#define EPI_COLS 128
+#define EPI_STRIDE (EPI_COLS + 4)
+#define EPI_BYTES (EPI_ROWS * EPI_STRIDE * 4)
+
+// `row_of(lr)` maps a slab row to its row inside the block tile.
+template <typename T, typename RowMap>
+__device__ __forceinline__ void epilogue_slab(const MatmulParams& p, const float* slab, i64 bt, int m0, int n0,
+                                              RowMap row_of, int tid, int nthreads) {
+#pragma unroll 1
+    for (int e = tid; e < EPI_ROWS * EPI_COLS / 4; e += nthreads) {
+        const int lr = e / (EPI_COLS / 4), c4 = (e % (EPI_COLS / 4)) * 4;
+        const int row = m0 + row_of(lr), col = n0 + c4;
+        if (row >= p.m || col >= p.n) continue;
+        const float4 a = *(const float4*)&slab[lr * EPI_STRIDE + c4];
+        const float acc[4] = {a.x, a.y, a.z, a.w};
+        const int n_valid = p.n - col < 4 ? p.n - col : 4;
+        float v[4];
+        for (int j = 0; j < 4; j++) v[j] = j < n_valid ? matmul_epilogue<T>(p, acc[j], bt, row, col + j) : 0.0f;
+        store4<T>(p, out_ptr<T>(p, bt, row, col), v, n_valid);
+    }
+}

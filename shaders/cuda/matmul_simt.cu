@@ -1,0 +1,193 @@
+// Matmul on the CUDA cores: the f32 path (`matmul_f32`) and the naive bench reference
+// (`naive_matmul_<dtype>`).
+//
+// `matmul_f32` follows the cuBLAS-class SIMT SGEMM design (as in CUTLASS's SIMT kernels and
+// siboehm/SGEMM_CUDA):
+// - a 128×128 block tile with an 8-deep K slice, 256 threads (8 warps as 4 along M × 2 along
+//   N, each warp 32×64), and an 8×8 register tile per thread split into 2×2 sub-tiles of 4×4,
+//   so a warp's shared-memory reads are 4 (A) and 8 (B) distinct float4s: one wavefront each;
+// - shared memory double-buffered and filled with `cp.async` (sm_80+): the next K slice
+//   streams in while the current one is multiplied; 16-byte copies where the operand is
+//   contiguous along the tile's fast dimension and aligned, 4-byte copies (with zero fill
+//   past the edges) otherwise, including the transposing copies of `A` (M×K) and `Bᵀ` (N×K);
+// - both tiles are stored K-major (`[k][m]`, `[k][n]`), padded by 4 floats per row: the pad
+//   keeps rows 16-byte aligned for the float4 reads and shifts consecutive rows by 4 banks;
+// - the fused epilogue (alpha, bias, beta·C, activation) with float4 stores where the output
+//   view is aligned.
+#include "common.cuh"
+
+// Block tile 128×128×8: 8×8 outputs for each of 256 threads; two 8-deep slices of A and B
+// (2·2·8·132·4 B = 16.5 KiB) leave room for two blocks per SM on every sm_80+ part.
+#define SG_BM 128
+#define SG_BN 128
+#define SG_BK 8
+#define SG_PAD 4
+#define SG_THREADS 256
+
+struct SgemmTiles {
+    float a[2][SG_BK][SG_BM + SG_PAD];
+    float b[2][SG_BK][SG_BN + SG_PAD];
+};
+
+// The main loop's tiles and the epilogue's accumulator slab share one shared-memory block
+// (33 KiB: two blocks per SM still fit on every sm_80+ part).
+union SgemmSmem {
+    SgemmTiles t;
+    float slab[EPI_ROWS * EPI_STRIDE];
+};
+
+// Queues the copy of the K slice starting at k0 of A (rows m0..) and B (columns n0..) into
+// buffer `buf`. Indices are recomputed from the parameter block (constant memory) on every
+// slice instead of being kept in registers: registers are the scarce resource at 8×8 outputs
+// per thread, and the extra integer work hides under the FMAs.
+__device__ __forceinline__ void sgemm_load_tile(const MatmulParams& p, SgemmTiles& t, int buf, const float* A,
+                                                const float* B, int m0, int n0, int k0, int tid) {
+    if (!(p.flags & MM_TRANS_A)) {
+        // A is M×K, K contiguous: each thread copies 4 consecutive k of one row, transposing
+        // them into the K-major tile.
+        int row = tid >> 1, ks = (tid & 1) * 4;
+        int gm = m0 + row;
+        const float* s = A + (i64)gm * p.a_ld + k0 + ks;
+        for (int i = 0; i < 4; i++) {
+            bool ok = gm < p.m && k0 + ks + i < p.k;
+            cp_async4(&t.a[buf][ks + i][row], ok ? s + i : A, ok);
+        }
+    } else {
+        // A is stored K×M, M contiguous: each thread copies 4 consecutive m of one k.
+        int kr = tid >> 5, ms = (tid & 31) * 4;
+        int gk = k0 + kr, gm = m0 + ms;
+        const float* s = A + (i64)gk * p.a_ld + gm;
+        if ((p.flags & MM_A_VEC) && gk < p.k && gm + 3 < p.m) {
+            cp_async16(&t.a[buf][kr][ms], s, true);
+        } else {
+            for (int i = 0; i < 4; i++) {
+                bool ok = gk < p.k && gm + i < p.m;
+                cp_async4(&t.a[buf][kr][ms + i], ok ? s + i : A, ok);
+            }
+        }
+    }
+    if (!(p.flags & MM_TRANS_B)) {
+        // B is K×N, N contiguous.
+        int kr = tid >> 5, ns = (tid & 31) * 4;
+        int gk = k0 + kr, gn = n0 + ns;
+        const float* s = B + (i64)gk * p.b_ld + gn;
+        if ((p.flags & MM_B_VEC) && gk < p.k && gn + 3 < p.n) {
+            cp_async16(&t.b[buf][kr][ns], s, true);
+        } else {
+            for (int i = 0; i < 4; i++) {
+                bool ok = gk < p.k && gn + i < p.n;
+                cp_async4(&t.b[buf][kr][ns + i], ok ? s + i : B, ok);
+            }
+        }
+    } else {
+        // B is stored N×K, K contiguous: transposed into the K-major tile like A.
+        int col = tid >> 1, ks = (tid & 1) * 4;
+        int gn = n0 + col;
+        const float* s = B + (i64)gn * p.b_ld + k0 + ks;
+        for (int i = 0; i < 4; i++) {
+            bool ok = gn < p.n && k0 + ks + i < p.k;
+            cp_async4(&t.b[buf][ks + i][col], ok ? s + i : B, ok);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const MatmulParams p) {
+    __shared__ __align__(16) SgemmSmem smem;
+    SgemmTiles& t = smem.t;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    // Warps 4 (M) × 2 (N), lanes 4 (M) × 8 (N); each thread owns rows r0+{0..3}, r0+16+{0..3}
+    // and columns c0+{0..3}, c0+32+{0..3} of the block tile.
+    const int r0 = (warp >> 1) * 32 + (lane >> 3) * 4;
+    const int c0 = (warp & 1) * 64 + (lane & 7) * 4;
+    const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;
+    const int ktiles = (p.k + SG_BK - 1) / SG_BK;
+    // One batch per grid layer; the host splits batches beyond the grid's 65535 layers into
+    // several launches by moving the operand offsets.
+    const i64 bt = blockIdx.z;
+    {
+        const float* A = (const float*)p.a + p.a_off + bt * p.a_bs;
+        const float* B = (const float*)p.b + p.b_off + bt * p.b_bs;
+        float acc[8][8];
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+
+        if (ktiles > 0) {
+            sgemm_load_tile(p, t, 0, A, B, m0, n0, 0, tid);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < ktiles; kt++) {
+            const int buf = kt & 1;
+            if (kt + 1 < ktiles) {
+                sgemm_load_tile(p, t, buf ^ 1, A, B, m0, n0, (kt + 1) * SG_BK, tid);
+                cp_async_commit();
+                cp_async_wait_1();
+            } else {
+                cp_async_wait_all();
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < SG_BK; kk++) {
+                float4 a0 = *(const float4*)&t.a[buf][kk][r0];
+                float4 a1 = *(const float4*)&t.a[buf][kk][r0 + 16];
+                float4 b0 = *(const float4*)&t.b[buf][kk][c0];
+                float4 b1 = *(const float4*)&t.b[buf][kk][c0 + 32];
+                float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+            // The next iteration refills this buffer's twin; nobody may still be reading it.
+            __syncthreads();
+        }
+
+        // Two passes of 64 rows: pass q parks accumulator rows i = 4q..4q+3 of every thread, which
+        // are block rows w·32 + 16q + (0..15) for w = 0..3; slab row lr holds block row
+        // (lr / 16)·32 + 16q + lr % 16.
+        const int lr0 = (warp >> 1) * 16 + (lane >> 3) * 4;
+#pragma unroll 1
+        for (int q = 0; q < 2; q++) {
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float* s = &smem.slab[(lr0 + i) * EPI_STRIDE];
+                const float* a = acc[4 * q + i];
+                *(float4*)&s[c0] = make_float4(a[0], a[1], a[2], a[3]);
+                *(float4*)&s[c0 + 32] = make_float4(a[4], a[5], a[6], a[7]);
+            }
+            __syncthreads();
+            epilogue_slab<float>(
+                p, smem.slab, bt, m0, n0, [q](int lr) { return (lr >> 4) * 32 + q * 16 + (lr & 15); }, tid,
+                SG_THREADS);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The naive reference: one thread per output, operands read straight from global memory, f32
+// accumulation, no epilogue (what a first CUDA matmul looks like; the bench's lower anchor).
+
+template <typename T> __device__ __forceinline__ void naive_matmul(const MatmulParams& p) {
+    i64 col = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    i64 row = (i64)blockIdx.y * blockDim.y + threadIdx.y;
+    if (row >= p.m || col >= p.n) return;
+    const bool ta = p.flags & MM_TRANS_A, tb = p.flags & MM_TRANS_B;
+    {
+        const i64 bt = blockIdx.z;
+        const T* A = (const T*)p.a + p.a_off + bt * p.a_bs;
+        const T* B = (const T*)p.b + p.b_off + bt * p.b_bs;
+        float acc = 0.0f;
+        for (i64 k = 0; k < p.k; k++) {
+            float a = to_f32(ta ? A[k * p.a_ld + row] : A[row * p.a_ld + k]);
+            float b = to_f32(tb ? B[col * p.b_ld + k] : B[k * p.b_ld + col]);
+            acc = fmaf(a, b, acc);
+        }
+        *out_ptr<T>(p, bt, row, col) = from_f32<T>(acc);
+    }
+}
+
+extern "C" __global__ void naive_matmul_f32(const MatmulParams p) { naive_matmul<float>(p); }
+extern "C" __global__ void naive_matmul_f16(const MatmulParams p) { naive_matmul<f16>(p); }
+extern "C" __global__ void naive_matmul_bf16(const MatmulParams p) { naive_matmul<bf16>(p); }
