@@ -132,7 +132,7 @@ pub fn run(args: Args) -> Result<()> {
 fn rerun_in_release() -> Result<()> {
     eprintln!("== cargo xtask bench times optimised code: building and running it with --release");
     let status = cargo()
-        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--bin", "xtask", "--"])
         .args(std::env::args_os().skip(1))
         .env(RELEASE_CHILD, "1")
         .status()
