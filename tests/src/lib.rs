@@ -289,12 +289,18 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
     // The reference: pre-activation values, then the magnitudes for the bound.
     let mut plain = *desc;
     plain.activation = Activation::None;
+    // An empty product (which validates whatever its other dims, even usize::MAX) writes
+    // nothing: every word of the output buffer is a guard word, and there is no reference to
+    // compute (looping over a huge M with N = 0 would never end).
+    let empty = desc.batch == 0 || desc.m == 0 || desc.n == 0;
     let mut pre = vec![f64::NAN; inp.out_len];
     let (a64, b64) = (widen(&inp.a), widen(&inp.b));
     let (bias64, c64) = (inp.bias.as_deref().map(widen), inp.c.as_deref().map(widen));
-    reference::matmul(&plain, &a64, &b64, bias64.as_deref(), c64.as_deref(), &mut pre);
+    if !empty {
+        reference::matmul(&plain, &a64, &b64, bias64.as_deref(), c64.as_deref(), &mut pre);
+    }
     let mut magnitude = vec![0.0; inp.out_len];
-    if !exact {
+    if !exact && !empty {
         let mut abs_desc = plain;
         abs_desc.alpha = desc.alpha.abs();
         abs_desc.beta = desc.beta.abs();
@@ -303,15 +309,14 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
     }
     // Which words of the output buffer the view covers.
     let mut in_view = vec![false; inp.out_len];
-    for bt in 0..desc.batch {
+    for bt in 0..if empty { 0 } else { desc.batch } {
         for i in 0..desc.m {
             for j in 0..desc.n {
                 in_view[desc.out.index(bt, i, j)] = true;
             }
         }
     }
-    let sentinel_bytes = to_storage_bytes(dtype, &vec![SENTINEL; inp.out_len]);
-    let sentinel = word(dtype, &sentinel_bytes, 0);
+    let sentinel = word(dtype, &to_storage_bytes(dtype, &[SENTINEL]), 0);
     for be in backends_for(dtype) {
         let dev = &be.device;
         let what = format!("{} {dtype} matmul {desc:?}", be.label);
@@ -419,6 +424,8 @@ pub enum ActMode {
     InPlace,
     /// `Device::activation_into` a separate tensor.
     Into,
+    /// `Device::activation_into` with `x` itself (a clone of its handle) as the output.
+    IntoSelf,
 }
 
 /// Runs `act(x + bias)` over a tensor of `shape` on every backend that has `dtype` and compares
@@ -464,6 +471,11 @@ pub fn run_activation(
             }
             ActMode::Into => {
                 let out = dev.tensor_from_f32(shape, dtype, &vec![SENTINEL; len]).map_err(err)?;
+                dev.activation_into(&xt, bt.as_ref(), act, &out).map_err(err)?;
+                out
+            }
+            ActMode::IntoSelf => {
+                let out = xt.clone();
                 dev.activation_into(&xt, bt.as_ref(), act, &out).map_err(err)?;
                 out
             }

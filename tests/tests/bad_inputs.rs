@@ -630,3 +630,31 @@ fn backend_selection_errors() {
         "a CUDA ordinal no machine has"
     );
 }
+
+/// A dtype a device cannot run is refused with `UnsupportedDType`, by the dtype check and by
+/// every constructor, never by a panic or a silent fallback; a dtype it can run works.
+#[test]
+fn unsupported_dtypes_are_typed_errors() {
+    for be in backends() {
+        let dev = &be.device;
+        for dtype in DType::ALL {
+            let zeros = dev.zeros(&[3], dtype).map(|_| ());
+            let from_f32 = dev.tensor_from_f32(&[2], dtype, &[1.0, 2.0]).map(|_| ());
+            match dev.check_dtype(dtype) {
+                Ok(()) => {
+                    assert!(
+                        zeros.is_ok() && from_f32.is_ok(),
+                        "{} {dtype}: supported, yet {zeros:?} {from_f32:?}",
+                        be.label
+                    )
+                }
+                Err(e) => {
+                    assert!(matches!(e, Error::UnsupportedDType { .. }), "{} {dtype}: {e:?}", be.label);
+                    for r in [zeros, from_f32] {
+                        assert!(matches!(r, Err(Error::UnsupportedDType { .. })), "{} {dtype}: {r:?}", be.label);
+                    }
+                }
+            }
+        }
+    }
+}

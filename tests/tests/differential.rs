@@ -146,7 +146,7 @@ proptest! {
         last in prop_oneof![Just(None), (1usize..=70).prop_map(Some)],
         with_bias in any::<bool>(),
         act in activation(),
-        mode in prop::sample::select(vec![ActMode::New, ActMode::InPlace, ActMode::Into]),
+        mode in prop::sample::select(vec![ActMode::New, ActMode::InPlace, ActMode::Into, ActMode::IntoSelf]),
         seed in any::<u64>(),
     ) {
         let mut shape = shape;
@@ -377,7 +377,7 @@ fn conv_exact_integers() {
 fn activation_exact_integers() {
     for dtype in DType::ALL {
         for (i, act) in [Activation::None, Activation::Relu, Activation::Relu6].into_iter().enumerate() {
-            for mode in [ActMode::New, ActMode::InPlace, ActMode::Into] {
+            for mode in [ActMode::New, ActMode::InPlace, ActMode::Into, ActMode::IntoSelf] {
                 for with_bias in [false, true] {
                     run_activation(&[3, 5, 7], with_bias, act, mode, dtype, Data::Integers(9), i as u64, None)
                         .unwrap_or_else(|e| panic!("{e}"));
