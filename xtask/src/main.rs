@@ -36,6 +36,7 @@ enum Command {
 }
 
 fn main() {
+    util::ensure_xdg_runtime_dir();
     let result = match Cli::parse().command {
         Command::Test(args) => testing::run(args),
         Command::Bench(args) => bench::run(args),

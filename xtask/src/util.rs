@@ -22,3 +22,25 @@ pub fn cargo() -> Command {
 pub fn one_line(s: &str) -> String {
     s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
 }
+
+/// Gives Mesa a runtime folder when the environment has none (CI containers, `sudo`), so
+/// lavapipe does not print "error: XDG_RUNTIME_DIR is invalid" on every device it opens —
+/// harmless, but it reads like a failure in the test and bench logs.
+pub fn ensure_xdg_runtime_dir() {
+    if !cfg!(target_os = "linux") || std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("tilekit-xdg-runtime");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Mesa wants the folder private to the user, as the XDG spec says.
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    }
+    // SAFETY: called first thing in `main`, before the xtask starts any thread, so nothing
+    // can read the environment concurrently.
+    unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+}

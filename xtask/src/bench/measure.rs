@@ -4,11 +4,11 @@
 //! time is the op's time as a caller waiting for the result sees it, launch overhead included.
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// Summary of the timed runs, in seconds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Stats {
     pub runs: usize,
     pub median_s: f64,
