@@ -163,6 +163,10 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (1, 300, 257),
         (300, 1, 40),
         (130, 260, 96),
+        (8, 70, 300),
+        (9, 33, 64),
+        (32, 129, 65),
+        (33, 40, 20),
     ];
     let policies = [
         (DType::F32, Precision::Highest),

@@ -489,9 +489,15 @@ impl BackendOps for CudaBackend {
         c: Option<&CudaStorage>,
         out: &CudaStorage,
     ) -> Result<()> {
-        let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
-        self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, (cat::THREADS, 1, 1))
+        let block = (cat::THREADS, 1, 1);
+        match cat::skinny_matmul_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
+            Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
+            None => {
+                let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
+                self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+            }
+        }
     }
 
     fn depthwise_conv2d(
