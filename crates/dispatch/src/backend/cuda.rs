@@ -15,7 +15,8 @@
 //!   the function handle; later launches take both from the caches.
 //! - **Buffers** come from `cuMemAllocAsync` (cudarc uses it where the device supports memory
 //!   pools, as every sm_80+ GPU does): the driver's stream-ordered pool recycles freed blocks,
-//!   so repeated allocations of one size do not reach the OS.
+//!   and its release threshold is raised so that it keeps them across synchronisations;
+//!   repeated allocations of one size do not reach the OS.
 //! - **Errors** become [`Error`] values: out of memory, "unsupported PTX version" (naming the
 //!   minimum driver), and the sticky errors after which the context is unusable
 //!   ([`Error::DeviceLost`]).
@@ -187,6 +188,30 @@ fn stride_blocks(items: u64, sms: u32) -> u32 {
     needed.min(u64::from(sms.max(1)) * 32).min(u64::from(u32::MAX)) as u32
 }
 
+/// Lets the device's default memory pool (behind `cuMemAllocAsync`) keep freed memory
+/// instead of returning it to the driver at every synchronisation (its default release
+/// threshold is 0), so a steady stream of same-sized temporaries is served from the pool.
+/// Best effort: on failure the pool simply keeps its default.
+fn keep_pool_memory(ctx: &CudaContext) {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver is loaded and initialised (the context exists); `pool` is a valid out
+    // pointer and `cu_device` a device of this driver.
+    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if got.result().is_err() || pool.is_null() {
+        return;
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` came from the driver above; the release threshold attribute takes a
+    // pointer to a u64, which `threshold` is and which outlives the call.
+    let _ = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+}
+
 impl CudaBackend {
     pub(crate) fn new(ordinal: usize) -> Result<CudaBackend> {
         let found = probe().map_err(unavailable)?;
@@ -219,6 +244,9 @@ impl CudaBackend {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        if ctx.has_async_alloc() {
+            keep_pool_memory(&ctx);
+        }
         // SAFETY: every buffer of this backend is created and used on `stream` alone, so the
         // cross-stream ordering that event tracking provides is never needed (see the module
         // documentation).
