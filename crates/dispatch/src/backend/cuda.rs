@@ -578,7 +578,9 @@ impl BackendOps for CudaBackend {
             ow: i("out_w", ow)?,
             act: desc.activation.code(),
             has_bias: u32::from(desc.has_bias && bias.is_some()),
-            pad0: 0,
+            vec4: u32::from(
+                desc.layout == Layout::Nhwc && desc.multiplier == 1 && desc.channels.is_multiple_of(cat::DW_NHWC_C),
+            ),
         };
         let blocks = stride_blocks(work as u64, self.sms);
         self.launch(cat::depthwise_kernel(dtype, desc.layout), (blocks, 1, 1), (cat::THREADS, 1, 1), p)

@@ -270,7 +270,8 @@ pub struct ConvParams {
     pub ow: i32,
     pub act: u32,
     pub has_bias: u32,
-    pub pad0: u32,
+    /// NHWC with multiplier 1 and channels a multiple of 4: vector loads of 4 channels.
+    pub vec4: u32,
 }
 
 /// The activation parameter block (`ActParams` in `common.cuh`); `bias_len` 0 means no bias.
