@@ -1,7 +1,16 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
+//!
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` and
+//! `device_check`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
+//! a non-zero exit status.
 
+mod bench;
 mod device_check;
+mod npy;
 mod ptx;
+mod run;
+mod testing;
+mod util;
 
 use clap::{Parser, Subcommand};
 
@@ -14,15 +23,29 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Runs the whole test suite and reports which backends it exercised (the README's test command).
+    Test(testing::Args),
+    /// Times every op against references measured in the same run (the README's main job).
+    Bench(bench::Args),
+    /// Runs one op on .npy files (a stable command line for scripts).
+    Run(run::Args),
     /// Compiles shaders/cuda/*.cu to PTX with NVRTC (`--check`: verify the committed PTX).
     Ptx(ptx::Args),
     /// Builds the folder a GPU machine needs: test and bench binaries plus a runner script.
     DeviceCheck(device_check::Args),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() {
+    let result = match Cli::parse().command {
+        Command::Test(args) => testing::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Run(args) => run::run(args),
         Command::Ptx(args) => ptx::run(args),
         Command::DeviceCheck(args) => device_check::run(args),
+    };
+    if let Err(e) = result {
+        // `{:#}` joins the context chain into one line: "reading --a: cannot read a.npy: No such file".
+        eprintln!("error: {}", util::one_line(&format!("{e:#}")));
+        std::process::exit(1);
     }
 }

@@ -1,1 +1,688 @@
-//! WGSL kernels. Filled in with the wgpu backend.
+//! The WGSL kernels: sources from `shaders/wgsl/`, how each module is composed for a storage
+//! dtype, its entry point, `override` tile constants, launch shape and `#[repr(C)]` parameter
+//! block.
+//!
+//! # How a module is put together
+//! WGSL has no `#include` and no generics, so [`module`] composes each module's text:
+//! 1. `enable f16;` when the module stores f16 natively ([`ElementStorage::F16`]);
+//! 2. the kernel file from `shaders/wgsl/`, which declares its parameter block, workgroup
+//!    arrays and entry point and works on f32 values only;
+//! 3. a generated block ([`generated_block`]): `common.wgsl` (the activations, exactly
+//!    [`crate::Activation::apply_f32`]; the round-to-nearest-even f16/bf16 conversions in bit
+//!    operations; the grid folding helper), then a *storage prelude*: one storage binding per
+//!    tensor argument with accessors `ld_X(i) -> f32`, `ld4_X(v) -> vec4<f32>` (elements
+//!    `4v..4v+4`) and, for the output, `st_X(i, f32)` and `st4_X(v, vec4<f32>)`. The prelude
+//!    alone decides how elements are stored.
+//!
+//! Each kernel file already ends with its f32 generated block, so the file is valid WGSL as it
+//! stands; the catalogue swaps that block for the one of the variant it builds.
+//!
+//! # Kernels and launch shapes
+//! | kernel | workgroup | work per invocation |
+//! |---|---|---|
+//! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 4 for M ≤ 16) | 4 × 4 outputs; BK-deep slabs of A and B staged in workgroup memory, software-pipelined |
+//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 | M × 4 outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
+//! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 | 4 outputs along W (NCHW) or C (NHWC) |
+//! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
+//! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
+//!
+//! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid.
+//!
+//! # Storage variants
+//! - [`ElementStorage::F32`]: `array<vec4<f32>>`; scalar accesses index a vector component, so
+//!   one binding serves both the vec4 fast paths and the scalar edges (naga lowers a component
+//!   store to a 4-byte store in SPIR-V, HLSL and MSL, so neighbouring invocations writing
+//!   different components of one vec4 do not race).
+//! - [`ElementStorage::F16`]: `array<vec4<f16>>` under `enable f16` (`SHADER_F16`); loads widen
+//!   in hardware (a device may quiet a signalling NaN there: lavapipe turns 0x7c01 into
+//!   0x7e00); stores round with the bit-exact `f16_bits_from_f32` first, so the final `f16()`
+//!   conversion is exact.
+//! - [`ElementStorage::F16Packed`] and [`ElementStorage::Bf16Packed`]: two elements per `u32`,
+//!   inputs read as `array<vec2<u32>>` (4 elements per vector load), converted with bit
+//!   operations. The output is `array<atomic<u32>>`: a single-element store clears its half
+//!   with `atomicAnd` and sets it with `atomicOr`, each touching only its own 16 bits, so two
+//!   invocations writing the two halves of one word (odd offsets, odd leading dimensions, odd
+//!   lengths) cannot lose each other's element; vector stores own both words and use
+//!   `atomicStore`.
+
+use crate::DType;
+
+const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
+const MATMUL: &str = include_str!("../../../../shaders/wgsl/matmul.wgsl");
+const MATMUL_NAIVE: &str = include_str!("../../../../shaders/wgsl/matmul_naive.wgsl");
+const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_conv2d.wgsl");
+const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
+const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
+
+/// How elements of a dtype are stored in a WGSL module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElementStorage {
+    /// f32 as `vec4<f32>` arrays.
+    F32,
+    /// f16 as `vec4<f16>` arrays (needs `SHADER_F16`).
+    F16,
+    /// f16 packed two per `u32` (core WGSL; for devices without `SHADER_F16`).
+    F16Packed,
+    /// bf16 packed two per `u32` (WGSL has no bf16 type).
+    Bf16Packed,
+}
+
+impl ElementStorage {
+    /// Every variant, in a fixed order.
+    pub const ALL: [ElementStorage; 4] =
+        [ElementStorage::F32, ElementStorage::F16, ElementStorage::F16Packed, ElementStorage::Bf16Packed];
+
+    /// The variant for `dtype`: f16 is stored natively where the device has `SHADER_F16`
+    /// (`native_f16`), packed otherwise.
+    pub fn for_dtype(dtype: DType, native_f16: bool) -> ElementStorage {
+        match dtype {
+            DType::F32 => ElementStorage::F32,
+            DType::F16 if native_f16 => ElementStorage::F16,
+            DType::F16 => ElementStorage::F16Packed,
+            DType::Bf16 => ElementStorage::Bf16Packed,
+        }
+    }
+
+    /// The suffix used in module names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElementStorage::F32 => "f32",
+            ElementStorage::F16 => "f16",
+            ElementStorage::F16Packed => "f16_packed",
+            ElementStorage::Bf16Packed => "bf16_packed",
+        }
+    }
+
+    /// Whether modules in this variant need `enable f16` (the `SHADER_F16` feature).
+    pub const fn needs_f16(self) -> bool {
+        matches!(self, ElementStorage::F16)
+    }
+}
+
+/// The WGSL kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    /// Tiled matmul with the fused epilogue (`matmul.wgsl`, entry `matmul`).
+    Matmul,
+    /// Matmul for M <= [`SMALL_M_ROWS`] without workgroup memory (`matmul.wgsl`, entry
+    /// `matmul_small_m`), same parameters and epilogue.
+    MatmulSmallM,
+    /// One output per invocation, no tiling, no epilogue (`matmul_naive.wgsl`, for the bench).
+    MatmulNaive,
+    /// Depthwise 2-D convolution with bias and activation (`depthwise_conv2d.wgsl`).
+    DepthwiseConv2d,
+    /// Elementwise activation with broadcast bias, out of place (`activation.wgsl`).
+    Activation,
+    /// The same kernel with `x` read from `out` (in place).
+    ActivationInPlace,
+    /// Raw word copy, independent of the dtype (`copy.wgsl`).
+    Copy,
+}
+
+impl Kernel {
+    /// Every kernel, in a fixed order.
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Matmul,
+        Kernel::MatmulSmallM,
+        Kernel::MatmulNaive,
+        Kernel::DepthwiseConv2d,
+        Kernel::Activation,
+        Kernel::ActivationInPlace,
+        Kernel::Copy,
+    ];
+
+    /// The module name stem.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kernel::Matmul => "matmul",
+            Kernel::MatmulSmallM => "matmul_small_m",
+            Kernel::MatmulNaive => "matmul_naive",
+            Kernel::DepthwiseConv2d => "depthwise_conv2d",
+            Kernel::Activation => "activation",
+            Kernel::ActivationInPlace => "activation_in_place",
+            Kernel::Copy => "copy",
+        }
+    }
+
+    /// Whether the module depends on the element storage (the copy moves raw words).
+    pub const fn is_typed(self) -> bool {
+        !matches!(self, Kernel::Copy)
+    }
+}
+
+/// Tile shape of the tiled matmul (`matmul.wgsl`). Each invocation owns a `TM × TN = 4 × 4`
+/// register tile, fixed in the shader; the workgroup and slab depth are `override` constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulTile {
+    /// Invocations along N (`WG_X`).
+    pub wg_x: u32,
+    /// Invocations along M (`WG_Y`).
+    pub wg_y: u32,
+    /// Depth of a K slab (`BK`), a multiple of 4.
+    pub bk: u32,
+}
+
+impl MatmulTile {
+    /// The default: 16 × 16 invocations (256, the WebGPU default limit) with 4 × 4 outputs
+    /// each give a 64 × 64 block; BK = 16 keeps the two staged slabs at 8.5 KiB, inside the
+    /// 16 KiB WebGPU minimum of workgroup storage, with 16 FMAs per pair of vec4 reads.
+    pub const DEFAULT: MatmulTile = MatmulTile { wg_x: 16, wg_y: 16, bk: 16 };
+    /// For 4 < M <= 16: a 16 × 128 block (4 × 32 invocations), so a short M does not leave
+    /// most of a 64-row block idle; BK = 16 (9.5 KiB of workgroup storage).
+    pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 4, bk: 16 };
+    /// The tile the backends use for a product with `m` rows.
+    /// (Products with M <= [`SMALL_M_ROWS`] take [`Kernel::MatmulSmallM`] instead.)
+    pub const fn for_rows(m: usize) -> MatmulTile {
+        if m <= 16 { MatmulTile::SHORT } else { MatmulTile::DEFAULT }
+    }
+
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        self.wg_x * self.wg_y
+    }
+
+    /// The most vec4s of one operand an invocation stages per slab; `matmul.wgsl` keeps them
+    /// in registers of `MAX_LOADS` = 8.
+    pub const fn loads_per_invocation(self) -> u32 {
+        let a = (self.bm() * self.bk / 4).div_ceil(self.invocations());
+        let b = (self.bn() * self.bk / 4).div_ceil(self.invocations());
+        if a > b { a } else { b }
+    }
+    /// Outputs per invocation along M and N.
+    pub const TM: u32 = 4;
+    /// Outputs per invocation along N.
+    pub const TN: u32 = 4;
+
+    /// Rows of the output block of one workgroup.
+    pub const fn bm(self) -> u32 {
+        self.wg_y * Self::TM
+    }
+
+    /// Columns of the output block of one workgroup.
+    pub const fn bn(self) -> u32 {
+        self.wg_x * Self::TN
+    }
+
+    /// Workgroup storage of the two staged slabs, bytes (rows padded by one vec4).
+    pub const fn workgroup_bytes(self) -> u32 {
+        16 * self.bk * (self.bm() / 4 + 1) + 16 * self.bk * (self.bn() / 4 + 1)
+    }
+}
+
+/// Invocations per workgroup of the 1-D kernels (conv, activation, copy): 64, two 32-wide
+/// subgroups on most GPUs; these kernels are memory-bound, larger groups buy nothing.
+pub const WG_1D: u32 = 64;
+/// Elements (conv: outputs; copy: 32-bit words) one invocation of a 1-D kernel handles.
+pub const ITEMS_PER_INVOCATION: u32 = 4;
+/// Products with at most this many rows take [`Kernel::MatmulSmallM`]: one 4-row register
+/// tile covers them, so workgroup-memory staging has nothing to share.
+pub const SMALL_M_ROWS: usize = 4;
+/// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`): 64, two 32-wide subgroups;
+/// each owns 4 columns, so a workgroup covers 256 columns.
+pub const SMALL_M_WG: u32 = 64;
+/// Invocations per workgroup of the naive matmul along x and y.
+pub const NAIVE_WG: u32 = 16;
+
+/// One composed WGSL module.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WgslModule {
+    /// `<kernel>_<storage>` (or `copy`).
+    pub name: String,
+    /// The kernel.
+    pub kernel: Kernel,
+    /// The storage variant (`None` for the dtype-free copy).
+    pub storage: Option<ElementStorage>,
+    /// The full source text as compiled.
+    pub source: String,
+    /// Whether it needs `enable f16` (the `SHADER_F16` feature).
+    pub needs_f16: bool,
+    /// The entry point.
+    pub entry_point: &'static str,
+    /// Values of the `override` constants (part of the pipeline-cache key).
+    pub overrides: Vec<(&'static str, f64)>,
+    /// Workgroup storage the module uses, bytes (checked against the device limit).
+    pub workgroup_bytes: u32,
+    /// The workgroup size the overrides give (checked against the device limits).
+    pub workgroup_size: [u32; 3],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// A tensor binding of a module: name, binding slot, access; `alias` names the binding that
+/// really holds it (in place: `x` is read from `out`).
+struct Binding {
+    name: &'static str,
+    slot: u32,
+    access: Access,
+    alias: Option<&'static str>,
+}
+
+const fn read(name: &'static str, slot: u32) -> Binding {
+    Binding { name, slot, access: Access::Read, alias: None }
+}
+
+const fn write(name: &'static str, slot: u32) -> Binding {
+    Binding { name, slot, access: Access::ReadWrite, alias: None }
+}
+
+fn bindings(kernel: Kernel) -> Vec<Binding> {
+    match kernel {
+        Kernel::Matmul | Kernel::MatmulSmallM => {
+            vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
+        }
+        Kernel::MatmulNaive => vec![read("a", 0), read("b", 1), write("out", 2)],
+        Kernel::DepthwiseConv2d => vec![read("input", 0), read("weight", 1), read("bias", 2), write("out", 3)],
+        Kernel::Activation => vec![read("x", 0), read("bias", 1), write("out", 2)],
+        Kernel::ActivationInPlace => vec![
+            Binding { name: "x", slot: 0, access: Access::Read, alias: Some("out") },
+            read("bias", 1),
+            write("out", 2),
+        ],
+        Kernel::Copy => Vec::new(),
+    }
+}
+
+/// The storage prelude of `kernel` in `storage`: bindings and accessors (see the module
+/// documentation).
+fn prelude(kernel: Kernel, storage: ElementStorage) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let (to_f32, from_f32) = match storage {
+        ElementStorage::Bf16Packed => ("f32_from_bf16_bits", "bf16_bits_from_f32"),
+        _ => ("f32_from_f16_bits", "f16_bits_from_f32"),
+    };
+    let _ = writeln!(s, "// Storage prelude: {} elements.", storage.name());
+    for b in bindings(kernel) {
+        let n = b.name;
+        if let Some(target) = b.alias {
+            let _ = writeln!(s, "fn ld_{n}(i: u32) -> f32 {{ return ld_{target}(i); }}");
+            let _ = writeln!(s, "fn ld4_{n}(v: u32) -> vec4<f32> {{ return ld4_{target}(v); }}");
+            continue;
+        }
+        let slot = b.slot;
+        let rw = b.access == Access::ReadWrite;
+        let mode = if rw { "read_write" } else { "read" };
+        match storage {
+            ElementStorage::F32 | ElementStorage::F16 => {
+                let (elem, widen, widen4) =
+                    if storage == ElementStorage::F32 { ("f32", "", "") } else { ("f16", "f32", "vec4<f32>") };
+                let _ = writeln!(s, "@group(0) @binding({slot}) var<storage, {mode}> {n}: array<vec4<{elem}>>;");
+                let _ = writeln!(s, "fn ld_{n}(i: u32) -> f32 {{ return {widen}({n}[i >> 2u][i & 3u]); }}");
+                let _ = writeln!(s, "fn ld4_{n}(v: u32) -> vec4<f32> {{ return {widen4}({n}[v]); }}");
+                if rw {
+                    if storage == ElementStorage::F32 {
+                        let _ = writeln!(s, "fn st_{n}(i: u32, x: f32) {{ {n}[i >> 2u][i & 3u] = x; }}");
+                        let _ = writeln!(s, "fn st4_{n}(v: u32, x: vec4<f32>) {{ {n}[v] = x; }}");
+                    } else {
+                        // Rounded to nearest even by the bit-exact conversion first, so the
+                        // final f16() conversion is exact whatever rounding the device uses
+                        // (WGSL lets it pick either neighbour).
+                        let _ = writeln!(
+                            s,
+                            "fn st_{n}(i: u32, x: f32) {{ {n}[i >> 2u][i & 3u] = f16(f32_from_f16_bits(f16_bits_from_f32(x))); }}"
+                        );
+                        let _ = writeln!(
+                            s,
+                            "fn st4_{n}(v: u32, x: vec4<f32>) {{\n    let r = vec4<f32>(f32_from_f16_bits(f16_bits_from_f32(x.x)), f32_from_f16_bits(f16_bits_from_f32(x.y)),\n        f32_from_f16_bits(f16_bits_from_f32(x.z)), f32_from_f16_bits(f16_bits_from_f32(x.w)));\n    {n}[v] = vec4<f16>(r);\n}}"
+                        );
+                    }
+                }
+            }
+            ElementStorage::F16Packed | ElementStorage::Bf16Packed => {
+                if rw {
+                    let _ = writeln!(s, "@group(0) @binding({slot}) var<storage, read_write> {n}: array<atomic<u32>>;");
+                    let _ = writeln!(
+                        s,
+                        "fn ld_{n}(i: u32) -> f32 {{ return {to_f32}((atomicLoad(&{n}[i >> 1u]) >> ((i & 1u) * 16u)) & 0xffffu); }}"
+                    );
+                    let _ = writeln!(
+                        s,
+                        "fn ld4_{n}(v: u32) -> vec4<f32> {{\n    let w0 = atomicLoad(&{n}[2u * v]);\n    let w1 = atomicLoad(&{n}[2u * v + 1u]);\n    return vec4<f32>({to_f32}(w0 & 0xffffu), {to_f32}(w0 >> 16u), {to_f32}(w1 & 0xffffu), {to_f32}(w1 >> 16u));\n}}"
+                    );
+                    let _ = writeln!(
+                        s,
+                        "fn st_{n}(i: u32, x: f32) {{\n    let sh = (i & 1u) * 16u;\n    atomicAnd(&{n}[i >> 1u], ~(0xffffu << sh));\n    atomicOr(&{n}[i >> 1u], {from_f32}(x) << sh);\n}}"
+                    );
+                    let _ = writeln!(
+                        s,
+                        "fn st4_{n}(v: u32, x: vec4<f32>) {{\n    atomicStore(&{n}[2u * v], {from_f32}(x.x) | ({from_f32}(x.y) << 16u));\n    atomicStore(&{n}[2u * v + 1u], {from_f32}(x.z) | ({from_f32}(x.w) << 16u));\n}}"
+                    );
+                } else {
+                    let _ = writeln!(s, "@group(0) @binding({slot}) var<storage, read> {n}: array<vec2<u32>>;");
+                    let _ = writeln!(
+                        s,
+                        "fn ld_{n}(i: u32) -> f32 {{ return {to_f32}(({n}[i >> 2u][(i >> 1u) & 1u] >> ((i & 1u) * 16u)) & 0xffffu); }}"
+                    );
+                    let _ = writeln!(
+                        s,
+                        "fn ld4_{n}(v: u32) -> vec4<f32> {{\n    let w = {n}[v];\n    return vec4<f32>({to_f32}(w.x & 0xffffu), {to_f32}(w.x >> 16u), {to_f32}(w.y & 0xffffu), {to_f32}(w.y >> 16u));\n}}"
+                    );
+                }
+            }
+        }
+    }
+    s
+}
+
+/// First line of the generated block at the end of each kernel file.
+const GENERATED_BEGIN: &str = "// ---- BEGIN GENERATED";
+/// Last line of the generated block.
+const GENERATED_END: &str = "// ---- END GENERATED ----";
+
+/// Splits a kernel file into the hand-written kernel and its generated block (empty when the
+/// file has none).
+fn split_generated(file: &str) -> (&str, &str) {
+    match file.find(GENERATED_BEGIN) {
+        Some(start) => (&file[..start], &file[start..]),
+        None => (file, ""),
+    }
+}
+
+/// The generated block of `kernel` in `storage`: `common.wgsl` and the storage prelude, framed
+/// by the marker lines. Each kernel file ends with its f32 block so that it is valid WGSL as it
+/// stands (editors and naga can check it); [`module`] replaces that block with the one of the
+/// variant it builds. A test keeps the files' blocks in sync with this function
+/// (`TILEKIT_BLESS=1 cargo test -p tilekit-kernels` rewrites them).
+pub fn generated_block(kernel: Kernel, storage: ElementStorage) -> String {
+    let mut s = String::new();
+    s.push_str(GENERATED_BEGIN);
+    s.push_str(": common.wgsl and the storage prelude (crates/kernels/src/catalogue/wgsl.rs) ----\n");
+    s.push_str("// Do not edit: the catalogue replaces this block with the one of the dtype variant it builds;\n");
+    s.push_str("// here it holds the f32 variant so that this file is valid WGSL on its own.\n\n");
+    s.push_str(COMMON);
+    if kernel.is_typed() {
+        s.push('\n');
+        s.push_str(&prelude(kernel, storage));
+    }
+    s.push_str(GENERATED_END);
+    s
+}
+
+/// The launch specialisation of a module: the values of its shape `override` constants. The
+/// WGSL text does not depend on it, only the overrides (and so the pipeline) do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// Tile of [`Kernel::Matmul`] (`WG_X`, `WG_Y`, `BK`).
+    pub tile: MatmulTile,
+    /// Rows of [`Kernel::MatmulSmallM`] (`SM_ROWS`, 1 to 4): the register tile covers exactly
+    /// M rows, so a matrix-vector product does no wasted FMAs.
+    pub rows: u32,
+}
+
+impl Spec {
+    /// The default tiles.
+    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32 };
+
+    /// This spec with the fields `kernel` does not use reset to the default, so equal modules
+    /// have equal specs (the pipeline-cache key).
+    pub fn normalised(self, kernel: Kernel) -> Spec {
+        match kernel {
+            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, ..self },
+            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4) },
+            _ => Spec::DEFAULT,
+        }
+    }
+}
+
+/// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
+pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
+    module_with(kernel, storage, Spec::DEFAULT)
+}
+
+/// The module of `kernel` in `storage` specialised by `spec` (see [`Spec`]).
+pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslModule {
+    let spec = spec.normalised(kernel);
+    let tile = spec.tile;
+    let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
+        match kernel {
+            Kernel::Matmul => (
+                MATMUL,
+                "matmul",
+                vec![("WG_X", tile.wg_x as f64), ("WG_Y", tile.wg_y as f64), ("BK", tile.bk as f64)],
+                tile.workgroup_bytes(),
+            ),
+            Kernel::MatmulSmallM => {
+                (MATMUL, "matmul_small_m", vec![("WG_N", SMALL_M_WG as f64), ("SM_ROWS", spec.rows as f64)], 0)
+            }
+            Kernel::MatmulNaive => {
+                (MATMUL_NAIVE, "matmul_naive", vec![("WG_X", NAIVE_WG as f64), ("WG_Y", NAIVE_WG as f64)], 0)
+            }
+            Kernel::DepthwiseConv2d => (DEPTHWISE_CONV2D, "depthwise_conv2d", vec![("WG", WG_1D as f64)], 0),
+            Kernel::Activation | Kernel::ActivationInPlace => (ACTIVATION, "activation", vec![("WG", WG_1D as f64)], 0),
+            Kernel::Copy => (COPY, "copy", vec![("WG", WG_1D as f64)], 0),
+        };
+    let typed = kernel.is_typed();
+    let needs_f16 = typed && storage.needs_f16();
+    let (kernel_text, _) = split_generated(body);
+    let mut source = String::new();
+    if needs_f16 {
+        source.push_str("enable f16;\n\n");
+    }
+    source.push_str(kernel_text);
+    source.push_str(&generated_block(kernel, storage));
+    source.push('\n');
+    let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
+    let workgroup_size = match kernel {
+        Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::MatmulSmallM => [SMALL_M_WG, 1, 1],
+        Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
+        _ => [WG_1D, 1, 1],
+    };
+    WgslModule {
+        name,
+        kernel,
+        storage: typed.then_some(storage),
+        source,
+        needs_f16,
+        entry_point,
+        overrides,
+        workgroup_bytes,
+        workgroup_size,
+    }
+}
+
+/// Every module the catalogue can build (each typed kernel in each storage variant, and the
+/// copy once), for validation with naga.
+pub fn all_modules() -> Vec<WgslModule> {
+    let mut v = Vec::new();
+    for kernel in Kernel::ALL {
+        if kernel.is_typed() {
+            v.extend(ElementStorage::ALL.iter().map(|&s| module(kernel, s)));
+        } else {
+            v.push(module(kernel, ElementStorage::F32));
+        }
+    }
+    v
+}
+
+/// Flags of [`MatmulParams::flags`] (`matmul.wgsl`).
+pub mod matmul_flags {
+    /// A's view is 16-byte aligned (offset, batch stride, ld multiples of 4): vec4 loads.
+    pub const A_VEC: u32 = 1;
+    /// B's view is 16-byte aligned.
+    pub const B_VEC: u32 = 2;
+    /// The output view is 16-byte aligned: vec4 stores.
+    pub const O_VEC: u32 = 4;
+    /// Round A and B to bf16 before multiplying (`Precision::Bf16`).
+    pub const PREC_BF16: u32 = 8;
+    /// A bias is added.
+    pub const HAS_BIAS: u32 = 16;
+    /// `beta · C` is added.
+    pub const HAS_C: u32 = 32;
+}
+
+/// The parameter block of `matmul.wgsl` and `matmul_naive.wgsl` (a uniform; 96 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)] // The fields mirror `MatmulDesc` field for field.
+pub struct MatmulParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub flags: u32,
+    pub a_off: u32,
+    pub a_ld: u32,
+    pub a_bs: u32,
+    pub trans_a: u32,
+    pub b_off: u32,
+    pub b_ld: u32,
+    pub b_bs: u32,
+    pub trans_b: u32,
+    pub c_off: u32,
+    pub c_ld: u32,
+    pub c_bs: u32,
+    pub bias_off: u32,
+    pub o_off: u32,
+    pub o_ld: u32,
+    pub o_bs: u32,
+    pub act: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    /// First batch of this launch (batches are split over launches of at most 65535).
+    pub batch_base: u32,
+    pub _pad: u32,
+}
+
+/// Flags of [`ConvParams::flags`] (`depthwise_conv2d.wgsl`).
+pub mod conv_flags {
+    /// A bias is added.
+    pub const HAS_BIAS: u32 = 1;
+    /// NHWC with multiplier 1 and C a multiple of 4: vec4 input loads.
+    pub const IN_VEC: u32 = 2;
+    /// The 4 outputs of an invocation are one aligned vec4 (OW or C·m a multiple of 4).
+    pub const OUT_VEC: u32 = 4;
+}
+
+/// The parameter block of `depthwise_conv2d.wgsl` (a uniform; 80 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)] // The fields mirror `Conv2dDesc`.
+pub struct ConvParams {
+    pub batch: u32,
+    pub channels: u32,
+    pub height: u32,
+    pub width: u32,
+    pub mult: u32,
+    pub kh: u32,
+    pub kw: u32,
+    pub stride_h: u32,
+    pub stride_w: u32,
+    pub dil_h: u32,
+    pub dil_w: u32,
+    pub pad_top: u32,
+    pub pad_left: u32,
+    pub out_h: u32,
+    pub out_w: u32,
+    pub out_c: u32,
+    /// 0 for NCHW, 1 for NHWC.
+    pub nhwc: u32,
+    pub flags: u32,
+    pub act: u32,
+    /// Invocations that do work (groups of 4 outputs).
+    pub items: u32,
+}
+
+/// Flags of [`ActivationParams::flags`] (`activation.wgsl`).
+pub mod activation_flags {
+    /// A bias is added.
+    pub const HAS_BIAS: u32 = 1;
+    /// The bias length is a multiple of 4: vec4 bias loads.
+    pub const BIAS_VEC: u32 = 2;
+}
+
+/// The parameter block of `activation.wgsl` (a uniform; 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct ActivationParams {
+    pub len: u32,
+    pub bias_len: u32,
+    pub act: u32,
+    pub flags: u32,
+    /// Invocations that do work: `ceil(len / 4)`.
+    pub items: u32,
+    /// Position in the bias row of element 0 (a chunk of a larger tensor starts mid-row).
+    pub bias_phase: u32,
+    pub _pad: [u32; 2],
+}
+
+/// The parameter block of `copy.wgsl` (a uniform; 16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CopyParams {
+    /// Whole 32-bit words to copy.
+    pub words: u32,
+    /// 1 when a 16-bit element follows the whole words.
+    pub tail_half: u32,
+    /// Invocations that do work: `ceil((words + tail_half) / 4)`.
+    pub items: u32,
+    /// Padding to 16 bytes.
+    pub _pad: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_is_composed_once() {
+        let all = all_modules();
+        assert_eq!(all.len(), 6 * 4 + 1);
+        let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        for m in &all {
+            assert_eq!(m.needs_f16, m.source.starts_with("enable f16;"), "{}", m.name);
+            assert!(m.source.contains(&format!("fn {}(", m.entry_point)), "{}", m.name);
+        }
+    }
+
+    /// Each kernel file ends with its f32 generated block, up to date (`TILEKIT_BLESS=1`
+    /// rewrites the blocks).
+    #[test]
+    fn kernel_files_carry_their_current_generated_block() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shaders/wgsl");
+        let files = [
+            ("matmul.wgsl", Kernel::Matmul, MATMUL),
+            ("matmul_naive.wgsl", Kernel::MatmulNaive, MATMUL_NAIVE),
+            ("depthwise_conv2d.wgsl", Kernel::DepthwiseConv2d, DEPTHWISE_CONV2D),
+            ("activation.wgsl", Kernel::Activation, ACTIVATION),
+            ("copy.wgsl", Kernel::Copy, COPY),
+        ];
+        let bless = std::env::var_os("TILEKIT_BLESS").is_some();
+        for (file, kernel, text) in files {
+            let (body, block) = split_generated(text);
+            let want = format!("{}\n", generated_block(kernel, ElementStorage::F32));
+            if block != want {
+                if bless {
+                    std::fs::write(dir.join(file), format!("{body}{want}")).expect("rewrite the shader file");
+                } else {
+                    panic!("shaders/wgsl/{file}: the generated block is stale; rerun with TILEKIT_BLESS=1");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parameter_blocks_are_uniform_sized() {
+        for size in
+            [size_of::<MatmulParams>(), size_of::<ConvParams>(), size_of::<ActivationParams>(), size_of::<CopyParams>()]
+        {
+            assert_eq!(size % 16, 0);
+        }
+        // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
+        // BK a multiple of 4.
+        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT] {
+            assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
+            assert!(t.invocations() <= 256, "{t:?}");
+            assert_eq!(t.bk % 4, 0, "{t:?}");
+            assert!(t.loads_per_invocation() <= 8, "{t:?}");
+        }
+    }
+}

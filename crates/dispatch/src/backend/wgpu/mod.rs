@@ -1,8 +1,50 @@
-//! The wgpu backend (stub: being written). Probing works; ops are not there yet.
+//! The wgpu backend: tilekit's WGSL kernels on any Vulkan, Metal, DX12 or GL adapter.
+//!
+//! - One `wgpu::Device`/`Queue` per backend, made here ([`WgpuBackend::new`]) or handed in by
+//!   an engine ([`WgpuBackend::from_raw`]).
+//! - Storage is one `wgpu::Buffer` (`STORAGE | COPY_SRC | COPY_DST`) sized in bytes rounded up
+//!   to 16, so the kernels' vec4 views never reach past its end.
+//! - Modules come from the kernel catalogue (`tilekit_kernels::catalogue::wgsl`); pipelines are
+//!   built on first use and cached by (kernel, storage variant, shape constants). f16 is stored natively
+//!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
+//!   per `u32` otherwise; bf16 is always packed.
+//! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
+//!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
+//!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
+//!   poll with a timeout and return a typed error instead of hanging.
+//! - Limits: grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to stay
+//!   within the per-dimension workgroup limit; activations and copies over the storage-binding
+//!   limit run in chunks bound as buffer windows; a matmul or conv operand over that limit, and
+//!   anything whose indices would pass `u32`, is refused with [`Error::Overflow`].
+//! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
+//!   internal), so errors come back from the op that caused them as [`Error`] values; a device
+//!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
+//!   panics), and a lost device turns every later call into [`Error::DeviceLost`].
 
 use super::BackendOps;
 use crate::{BackendKind, Error, Result, WgpuOptions};
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tilekit_kernels::catalogue::wgsl::{
+    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
+    activation_flags, conv_flags, matmul_flags,
+};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, Precision};
+use wgpu::util::DeviceExt;
+
+#[cfg(test)]
+mod tests;
+
+const KIND: BackendKind = BackendKind::Wgpu;
+/// Ops queued before they are submitted: large enough to amortise the 70–135 µs
+/// a submit costs on lavapipe (`shared/FIELD-NOTES.md`), small enough to keep the GPU busy
+/// while the host records more.
+const MAX_PENDING_OPS: usize = 64;
+/// The longest a host wait may take before it is reported as an error. Generous because a
+/// software adapter runs big kernels slowly; a real hang still ends.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// One adapter the probe saw.
 #[derive(Debug, Clone)]
@@ -12,37 +54,660 @@ pub(crate) struct AdapterSummary {
     pub(crate) software: bool,
 }
 
-/// Lists the adapters wgpu can see. Never panics.
-pub(crate) fn probe_adapters() -> std::result::Result<Vec<AdapterSummary>, String> {
-    Err("the wgpu backend is not built yet".into())
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    // WGPU_BACKEND and the other wgpu variables still override.
+    wgpu::Instance::new(desc.with_env())
 }
 
-#[derive(Debug)]
-pub(crate) struct WgpuBackend {}
+fn enumerate() -> std::result::Result<Vec<wgpu::Adapter>, String> {
+    // wgpu panics only when no backend is compiled in; the catch keeps the probe's promise
+    // never to panic even on such a build.
+    std::panic::catch_unwind(|| {
+        // The primary backends (Vulkan, Metal, DX12) first; GL only where none of them has an
+        // adapter: its compute support is the narrowest, and initialising EGL on a headless
+        // machine prints errors.
+        let primary = new_instance(wgpu::Backends::PRIMARY);
+        let adapters = pollster::block_on(primary.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            let secondary = new_instance(wgpu::Backends::SECONDARY);
+            pollster::block_on(secondary.enumerate_adapters(wgpu::Backends::all()))
+        } else {
+            adapters
+        }
+    })
+    .map_err(|_| "wgpu failed to enumerate adapters".to_string())
+}
 
+fn is_software(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+/// Lists the adapters wgpu can see. Never panics.
+pub(crate) fn probe_adapters() -> std::result::Result<Vec<AdapterSummary>, String> {
+    Ok(enumerate()?
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            AdapterSummary { software: is_software(&info), name: info.name, backend: format!("{:?}", info.backend) }
+        })
+        .collect())
+}
+
+/// Errors the uncaptured-error handler and the device-lost callback saw.
+#[derive(Debug, Default)]
+struct ErrorLog {
+    /// Uncaptured errors so far (all of them, reported or not).
+    count: AtomicU64,
+    /// The oldest uncaptured error not yet returned to a caller.
+    unreported: Mutex<Option<wgpu::Error>>,
+    /// Why the device was lost, once it was.
+    lost: Mutex<Option<String>>,
+}
+
+/// A cached pipeline.
 #[derive(Debug)]
-pub(crate) struct WgpuStorage {}
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// A pipeline's cache key: kernel, storage variant and shape constants (the module's text and
+/// override values follow from them).
+type PipelineKey = (Kernel, ElementStorage, Spec);
+
+/// A storage binding: a whole buffer, or a byte window `(offset, size)` of it.
+#[derive(Clone, Copy, Debug)]
+struct Bind<'a> {
+    slot: u32,
+    buffer: &'a wgpu::Buffer,
+    window: Option<(u64, u64)>,
+}
+
+/// `buffer` bound whole at `slot`.
+fn whole(slot: u32, buffer: &wgpu::Buffer) -> Bind<'_> {
+    Bind { slot, buffer, window: None }
+}
+
+/// One dispatch: bindings, parameter block, grid.
+#[derive(Debug)]
+struct Launch<'a> {
+    binds: Vec<Bind<'a>>,
+    params: Vec<u8>,
+    grid: [u32; 3],
+}
+
+/// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
+/// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
+/// before it: its command buffer is never queued, the others are.
+#[derive(Debug, Default)]
+struct Pending {
+    buffers: Vec<wgpu::CommandBuffer>,
+}
+
+/// The wgpu backend: a box around its state, so the `Backend` enum stays small.
+#[derive(Debug)]
+pub(crate) struct WgpuBackend(Box<State>);
+
+impl std::ops::Deref for WgpuBackend {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+/// What a [`WgpuBackend`] holds.
+#[derive(Debug)]
+pub(crate) struct State {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    native_f16: bool,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+    pending: Mutex<Pending>,
+    errors: Arc<ErrorLog>,
+    /// Bound where an op has no bias or no C (every binding of a module must be bound).
+    dummy: wgpu::Buffer,
+    /// Submissions so far (the tests check that ops are batched).
+    submissions: AtomicU64,
+}
+
+/// A buffer on the wgpu backend.
+#[derive(Debug)]
+pub(crate) struct WgpuStorage {
+    buffer: wgpu::Buffer,
+    len: usize,
+    dtype: DType,
+}
+
+impl WgpuStorage {
+    /// The raw buffer, for engines that bind it themselves.
+    #[allow(dead_code)]
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+/// Bytes of a buffer of `len` elements: rounded up to 16 (vec4 views), at least 16.
+fn padded_bytes(dtype: DType, len: usize) -> Option<u64> {
+    let bytes = len.checked_mul(dtype.size_bytes())?;
+    let padded = bytes.checked_add(15)? / 16 * 16;
+    u64::try_from(padded.max(16)).ok()
+}
+
+fn map_wgpu_error(e: wgpu::Error, bytes: u64) -> Error {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory { backend: KIND, bytes },
+        other => Error::Backend { backend: KIND, message: other.to_string() },
+    }
+}
+
+fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Overflow { op, what: format!("{what} = {v} (kernel indices are u32)") })
+}
+
+fn div_ceil_u32(a: u32, b: u32) -> u32 {
+    a.div_ceil(b)
+}
 
 impl WgpuBackend {
-    pub(crate) fn new(_opts: &WgpuOptions) -> Result<WgpuBackend> {
-        Err(Error::BackendUnavailable { backend: BackendKind::Wgpu, reason: "not built yet".into() })
+    /// A device on the first adapter `opts` accepts: hardware adapters first (discrete, then
+    /// integrated, virtual, other), software ones only with `allow_software`.
+    pub(crate) fn new(opts: &WgpuOptions) -> Result<WgpuBackend> {
+        let unavailable = |reason: String| Error::BackendUnavailable { backend: KIND, reason };
+        let mut adapters: Vec<(wgpu::Adapter, wgpu::AdapterInfo)> = enumerate()
+            .map_err(unavailable)?
+            .into_iter()
+            .map(|a| {
+                let info = a.get_info();
+                (a, info)
+            })
+            .collect();
+        if adapters.is_empty() {
+            return Err(unavailable("no adapter found (no Vulkan, Metal, DX12 or GL driver)".into()));
+        }
+        let seen: Vec<String> = adapters.iter().map(|(_, i)| format!("{} ({:?})", i.name, i.backend)).collect();
+        if let Some(filter) = &opts.adapter_name {
+            let f = filter.to_lowercase();
+            adapters.retain(|(_, i)| i.name.to_lowercase().contains(&f));
+        }
+        if !opts.allow_software {
+            adapters.retain(|(_, i)| !is_software(i));
+        }
+        let rank = |i: &wgpu::AdapterInfo| {
+            let ty = match i.device_type {
+                wgpu::DeviceType::DiscreteGpu => 0,
+                wgpu::DeviceType::IntegratedGpu => 1,
+                wgpu::DeviceType::VirtualGpu => 2,
+                wgpu::DeviceType::Other => 3,
+                wgpu::DeviceType::Cpu => 4,
+            };
+            // GL comes last: its compute support is the narrowest.
+            (ty, i.backend == wgpu::Backend::Gl)
+        };
+        adapters.sort_by_key(|(_, i)| rank(i));
+        if adapters.is_empty() {
+            return Err(unavailable(format!(
+                "no adapter matches (software {}, name filter {:?}); found: {}",
+                if opts.allow_software { "allowed" } else { "not allowed" },
+                opts.adapter_name,
+                seen.join(", ")
+            )));
+        }
+        let mut failures = Vec::new();
+        for (adapter, info) in adapters {
+            let mut features = wgpu::Features::empty();
+            if adapter.features().contains(wgpu::Features::SHADER_F16) {
+                features |= wgpu::Features::SHADER_F16;
+            }
+            let desc = wgpu::DeviceDescriptor {
+                label: Some("tilekit"),
+                required_features: features,
+                // The adapter's own limits: the largest bindings and workgroup storage it has.
+                required_limits: adapter.limits(),
+                ..Default::default()
+            };
+            match pollster::block_on(adapter.request_device(&desc)) {
+                Ok((device, queue)) => {
+                    let errors = Arc::new(ErrorLog::default());
+                    let log = errors.clone();
+                    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                        log.count.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut slot) = log.unreported.lock() {
+                            slot.get_or_insert(e);
+                        }
+                    }));
+                    let native = features.contains(wgpu::Features::SHADER_F16) && !opts.force_packed_f16;
+                    return Ok(WgpuBackend::assemble(device, queue, info, native, errors));
+                }
+                Err(e) => failures.push(format!("{}: {e}", info.name)),
+            }
+        }
+        Err(unavailable(format!("device creation failed: {}", failures.join("; "))))
     }
 
-    pub(crate) fn from_raw(_device: wgpu::Device, _queue: wgpu::Queue) -> Result<WgpuBackend> {
-        Err(Error::BackendUnavailable { backend: BackendKind::Wgpu, reason: "not built yet".into() })
+    /// Wraps an engine's own device and queue. The engine's uncaptured-error handler is left
+    /// alone: tilekit's calls run inside error scopes and report their errors themselves.
+    pub(crate) fn from_raw(device: wgpu::Device, queue: wgpu::Queue) -> Result<WgpuBackend> {
+        let info = device.adapter_info();
+        let native = device.features().contains(wgpu::Features::SHADER_F16);
+        Ok(WgpuBackend::assemble(device, queue, info, native, Arc::new(ErrorLog::default())))
     }
 
+    fn assemble(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        native_f16: bool,
+        errors: Arc<ErrorLog>,
+    ) -> WgpuBackend {
+        let log = errors.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut lost) = log.lost.lock() {
+                lost.get_or_insert(format!("{reason:?}: {message}"));
+            }
+        });
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tilekit dummy binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let limits = device.limits();
+        WgpuBackend(Box::new(State {
+            device,
+            queue,
+            info,
+            limits,
+            native_f16,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            errors,
+            dummy,
+            submissions: AtomicU64::new(0),
+        }))
+    }
+
+    /// Adapter name, backend, driver and the active f16 path.
     pub(crate) fn description(&self) -> String {
-        String::new()
+        let i = &self.info;
+        let driver = match (i.driver.is_empty(), i.driver_info.is_empty()) {
+            (true, _) => String::new(),
+            (false, true) => format!(", driver {}", i.driver),
+            (false, false) => format!(", driver {} {}", i.driver, i.driver_info),
+        };
+        let f16 = if self.native_f16 { "f16 native (shader-f16)" } else { "f16 packed in u32" };
+        format!(
+            "{} ({:?}{}{}); {f16}, bf16 packed in u32",
+            i.name,
+            i.backend,
+            if is_software(i) { ", software" } else { "" },
+            driver
+        )
     }
 
     pub(crate) fn is_software(&self) -> bool {
-        false
+        is_software(&self.info)
     }
-}
 
-fn todo_err() -> Error {
-    Error::BackendUnavailable { backend: BackendKind::Wgpu, reason: "not built yet".into() }
+    /// Submissions so far.
+    #[cfg(test)]
+    fn submission_count(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
+    }
+
+    fn storage_variant(&self, dtype: DType) -> ElementStorage {
+        ElementStorage::for_dtype(dtype, self.native_f16)
+    }
+
+    /// Fails if the device was lost or an uncaptured error is waiting to be reported.
+    fn check_health(&self) -> Result<()> {
+        if let Some(reason) = self.errors.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(Error::DeviceLost { backend: KIND, reason });
+        }
+        if let Some(e) = self.errors.unreported.lock().ok().and_then(|mut u| u.take()) {
+            return Err(map_wgpu_error(e, 0));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and turns what they
+    /// caught into an [`Error`] (`bytes` is the allocation size reported on OOM).
+    fn scoped<T>(&self, bytes: u64, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let value = f();
+        let caught =
+            [pollster::block_on(internal.pop()), pollster::block_on(validation.pop()), pollster::block_on(oom.pop())];
+        self.check_health()?;
+        match caught.into_iter().flatten().next() {
+            Some(e) => Err(map_wgpu_error(e, bytes)),
+            None => Ok(value),
+        }
+    }
+
+    fn create_buffer(&self, bytes: u64, contents: Option<&[u8]>) -> Result<wgpu::Buffer> {
+        let op = "alloc";
+        if bytes > self.limits.max_buffer_size {
+            return Err(Error::Overflow {
+                op,
+                what: format!(
+                    "a buffer of {bytes} bytes (the device's max_buffer_size is {})",
+                    self.limits.max_buffer_size
+                ),
+            });
+        }
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        self.scoped(bytes, || match contents {
+            Some(data) => self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("tilekit tensor"),
+                contents: data,
+                usage,
+            }),
+            // wgpu zero-fills new buffers.
+            None => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tilekit tensor"),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            }),
+        })
+    }
+
+    /// The cached pipeline of `kernel` in `storage` specialised by `spec`, built on first use.
+    fn pipeline(&self, op: &'static str, kernel: Kernel, storage: ElementStorage, spec: Spec) -> Result<Arc<Pipeline>> {
+        // The copy is dtype-free and each kernel uses only its own part of the spec: normalise
+        // the key so each distinct pipeline is built once.
+        let storage = if kernel.is_typed() { storage } else { ElementStorage::F32 };
+        let spec = spec.normalised(kernel);
+        let key = (kernel, storage, spec);
+        if let Some(p) = self.pipelines.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok(p);
+        }
+        let module = cat::module_with(kernel, storage, spec);
+        if module.needs_f16 && !self.device.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: DType::F16,
+                backend: KIND,
+                reason: "the device lacks SHADER_F16".into(),
+            });
+        }
+        // wgpu does not check workgroup storage against the limit (gfx-rs/wgpu #8946): do it here.
+        let l = &self.limits;
+        if module.workgroup_bytes > l.max_compute_workgroup_storage_size {
+            return Err(Error::Backend {
+                backend: KIND,
+                message: format!(
+                    "{} needs {} bytes of workgroup storage, the device has {}",
+                    module.name, module.workgroup_bytes, l.max_compute_workgroup_storage_size
+                ),
+            });
+        }
+        let [x, y, z] = module.workgroup_size;
+        if x * y * z > l.max_compute_invocations_per_workgroup
+            || x > l.max_compute_workgroup_size_x
+            || y > l.max_compute_workgroup_size_y
+            || z > l.max_compute_workgroup_size_z
+        {
+            return Err(Error::Backend {
+                backend: KIND,
+                message: format!(
+                    "{} needs a {x} x {y} x {z} workgroup, the device allows {} invocations ({} x {} x {})",
+                    module.name,
+                    l.max_compute_invocations_per_workgroup,
+                    l.max_compute_workgroup_size_x,
+                    l.max_compute_workgroup_size_y,
+                    l.max_compute_workgroup_size_z
+                ),
+            });
+        }
+        let pipeline = self.scoped(0, || {
+            let shader = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&module.name),
+                source: wgpu::ShaderSource::Wgsl(module.source.as_str().into()),
+            });
+            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&module.name),
+                layout: None,
+                module: &shader,
+                entry_point: Some(module.entry_point),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &module.overrides,
+                    // Every kernel writes its workgroup arrays before reading them.
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
+        })?;
+        let layout = self.scoped(0, || pipeline.get_bind_group_layout(0))?;
+        let p = Arc::new(Pipeline { pipeline, layout });
+        if let Ok(mut cache) = self.pipelines.lock() {
+            cache.insert(key, p.clone());
+        }
+        Ok(p)
+    }
+
+    /// Checks that a binding of `bytes` fits the device's storage-binding limit.
+    fn check_binding(&self, op: &'static str, bytes: u64) -> Result<()> {
+        let limit = self.limits.max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::Overflow {
+                op,
+                what: format!("a binding of {bytes} bytes (the device's storage-binding limit is {limit})"),
+            });
+        }
+        Ok(())
+    }
+
+    /// A 1-D launch of `items` invocations folded into a 2-D grid.
+    fn grid_1d(&self, op: &'static str, items: u32, per_group: u32) -> Result<[u32; 3]> {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
+        let groups = div_ceil_u32(items, per_group).max(1);
+        let x = groups.min(max);
+        let y = div_ceil_u32(groups, x);
+        if y > max {
+            return Err(Error::Overflow { op, what: format!("a grid of {groups} workgroups") });
+        }
+        Ok([x, y, 1])
+    }
+
+    /// Records `launches` of `pipeline` (one compute pass each) as one pending command buffer;
+    /// each launch brings its bindings, its parameter block (bound at `uniform_slot`) and its
+    /// grid. Nothing waits: the buffer is submitted with the next [`MAX_PENDING_OPS`] or when
+    /// the host waits.
+    fn record(&self, op: &'static str, pipeline: &Pipeline, uniform_slot: u32, launches: &[Launch<'_>]) -> Result<()> {
+        for launch in launches {
+            for bind in &launch.binds {
+                self.check_binding(op, bind.window.map_or(bind.buffer.size(), |w| w.1))?;
+            }
+        }
+        self.check_health()?;
+        let commands = self.scoped(0, || {
+            let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
+            for launch in launches {
+                let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(op),
+                    contents: &launch.params,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
+                    .binds
+                    .iter()
+                    .map(|b| wgpu::BindGroupEntry {
+                        binding: b.slot,
+                        resource: match b.window {
+                            None => b.buffer.as_entire_binding(),
+                            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: b.buffer,
+                                offset,
+                                size: wgpu::BufferSize::new(size),
+                            }),
+                        },
+                    })
+                    .collect();
+                entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
+                let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(op),
+                    layout: &pipeline.layout,
+                    entries: &entries,
+                });
+                let mut pass = encoder
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
+                pass.set_pipeline(&pipeline.pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                let [x, y, z] = launch.grid;
+                pass.dispatch_workgroups(x, y, z);
+            }
+            encoder.finish()
+        })?;
+        let mut pending = self.lock_pending()?;
+        pending.buffers.push(commands);
+        if pending.buffers.len() >= MAX_PENDING_OPS {
+            self.submit(&mut pending, None)?;
+        }
+        Ok(())
+    }
+
+    /// Splits `len` elements of `size` bytes into chunks `(first, count)` whose bindings fit
+    /// the device's storage-binding limit. Chunks start at multiples of the storage offset
+    /// alignment (256 bytes on most devices), so each starts on a whole vec4 and, for packed
+    /// 16-bit types, on a whole word.
+    fn chunks(&self, op: &'static str, len: usize, size: usize) -> Result<Vec<(usize, usize)>> {
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        // Element indices inside a chunk are u32; 2^30 elements keep `4 * items` in range too.
+        let limit = self.limits.max_storage_buffer_binding_size.min((1 << 30) * size as u64);
+        let per = usize::try_from(limit / align * align / size as u64).unwrap_or(usize::MAX);
+        if per == 0 {
+            return Err(Error::Overflow { op, what: format!("a chunk of the storage-binding limit ({limit} bytes)") });
+        }
+        Ok((0..len).step_by(per).map(|first| (first, per.min(len - first))).collect())
+    }
+
+    /// Submits the pending command buffers (plus `extra`, after them) in one submission and
+    /// returns its index.
+    fn submit(
+        &self,
+        pending: &mut Pending,
+        extra: Option<wgpu::CommandBuffer>,
+    ) -> Result<Option<wgpu::SubmissionIndex>> {
+        let mut buffers = std::mem::take(&mut pending.buffers);
+        buffers.extend(extra);
+        if buffers.is_empty() {
+            return Ok(None);
+        }
+        let index = self.scoped(0, || self.queue.submit(buffers))?;
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(index))
+    }
+
+    /// Blocks until `index` (or everything submitted) has finished, with a timeout.
+    fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        let poll = self.device.poll(wgpu::PollType::Wait { submission_index: index, timeout: Some(WAIT_TIMEOUT) });
+        self.check_health()?;
+        match poll {
+            Ok(_) => Ok(()),
+            Err(wgpu::PollError::Timeout) => Err(Error::Backend {
+                backend: KIND,
+                message: format!("the device did not finish within {} s", WAIT_TIMEOUT.as_secs()),
+            }),
+            Err(e) => Err(Error::Backend { backend: KIND, message: e.to_string() }),
+        }
+    }
+
+    fn lock_pending(&self) -> Result<std::sync::MutexGuard<'_, Pending>> {
+        self.pending
+            .lock()
+            .map_err(|_| Error::Backend { backend: KIND, message: "the pending-work lock was poisoned".into() })
+    }
+
+    /// Shared part of matmul and the naive matmul: the parameter block of `desc`.
+    fn matmul_params(&self, op: &'static str, desc: &MatmulDesc) -> Result<MatmulParams> {
+        let (ar, _) = desc.a_stored();
+        let (br, _) = desc.b_stored();
+        // A leading dimension or batch stride is only used when there is a second row or
+        // batch; where it is not, it is passed as 0 so a huge unused value cannot overflow.
+        let ld = |rows: usize, v: usize, what: &str| if rows <= 1 { Ok(0) } else { to_u32(op, what, v) };
+        let bs = |v: usize, what: &str| if desc.batch <= 1 { Ok(0) } else { to_u32(op, what, v) };
+        let aligned =
+            |off: u32, ld: u32, bs: u32| off.is_multiple_of(4) && ld.is_multiple_of(4) && bs.is_multiple_of(4);
+        let mut p = MatmulParams {
+            m: to_u32(op, "M", desc.m)?,
+            n: to_u32(op, "N", desc.n)?,
+            k: to_u32(op, "K", desc.k)?,
+            a_off: to_u32(op, "a offset", desc.a.offset)?,
+            a_ld: ld(ar, desc.a.ld, "a ld")?,
+            a_bs: bs(desc.a.batch_stride, "a batch stride")?,
+            trans_a: desc.trans_a as u32,
+            b_off: to_u32(op, "b offset", desc.b.offset)?,
+            b_ld: ld(br, desc.b.ld, "b ld")?,
+            b_bs: bs(desc.b.batch_stride, "b batch stride")?,
+            trans_b: desc.trans_b as u32,
+            o_off: to_u32(op, "out offset", desc.out.offset)?,
+            o_ld: ld(desc.m, desc.out.ld, "out ld")?,
+            o_bs: bs(desc.out.batch_stride, "out batch stride")?,
+            act: desc.activation.code(),
+            alpha: desc.alpha,
+            beta: desc.beta,
+            ..MatmulParams::default()
+        };
+        if aligned(p.a_off, p.a_ld, p.a_bs) {
+            p.flags |= matmul_flags::A_VEC;
+        }
+        if aligned(p.b_off, p.b_ld, p.b_bs) {
+            p.flags |= matmul_flags::B_VEC;
+        }
+        if aligned(p.o_off, p.o_ld, p.o_bs) {
+            p.flags |= matmul_flags::O_VEC;
+        }
+        if desc.precision == Precision::Bf16 {
+            p.flags |= matmul_flags::PREC_BF16;
+        }
+        if let Some(off) = desc.bias_offset {
+            p.flags |= matmul_flags::HAS_BIAS;
+            p.bias_off = to_u32(op, "bias offset", off)?;
+        }
+        if let Some(c) = desc.c {
+            p.flags |= matmul_flags::HAS_C;
+            p.c_off = to_u32(op, "c offset", c.offset)?;
+            p.c_ld = ld(desc.m, c.ld, "c ld")?;
+            p.c_bs = bs(c.batch_stride, "c batch stride")?;
+        }
+        Ok(p)
+    }
+
+    /// Launches over batches, at most the grid limit per launch.
+    fn batched_launches(
+        &self,
+        op: &'static str,
+        params: MatmulParams,
+        batch: usize,
+        gx: u32,
+        gy: u32,
+    ) -> Result<Vec<(Vec<u8>, [u32; 3])>> {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
+        if gx > max || gy > max {
+            return Err(Error::Overflow { op, what: format!("a grid of {gx} x {gy} workgroups (limit {max} each)") });
+        }
+        let batch = to_u32(op, "batch", batch)?;
+        let mut launches = Vec::new();
+        let mut base = 0u32;
+        while base < batch {
+            let count = (batch - base).min(max);
+            let p = MatmulParams { batch_base: base, ..params };
+            launches.push((bytemuck::bytes_of(&p).to_vec(), [gx, gy, count]));
+            base += count;
+        }
+        Ok(launches)
+    }
+
+    fn element_count_fits(&self, op: &'static str, what: &str, s: &WgpuStorage) -> Result<()> {
+        to_u32(op, what, s.len).map(|_| ())
+    }
 }
 
 impl BackendOps for WgpuBackend {
@@ -55,55 +720,291 @@ impl BackendOps for WgpuBackend {
             _ => None,
         }
     }
+
     fn check_dtype(&self, _op: &'static str, _dtype: DType) -> Result<()> {
-        Err(todo_err())
+        // Every dtype runs: f16 natively or packed, bf16 packed.
+        Ok(())
     }
-    fn alloc_zeroed(&self, _dtype: DType, _len: usize) -> Result<WgpuStorage> {
-        Err(todo_err())
+
+    fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<WgpuStorage> {
+        let bytes = padded_bytes(dtype, len)
+            .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
+        Ok(WgpuStorage { buffer: self.create_buffer(bytes, None)?, len, dtype })
     }
-    fn upload(&self, _dtype: DType, _bytes: &[u8]) -> Result<WgpuStorage> {
-        Err(todo_err())
+
+    fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuStorage> {
+        let len = bytes.len() / dtype.size_bytes();
+        let padded = padded_bytes(dtype, len)
+            .ok_or_else(|| Error::Overflow { op: "upload", what: format!("{len} elements of {dtype}") })?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(padded as usize).map_err(|_| Error::OutOfMemory { backend: KIND, bytes: padded })?;
+        data.extend_from_slice(bytes);
+        data.resize(padded as usize, 0);
+        Ok(WgpuStorage { buffer: self.create_buffer(padded, Some(&data))?, len, dtype })
     }
-    fn download(&self, _s: &WgpuStorage, _dtype: DType) -> Result<Vec<u8>> {
-        Err(todo_err())
+
+    fn download(&self, s: &WgpuStorage, dtype: DType) -> Result<Vec<u8>> {
+        let _ = dtype; // The storage knows its own dtype.
+        let bytes = s.len * s.dtype.size_bytes();
+        let size = s.buffer.size();
+        let staging = self.scoped(size, || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tilekit download"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let index = {
+            let mut pending = self.lock_pending()?;
+            let copy = self.scoped(0, || {
+                let mut enc = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tilekit download") });
+                enc.copy_buffer_to_buffer(&s.buffer, 0, &staging, 0, size);
+                enc.finish()
+            })?;
+            self.submit(&mut pending, Some(copy))?
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.scoped(0, || {
+            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            })
+        })?;
+        self.wait(index)?;
+        // The wait above ran the callback unless the map failed outright.
+        match rx.recv_timeout(WAIT_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Backend { backend: KIND, message: format!("mapping failed: {e}") }),
+            Err(_) => {
+                return Err(Error::Backend { backend: KIND, message: "the download never completed".into() });
+            }
+        }
+        let out = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Backend { backend: KIND, message: format!("mapping failed: {e}") })?;
+            view[..bytes.min(view.len())].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
     }
+
     fn matmul(
         &self,
-        _desc: &MatmulDesc,
-        _dtype: DType,
-        _a: &WgpuStorage,
-        _b: &WgpuStorage,
-        _bias: Option<&WgpuStorage>,
-        _c: Option<&WgpuStorage>,
-        _out: &WgpuStorage,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &WgpuStorage,
+        b: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        c: Option<&WgpuStorage>,
+        out: &WgpuStorage,
     ) -> Result<()> {
-        Err(todo_err())
+        let op = "matmul";
+        for (what, s) in [("a", Some(a)), ("b", Some(b)), ("bias", bias), ("c", c), ("out", Some(out))] {
+            if let Some(s) = s {
+                self.element_count_fits(op, what, s)?;
+            }
+        }
+        let params = self.matmul_params(op, desc)?;
+        // A few rows take the kernel without workgroup memory; the others the tiled kernel
+        // with the tile preset for their row count.
+        let (kernel, spec, block_m, block_n) = if desc.m <= cat::SMALL_M_ROWS {
+            let rows = params.m.max(1);
+            (Kernel::MatmulSmallM, Spec { rows, ..Spec::DEFAULT }, rows, cat::SMALL_M_WG * MatmulTile::TN)
+        } else {
+            let mut tile = MatmulTile::for_rows(desc.m);
+            // Downlevel devices (GL, some mobile GPUs) allow fewer than 256 invocations per
+            // workgroup: the 128-invocation tile still runs there.
+            if tile.invocations() > self.limits.max_compute_invocations_per_workgroup
+                || tile.wg_y > self.limits.max_compute_workgroup_size_y
+            {
+                tile = MatmulTile::SHORT;
+            }
+            (Kernel::Matmul, Spec { tile, ..Spec::DEFAULT }, tile.bm(), tile.bn())
+        };
+        let gx = div_ceil_u32(params.n, block_n);
+        let gy = div_ceil_u32(params.m, block_m);
+        let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), spec)?;
+        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
+        let c = c.map_or(&self.dummy, |s| &s.buffer);
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 5, &launches)
     }
+
     fn depthwise_conv2d(
         &self,
-        _desc: &Conv2dDesc,
-        _dtype: DType,
-        _input: &WgpuStorage,
-        _weight: &WgpuStorage,
-        _bias: Option<&WgpuStorage>,
-        _out: &WgpuStorage,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &WgpuStorage,
+        weight: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        out: &WgpuStorage,
     ) -> Result<()> {
-        Err(todo_err())
+        let op = "depthwise_conv2d";
+        for (what, s) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("out", Some(out))] {
+            if let Some(s) = s {
+                self.element_count_fits(op, what, s)?;
+            }
+        }
+        let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
+            return Err(Error::InvalidParameter { op, param: "desc", reason: "empty output".into() });
+        };
+        let oc = desc.out_channels();
+        // Padded extents bound every padded coordinate the kernel computes.
+        let padded_h = desc.height.checked_add(desc.pad_top).and_then(|v| v.checked_add(desc.pad_bottom));
+        let padded_w = desc.width.checked_add(desc.pad_left).and_then(|v| v.checked_add(desc.pad_right));
+        to_u32(op, "padded height", padded_h.unwrap_or(usize::MAX))?;
+        to_u32(op, "padded width", padded_w.unwrap_or(usize::MAX))?;
+        let groups = match desc.layout {
+            Layout::Nchw => {
+                desc.batch.checked_mul(oc).and_then(|v| v.checked_mul(oh)).and_then(|v| v.checked_mul(ow.div_ceil(4)))
+            }
+            Layout::Nhwc => {
+                desc.batch.checked_mul(oh).and_then(|v| v.checked_mul(ow)).and_then(|v| v.checked_mul(oc.div_ceil(4)))
+            }
+        };
+        let items = to_u32(op, "output groups", groups.unwrap_or(usize::MAX))?;
+        let mut flags = 0;
+        if bias.is_some() {
+            flags |= conv_flags::HAS_BIAS;
+        }
+        match desc.layout {
+            Layout::Nchw if ow.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
+            Layout::Nhwc if oc.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
+            _ => {}
+        }
+        if desc.layout == Layout::Nhwc && desc.multiplier == 1 && desc.channels.is_multiple_of(4) {
+            flags |= conv_flags::IN_VEC;
+        }
+        let p = ConvParams {
+            batch: to_u32(op, "batch", desc.batch)?,
+            channels: to_u32(op, "channels", desc.channels)?,
+            height: to_u32(op, "height", desc.height)?,
+            width: to_u32(op, "width", desc.width)?,
+            mult: to_u32(op, "multiplier", desc.multiplier)?,
+            kh: to_u32(op, "kernel height", desc.kernel_h)?,
+            kw: to_u32(op, "kernel width", desc.kernel_w)?,
+            stride_h: to_u32(op, "stride", desc.stride_h)?,
+            stride_w: to_u32(op, "stride", desc.stride_w)?,
+            dil_h: to_u32(op, "dilation", desc.dilation_h)?,
+            dil_w: to_u32(op, "dilation", desc.dilation_w)?,
+            pad_top: to_u32(op, "padding", desc.pad_top)?,
+            pad_left: to_u32(op, "padding", desc.pad_left)?,
+            out_h: to_u32(op, "output height", oh)?,
+            out_w: to_u32(op, "output width", ow)?,
+            out_c: to_u32(op, "output channels", oc)?,
+            nhwc: (desc.layout == Layout::Nhwc) as u32,
+            flags,
+            act: desc.activation.code(),
+            items,
+        };
+        let grid = self.grid_1d(op, items, cat::WG_1D)?;
+        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
+        let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
+        self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
     }
+
     fn activation(
         &self,
-        _desc: &ActivationDesc,
-        _dtype: DType,
-        _x: &WgpuStorage,
-        _bias: Option<&WgpuStorage>,
-        _out: &WgpuStorage,
+        desc: &ActivationDesc,
+        dtype: DType,
+        x: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        out: &WgpuStorage,
     ) -> Result<()> {
-        Err(todo_err())
+        let op = "activation";
+        let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
+        let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
+        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let bias_buffer = bias.map_or(&self.dummy, |s| &s.buffer);
+        let size = dtype.size_bytes();
+        // Tensors over the storage-binding limit run in chunks, each bound as a window.
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, desc.len, size)? {
+            let len = to_u32(op, "len", count)?;
+            let mut p = ActivationParams {
+                len,
+                act: desc.activation.code(),
+                items: len.div_ceil(4),
+                ..ActivationParams::default()
+            };
+            if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
+                p.bias_len = to_u32(op, "bias length", bl)?.max(1);
+                // Where this chunk starts in the bias row.
+                p.bias_phase = to_u32(op, "bias phase", first % bl.max(1))?;
+                p.flags |= activation_flags::HAS_BIAS;
+                if bl.is_multiple_of(4) {
+                    p.flags |= activation_flags::BIAS_VEC;
+                }
+            }
+            let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
+            let offset = (first * size) as u64;
+            let window = Some((offset, ((count * size) as u64).div_ceil(16) * 16));
+            let mut binds = vec![whole(1, bias_buffer), Bind { slot: 2, buffer: &out.buffer, window }];
+            if !in_place {
+                binds.push(Bind { slot: 0, buffer: &x.buffer, window });
+            }
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
+        }
+        self.record(op, &pipeline, 3, &launches)
     }
-    fn copy(&self, _dtype: DType, _src: &WgpuStorage, _dst: &WgpuStorage, _len: usize) -> Result<()> {
-        Err(todo_err())
+
+    fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {
+        let op = "copy";
+        let size = dtype.size_bytes();
+        let pipeline = self.pipeline(op, Kernel::Copy, ElementStorage::F32, Spec::DEFAULT)?;
+        let mut launches = Vec::new();
+        for (first, count) in self.chunks(op, len, size)? {
+            let bytes = count * size;
+            let words = to_u32(op, "words", bytes / 4)?;
+            let tail_half = (!bytes.is_multiple_of(4)) as u32;
+            let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
+            let p = CopyParams { words, tail_half, items, _pad: 0 };
+            let grid = self.grid_1d(op, items, cat::WG_1D)?;
+            let window = Some(((first * size) as u64, (bytes as u64).div_ceil(16) * 16));
+            let binds =
+                vec![Bind { slot: 0, buffer: &src.buffer, window }, Bind { slot: 1, buffer: &dst.buffer, window }];
+            launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
+        }
+        self.record(op, &pipeline, 2, &launches)
     }
+
+    fn naive_matmul(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &WgpuStorage,
+        b: &WgpuStorage,
+        out: &WgpuStorage,
+    ) -> Result<bool> {
+        let op = "naive_matmul";
+        for (what, s) in [("a", a), ("b", b), ("out", out)] {
+            self.element_count_fits(op, what, s)?;
+        }
+        let params = self.matmul_params(op, desc)?;
+        let gx = div_ceil_u32(params.n, cat::NAIVE_WG);
+        let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
+        let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
+        let pipeline = self.pipeline(op, Kernel::MatmulNaive, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 3, &launches)?;
+        Ok(true)
+    }
+
     fn synchronize(&self) -> Result<()> {
-        Err(todo_err())
+        let index = {
+            let mut pending = self.lock_pending()?;
+            self.submit(&mut pending, None)?
+        };
+        self.wait(index)
     }
 }

@@ -1,0 +1,624 @@
+// Matmul with a fused epilogue:
+//   out = act(alpha * op(A) * op(B) + bias[j] + beta * C)     (see `MatmulDesc`)
+// Two entry points share the parameter block, the loads and the epilogue: `matmul` (tiled,
+// below) and `matmul_small_m` (M <= 4, further down).
+//
+// Design of `matmul` (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels
+// 5-6 and the wgpu/burn matmul shaders):
+// - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 4 WG_Y and
+//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to a
+//   16 x 128 block for 4 < M <= 16, see `MatmulTile` in the catalogue).
+// - Each invocation owns a 4 x 4 register tile (`acc`, four vec4 rows): per k step it reads one
+//   vec4 of A and one vec4 of B from workgroup memory and does 16 FMAs, so workgroup-memory
+//   traffic is 8 floats per 16 FMAs instead of 2 per 1.
+// - The K loop walks BK-deep slabs (16 by default). Each slab of op(A) (BM x BK) and op(B)
+//   (BK x BN) is staged in workgroup memory, stored k-major (`As[k][m]`, `Bs[k][n]`) so the
+//   inner loop reads contiguous vec4s for both operands whatever the transposes.
+// - Global loads are 4 consecutive elements of the *stored* matrix (along its rows), issued
+//   as one vec4 load when the view is 16-byte aligned (offset, batch stride and ld multiples
+//   of 4: the host sets the A_VEC/B_VEC flags) and the 4 elements are inside the matrix;
+//   otherwise 4 guarded scalar loads with zero fill. Zero fill makes every M, N, K correct,
+//   including K = 0 (no slab: the epilogue of zeros).
+// - The slabs are software-pipelined: slab s+1 is loaded into registers while slab s is
+//   multiplied, then stored to workgroup memory (one vec4 per operand per invocation with the
+//   default tile).
+// - Rows of the workgroup arrays are padded by 4 floats (one vec4): it keeps every row 16-byte
+//   aligned for the vec4 reads and shifts the banks of the transposing scalar stores of
+//   row-major A (without it the 4 invocations writing one A row hit the same bank).
+// - The epilogue runs once per output, in registers, and stores a vec4 where the output view
+//   is aligned (O_VEC) and the 4 columns are inside N.
+// - Precision::Bf16 (flag PREC_BF16): A and B values are rounded to bf16 (nearest even, bit
+//   operations) when staged, and the products are summed in f32: an emulation of what tensor
+//   cores do, bit-compatible with the CPU reference's rounding.
+// - Grid: x = column blocks, y = row blocks, z = batches of this launch (the host splits
+//   batches over launches of at most 65535 and passes `batch_base`).
+
+// Invocations per workgroup along N (x) and M (y). 16 x 16 = 256, the WebGPU default maximum
+// invocations per workgroup; part of the pipeline-cache key.
+override WG_X: u32 = 16u;
+override WG_Y: u32 = 16u;
+// Depth of a K slab. 16 keeps both slabs at 16 x 68 floats (8.5 KiB together, under the
+// 16 KiB WebGPU minimum of workgroup storage) while giving 16 FMAs per vec4 pair loaded.
+override BK: u32 = 16u;
+
+// Invocations per workgroup of the small-M kernel: 64 (two 32-wide subgroups), 256 columns.
+override WG_N: u32 = 64u;
+// Rows the small-M kernel computes per invocation (1 to 4): M itself, so a matrix-vector
+// product does no wasted FMAs. A pipeline constant, so the row loops unroll.
+override SM_ROWS: u32 = 4u;
+
+// Register tile per invocation: 4 x 4 (four vec4 accumulators). A `const` because
+// function-scope arrays need a constant size.
+const TM: u32 = 4u;
+const TN: u32 = 4u;
+// Row padding of the workgroup arrays, in vec4s (see above).
+const PAD4: u32 = 1u;
+// Most vec4s of one operand an invocation stages per slab (the register arrays of the
+// software pipeline need a constant size): BM * BK / 4 and BN * BK / 4 divided by the
+// invocations: 1 for the default tile, 4 for the 16 x 128 one (`MatmulTile` checks the bound).
+const MAX_LOADS: u32 = 8u;
+
+const A_VEC: u32 = 1u;
+const B_VEC: u32 = 2u;
+const O_VEC: u32 = 4u;
+const PREC_BF16: u32 = 8u;
+const HAS_BIAS: u32 = 16u;
+const HAS_C: u32 = 32u;
+
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    a_off: u32,
+    a_ld: u32,
+    a_bs: u32,
+    trans_a: u32,
+    b_off: u32,
+    b_ld: u32,
+    b_bs: u32,
+    trans_b: u32,
+    c_off: u32,
+    c_ld: u32,
+    c_bs: u32,
+    bias_off: u32,
+    o_off: u32,
+    o_ld: u32,
+    o_bs: u32,
+    act: u32,
+    alpha: f32,
+    beta: f32,
+    batch_base: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(5) var<uniform> p: MatmulParams;
+
+// Row length of the staged slabs in vec4s: BM / 4 + PAD4 and BN / 4 + PAD4.
+override ROW_A4: u32 = WG_Y * TM / 4u + PAD4;
+override ROW_B4: u32 = WG_X * TN / 4u + PAD4;
+override AS_LEN: u32 = BK * ROW_A4;
+override BS_LEN: u32 = BK * ROW_B4;
+
+var<workgroup> As: array<vec4<f32>, AS_LEN>;
+var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
+
+fn stage(v: f32) -> f32 {
+    if ((p.flags & PREC_BF16) != 0u) {
+        return round_bf16(v);
+    }
+    return v;
+}
+
+// Four consecutive elements of stored A, row `r`, columns `c0..c0+4`, zero outside.
+fn load4_a(base: u32, rows: u32, cols: u32, r: u32, c0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (r >= rows || c0 >= cols) {
+        return v;
+    }
+    let idx = base + r * p.a_ld + c0;
+    if ((p.flags & A_VEC) != 0u && c0 + 4u <= cols) {
+        v = ld4_a(idx >> 2u);
+    } else {
+        for (var j = 0u; j < 4u; j++) {
+            if (c0 + j < cols) {
+                v[j] = ld_a(idx + j);
+            }
+        }
+    }
+    if ((p.flags & PREC_BF16) != 0u) {
+        v = vec4<f32>(round_bf16(v.x), round_bf16(v.y), round_bf16(v.z), round_bf16(v.w));
+    }
+    return v;
+}
+
+fn load4_b(base: u32, rows: u32, cols: u32, r: u32, c0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (r >= rows || c0 >= cols) {
+        return v;
+    }
+    let idx = base + r * p.b_ld + c0;
+    if ((p.flags & B_VEC) != 0u && c0 + 4u <= cols) {
+        v = ld4_b(idx >> 2u);
+    } else {
+        for (var j = 0u; j < 4u; j++) {
+            if (c0 + j < cols) {
+                v[j] = ld_b(idx + j);
+            }
+        }
+    }
+    if ((p.flags & PREC_BF16) != 0u) {
+        v = vec4<f32>(round_bf16(v.x), round_bf16(v.y), round_bf16(v.z), round_bf16(v.w));
+    }
+    return v;
+}
+
+// The v-th vec4 of the stored slab of A starting at k0 (BM x BK of op(A)): stored rows are m
+// and a vec4 runs along k, or (transposed) stored rows are k and a vec4 runs along m.
+fn fetch_a(v: u32, k0: u32, m0: u32, a_base: u32, a_rows: u32, a_cols: u32) -> vec4<f32> {
+    if (p.trans_a == 0u) {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        return load4_a(a_base, a_rows, a_cols, m0 + r, k0 + c);
+    }
+    let r = v / (WG_Y * TM / 4u);
+    let c = (v % (WG_Y * TM / 4u)) * 4u;
+    return load4_a(a_base, a_rows, a_cols, k0 + r, m0 + c);
+}
+
+// Stores what `fetch_a(v, ...)` loaded into As[k][m]: scattered over 4 rows, or one vec4.
+fn put_a(v: u32, x: vec4<f32>) {
+    if (p.trans_a == 0u) {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            As[(c + j) * ROW_A4 + r / 4u][r % 4u] = x[j];
+        }
+    } else {
+        let r = v / (WG_Y * TM / 4u);
+        let c = (v % (WG_Y * TM / 4u)) * 4u;
+        As[r * ROW_A4 + c / 4u] = x;
+    }
+}
+
+// The v-th vec4 of the stored slab of B starting at k0 (BK x BN of op(B)).
+fn fetch_b(v: u32, k0: u32, n0: u32, b_base: u32, b_rows: u32, b_cols: u32) -> vec4<f32> {
+    if (p.trans_b == 0u) {
+        let r = v / (WG_X * TN / 4u);
+        let c = (v % (WG_X * TN / 4u)) * 4u;
+        return load4_b(b_base, b_rows, b_cols, k0 + r, n0 + c);
+    }
+    let r = v / (BK / 4u);
+    let c = (v % (BK / 4u)) * 4u;
+    return load4_b(b_base, b_rows, b_cols, n0 + r, k0 + c);
+}
+
+// Stores what `fetch_b(v, ...)` loaded into Bs[k][n].
+fn put_b(v: u32, x: vec4<f32>) {
+    if (p.trans_b == 0u) {
+        let r = v / (WG_X * TN / 4u);
+        let c = (v % (WG_X * TN / 4u)) * 4u;
+        Bs[r * ROW_B4 + c / 4u] = x;
+    } else {
+        let r = v / (BK / 4u);
+        let c = (v % (BK / 4u)) * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            Bs[(c + j) * ROW_B4 + r / 4u][r % 4u] = x[j];
+        }
+    }
+}
+
+@compute @workgroup_size(WG_X, WG_Y, 1)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let bm = WG_Y * TM;
+    let bn = WG_X * TN;
+    let m0 = wid.y * bm;
+    let n0 = wid.x * bn;
+    let bt = p.batch_base + wid.z;
+    let tx = lid.x;
+    let ty = lid.y;
+    let flat = ty * WG_X + tx;
+    let threads = WG_X * WG_Y;
+
+    let a_base = p.a_off + bt * p.a_bs;
+    let b_base = p.b_off + bt * p.b_bs;
+    // Stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
+    var a_rows = p.m;
+    var a_cols = p.k;
+    if (p.trans_a != 0u) {
+        a_rows = p.k;
+        a_cols = p.m;
+    }
+    var b_rows = p.k;
+    var b_cols = p.n;
+    if (p.trans_b != 0u) {
+        b_rows = p.n;
+        b_cols = p.k;
+    }
+
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < TM; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+
+    // Software pipelining: the next slab's global loads are issued into registers (pa, pb)
+    // before the current slab is multiplied, so their latency hides behind the FMAs; the
+    // registers go to workgroup memory at the top of the next iteration.
+    let na = bm * BK / 4u;
+    let nb = bn * BK / 4u;
+    let la = (na + threads - 1u) / threads;
+    let lb = (nb + threads - 1u) / threads;
+    var pa: array<vec4<f32>, MAX_LOADS>;
+    var pb: array<vec4<f32>, MAX_LOADS>;
+    for (var l = 0u; l < la; l++) {
+        let v = flat + l * threads;
+        if (v < na) {
+            pa[l] = fetch_a(v, 0u, m0, a_base, a_rows, a_cols);
+        }
+    }
+    for (var l = 0u; l < lb; l++) {
+        let v = flat + l * threads;
+        if (v < nb) {
+            pb[l] = fetch_b(v, 0u, n0, b_base, b_rows, b_cols);
+        }
+    }
+
+    let slabs = (p.k + BK - 1u) / BK;
+    for (var s = 0u; s < slabs; s++) {
+        for (var l = 0u; l < la; l++) {
+            let v = flat + l * threads;
+            if (v < na) {
+                put_a(v, pa[l]);
+            }
+        }
+        for (var l = 0u; l < lb; l++) {
+            let v = flat + l * threads;
+            if (v < nb) {
+                put_b(v, pb[l]);
+            }
+        }
+        workgroupBarrier();
+        if (s + 1u < slabs) {
+            let k0 = (s + 1u) * BK;
+            for (var l = 0u; l < la; l++) {
+                let v = flat + l * threads;
+                if (v < na) {
+                    pa[l] = fetch_a(v, k0, m0, a_base, a_rows, a_cols);
+                }
+            }
+            for (var l = 0u; l < lb; l++) {
+                let v = flat + l * threads;
+                if (v < nb) {
+                    pb[l] = fetch_b(v, k0, n0, b_base, b_rows, b_cols);
+                }
+            }
+        }
+        for (var kk = 0u; kk < BK; kk++) {
+            let av = As[kk * ROW_A4 + ty];
+            let bv = Bs[kk * ROW_B4 + tx];
+            acc[0] = fma(vec4<f32>(av.x), bv, acc[0]);
+            acc[1] = fma(vec4<f32>(av.y), bv, acc[1]);
+            acc[2] = fma(vec4<f32>(av.z), bv, acc[2]);
+            acc[3] = fma(vec4<f32>(av.w), bv, acc[3]);
+        }
+        workgroupBarrier();
+    }
+
+    epilogue(acc, m0 + ty * TM, p.m, n0 + tx * TN, bt);
+}
+
+// The small-M kernel (M <= 4: matrix-vector-like products, batch-1 inference). With 4 rows
+// there is nothing to share between invocations (each B element feeds one invocation's 4
+// outputs only), so staging through workgroup memory would cost barriers and buy nothing:
+// each invocation owns an SM_ROWS x 4 output tile (SM_ROWS = M rows x 4 consecutive columns),
+// walks K four at a time, reads an SM_ROWS x 4 block of op(A) (vec4 loads along the stored
+// rows; A is tiny and cached) and a 4 x 4 block of op(B) (vec4 loads along N, coalesced across
+// neighbouring invocations), and does 16 SM_ROWS FMAs per step. No barriers, so any invocation may return early.
+@compute @workgroup_size(WG_N, 1, 1)
+fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let col0 = (wid.x * WG_N + lid.x) * TN;
+    let row0 = wid.y * SM_ROWS;
+    let bt = p.batch_base + wid.z;
+    if (col0 >= p.n) {
+        return;
+    }
+    let a_base = p.a_off + bt * p.a_bs;
+    let b_base = p.b_off + bt * p.b_bs;
+    var a_rows = p.m;
+    var a_cols = p.k;
+    if (p.trans_a != 0u) {
+        a_rows = p.k;
+        a_cols = p.m;
+    }
+    var b_rows = p.k;
+    var b_cols = p.n;
+    if (p.trans_b != 0u) {
+        b_rows = p.n;
+        b_cols = p.k;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < TM; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    for (var k = 0u; k < p.k; k += 4u) {
+        // ab[i] = op(A)[row0 + i][k..k+4], bb[q] = op(B)[k + q][col0..col0+4]; zero outside.
+        var ab: array<vec4<f32>, 4>;
+        var bb: array<vec4<f32>, 4>;
+        if (p.trans_a == 0u) {
+            for (var i = 0u; i < SM_ROWS; i++) {
+                ab[i] = load4_a(a_base, a_rows, a_cols, row0 + i, k);
+            }
+        } else {
+            let c = mat4x4<f32>(load4_a(a_base, a_rows, a_cols, k, row0), load4_a(a_base, a_rows, a_cols, k + 1u, row0),
+                load4_a(a_base, a_rows, a_cols, k + 2u, row0), load4_a(a_base, a_rows, a_cols, k + 3u, row0));
+            let t = transpose(c);
+            for (var i = 0u; i < 4u; i++) {
+                ab[i] = t[i];
+            }
+        }
+        if (p.trans_b == 0u) {
+            for (var q = 0u; q < 4u; q++) {
+                bb[q] = load4_b(b_base, b_rows, b_cols, k + q, col0);
+            }
+        } else {
+            let c = mat4x4<f32>(load4_b(b_base, b_rows, b_cols, col0, k), load4_b(b_base, b_rows, b_cols, col0 + 1u, k),
+                load4_b(b_base, b_rows, b_cols, col0 + 2u, k), load4_b(b_base, b_rows, b_cols, col0 + 3u, k));
+            let t = transpose(c);
+            for (var q = 0u; q < 4u; q++) {
+                bb[q] = t[q];
+            }
+        }
+        for (var i = 0u; i < SM_ROWS; i++) {
+            acc[i] = fma(vec4<f32>(ab[i].x), bb[0], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].y), bb[1], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].z), bb[2], acc[i]);
+            acc[i] = fma(vec4<f32>(ab[i].w), bb[3], acc[i]);
+        }
+    }
+    epilogue(acc, row0, min(p.m, row0 + SM_ROWS), col0, bt);
+}
+
+// The fused epilogue, once per output: rows row0..min(row0 + 4, row_end) and columns
+// col0..col0+4 of batch bt (both kernels). Stores a vec4 where the output view is aligned (O_VEC) and the 4 columns
+// are inside N.
+fn epilogue(acc: array<vec4<f32>, 4>, row0: u32, row_end: u32, col0: u32, bt: u32) {
+    if (col0 >= p.n) {
+        return;
+    }
+    let full = col0 + 4u <= p.n;
+    var bias = vec4<f32>(0.0);
+    if ((p.flags & HAS_BIAS) != 0u) {
+        for (var j = 0u; j < 4u; j++) {
+            if (col0 + j < p.n) {
+                bias[j] = ld_bias(p.bias_off + col0 + j);
+            }
+        }
+    }
+    for (var i = 0u; i < TM; i++) {
+        let row = row0 + i;
+        if (row >= row_end) {
+            break;
+        }
+        var v = p.alpha * acc[i] + bias;
+        if ((p.flags & HAS_C) != 0u) {
+            let cidx = p.c_off + bt * p.c_bs + row * p.c_ld + col0;
+            var cv = vec4<f32>(0.0);
+            for (var j = 0u; j < 4u; j++) {
+                if (col0 + j < p.n) {
+                    cv[j] = ld_c(cidx + j);
+                }
+            }
+            v = v + p.beta * cv;
+        }
+        v = apply_act4(v, p.act);
+        let oidx = p.o_off + bt * p.o_bs + row * p.o_ld + col0;
+        if ((p.flags & O_VEC) != 0u && full) {
+            st4_out(oidx >> 2u, v);
+        } else {
+            for (var j = 0u; j < 4u; j++) {
+                if (col0 + j < p.n) {
+                    st_out(oidx + j, v[j]);
+                }
+            }
+        }
+    }
+}
+
+// ---- BEGIN GENERATED: common.wgsl and the storage prelude (crates/kernels/src/catalogue/wgsl.rs) ----
+// Do not edit: the catalogue replaces this block with the one of the dtype variant it builds;
+// here it holds the f32 variant so that this file is valid WGSL on its own.
+
+// Shared helpers of every tilekit WGSL module. The kernel catalogue
+// (`crates/kernels/src/catalogue/wgsl.rs`) appends this file, followed by the storage prelude
+// it generates for the module's dtype variant (bindings plus `ld_*`/`ld4_*`/`st_*`/`st4_*`
+// accessors), to each kernel file; the kernel files carry the f32 version of that block so
+// that they are valid WGSL on their own.
+//
+// The activations are EXACTLY the formulas of `Activation::apply_f32` in
+// `crates/kernels/src/activation.rs`; the conversions are bit-exact ports of the `half` crate's
+// round-to-nearest-even conversions, done with integer operations because WGSL lets an
+// implementation flush denormals and pick either neighbour when it converts floats.
+
+const ACT_NONE: u32 = 0u;
+const ACT_RELU: u32 = 1u;
+const ACT_RELU6: u32 = 2u;
+const ACT_GELU: u32 = 3u;
+const ACT_GELU_TANH: u32 = 4u;
+
+// NaN test on the bits: WGSL may assume finite math, so `x != x` can be folded away.
+fn is_nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// erfc(z) for z >= 0: the Chebyshev fit of Numerical Recipes 6.2 (`erfcc`), z clamped to 10.
+fn erfc_nonneg(z_in: f32) -> f32 {
+    let z = min(z_in, 10.0);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let p = -1.2655122 + t * (1.0000237 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+        + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+    return t * exp(p - z * z);
+}
+
+// GELU, erf form: 0.5x(2 - erfc(z)) for x >= 0 and 0.5x erfc(z) for x < 0, z = |x|/sqrt(2),
+// so the negative tail never cancels.
+fn gelu_erf(x: f32) -> f32 {
+    let e = erfc_nonneg(abs(x) * 0.70710677);
+    if (x >= 0.0) {
+        return 0.5 * x * (2.0 - e);
+    }
+    return 0.5 * x * e;
+}
+
+// GELU, tanh form, as x * sigmoid(2u): no tanh overflow, no cancellation in the tail.
+fn gelu_tanh(x: f32) -> f32 {
+    let xc = clamp(x, -20.0, 20.0);
+    let u = 0.7978846 * xc * (1.0 + 0.044715 * xc * xc);
+    let t = clamp(-2.0 * u, -88.0, 88.0);
+    return x / (1.0 + exp(t));
+}
+
+fn apply_act(x: f32, act: u32) -> f32 {
+    switch act {
+        case 1u: {
+            // relu propagates NaN, as the reference does.
+            if (x > 0.0 || is_nan_f32(x)) {
+                return x;
+            }
+            return 0.0;
+        }
+        case 2u: {
+            if (is_nan_f32(x)) {
+                return x;
+            }
+            return clamp(x, 0.0, 6.0);
+        }
+        case 3u: {
+            return gelu_erf(x);
+        }
+        case 4u: {
+            return gelu_tanh(x);
+        }
+        default: {
+            return x;
+        }
+    }
+}
+
+fn apply_act4(v: vec4<f32>, act: u32) -> vec4<f32> {
+    if (act == ACT_NONE) {
+        return v;
+    }
+    return vec4<f32>(apply_act(v.x, act), apply_act(v.y, act), apply_act(v.z, act), apply_act(v.w, act));
+}
+
+// bf16 bits (low 16 bits of the result) from an f32, round to nearest even. A NaN stays a NaN
+// with its top payload bits; the quiet bit is set only where truncation would leave no payload,
+// so every bf16 pattern survives a bf16 -> f32 -> bf16 round trip.
+fn bf16_bits_from_f32(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        let hi = x >> 16u;
+        if ((hi & 0x7fu) != 0u) {
+            return hi;
+        }
+        return hi | 0x40u;
+    }
+    let round_bit = 0x8000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) {
+        return (x >> 16u) + 1u;
+    }
+    return x >> 16u;
+}
+
+fn f32_from_bf16_bits(h: u32) -> f32 {
+    return bitcast<f32>((h & 0xffffu) << 16u);
+}
+
+// f16 bits from an f32, round to nearest even, overflow to infinity, subnormals exact
+// (a port of `half`'s `f32_to_f16_fallback`; NaN payloads kept as in `bf16_bits_from_f32`).
+fn f16_bits_from_f32(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let sign = (x >> 16u) & 0x8000u;
+    let ex = x & 0x7f800000u;
+    let man = x & 0x007fffffu;
+    if (ex == 0x7f800000u) {
+        if (man == 0u) {
+            return sign | 0x7c00u;
+        }
+        let payload = man >> 13u;
+        if (payload != 0u) {
+            return sign | 0x7c00u | payload;
+        }
+        return sign | 0x7e00u;
+    }
+    let half_exp = i32(ex >> 23u) - 127 + 15;
+    if (half_exp >= 31) {
+        return sign | 0x7c00u;
+    }
+    if (half_exp <= 0) {
+        if (14 - half_exp > 24) {
+            return sign;
+        }
+        let m = man | 0x00800000u;
+        let shift = u32(14 - half_exp);
+        var half_man = m >> shift;
+        let round_bit = 1u << (shift - 1u);
+        if ((m & round_bit) != 0u && (m & (3u * round_bit - 1u)) != 0u) {
+            half_man = half_man + 1u;
+        }
+        return sign | half_man;
+    }
+    let bits = sign | (u32(half_exp) << 10u) | (man >> 13u);
+    let round_bit = 0x1000u;
+    if ((man & round_bit) != 0u && (man & (3u * round_bit - 1u)) != 0u) {
+        return bits + 1u;
+    }
+    return bits;
+}
+
+// f32 from f16 bits (low 16 bits of `h`), exact, NaN payloads kept (no quieting).
+fn f32_from_f16_bits(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let ex = h & 0x7c00u;
+    let man = h & 0x03ffu;
+    if (ex == 0x7c00u) {
+        return bitcast<f32>(sign | 0x7f800000u | (man << 13u));
+    }
+    if (ex == 0u) {
+        // Zero or subnormal: man * 2^-24 is exact in f32 and a normal number there.
+        let mag = f32(man) * 5.9604645e-8;
+        return bitcast<f32>(sign | bitcast<u32>(mag));
+    }
+    return bitcast<f32>(sign | (((ex >> 10u) + 112u) << 23u) | (man << 13u));
+}
+
+// Rounds an f32 to the nearest bf16 value (ties to even): the `Precision::Bf16` input rounding.
+fn round_bf16(v: f32) -> f32 {
+    return bitcast<f32>(bf16_bits_from_f32(v) << 16u);
+}
+
+// The linear workgroup index of a 1-D launch folded into a 2-D grid (at most 65535 workgroups
+// per dimension).
+fn folded_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}
+
+// Storage prelude: f32 elements.
+@group(0) @binding(0) var<storage, read> a: array<vec4<f32>>;
+fn ld_a(i: u32) -> f32 { return (a[i >> 2u][i & 3u]); }
+fn ld4_a(v: u32) -> vec4<f32> { return (a[v]); }
+@group(0) @binding(1) var<storage, read> b: array<vec4<f32>>;
+fn ld_b(i: u32) -> f32 { return (b[i >> 2u][i & 3u]); }
+fn ld4_b(v: u32) -> vec4<f32> { return (b[v]); }
+@group(0) @binding(2) var<storage, read> bias: array<vec4<f32>>;
+fn ld_bias(i: u32) -> f32 { return (bias[i >> 2u][i & 3u]); }
+fn ld4_bias(v: u32) -> vec4<f32> { return (bias[v]); }
+@group(0) @binding(3) var<storage, read> c: array<vec4<f32>>;
+fn ld_c(i: u32) -> f32 { return (c[i >> 2u][i & 3u]); }
+fn ld4_c(v: u32) -> vec4<f32> { return (c[v]); }
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+fn ld_out(i: u32) -> f32 { return (out[i >> 2u][i & 3u]); }
+fn ld4_out(v: u32) -> vec4<f32> { return (out[v]); }
+fn st_out(i: u32, x: f32) { out[i >> 2u][i & 3u] = x; }
+fn st4_out(v: u32, x: vec4<f32>) { out[v] = x; }
+// ---- END GENERATED ----

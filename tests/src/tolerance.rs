@@ -1,0 +1,135 @@
+//! The tolerance model: one rule, stated once, used by every differential test.
+//!
+//! # The reference
+//! The reference is `tilekit_kernels::reference`, evaluated in `f64` on the inputs *as they are
+//! stored* (each input is rounded to the storage dtype on the host with [`DType::round_f32`],
+//! which rounds to nearest even; never through `half`'s `from_f64`, which truncates first). So
+//! the only differences a correct kernel may show are the roundings of its own `f32`
+//! arithmetic and the one rounding of the result to the storage dtype. Under the bf16-compute
+//! policy ([`tilekit::Precision::Bf16`]) the reference rounds the product inputs to bf16 itself,
+//! exactly as the kernels must; products of two bf16 values are exact in `f32` (8 + 8 significant
+//! bits), so the same bound applies.
+//!
+//! # The bound
+//! For one output element with exact pre-activation value `p` (what the reference computes
+//! before the activation), exact output `r = act(p)`, reduction length `K` and magnitude
+//! `S = |alpha|·Σ|a||b| + |bias| + |beta|·|c|` (the same sum with every term made positive):
+//!
+//! ```text
+//! e_pre = RTOL·|p| + C_ACC·(K + 2)·U_ACC·S                    f32 accumulation and epilogue
+//! e_act = L(act)·e_pre + U_ACC·|r| + [gelu_error_bound(p, r)]  the activation's own error
+//! bound = atol(dtype) + e_act + u(dtype)·(|r| + e_act)          one rounding to the storage dtype
+//! ```
+//!
+//! - `U_ACC = 2⁻²⁴`: every kernel accumulates in `f32` whatever the storage dtype.
+//! - `C_ACC = 2`: a recursive `f32` sum of `K` products is within `γ_K·Σ|a||b|` of the exact
+//!   value (`γ_K = K·u/(1 − K·u)`, Higham, *Accuracy and Stability of Numerical Algorithms*
+//!   §3.1); the `+ 2` covers rounding each product and the scaling by `alpha`, and the factor 2
+//!   covers `1/(1 − K·u)` and the worst case of a blocked or split-K order (partial sums added
+//!   in a tree or in a different order have the same first-order bound). Typical errors grow
+//!   like `√K·u`, so a correct kernel sits far inside this; a wrong index or a lost term does
+//!   not, because the inputs are of order 1 and such a bug moves the result by order 1.
+//! - `RTOL = 4·U_ACC`: the epilogue rounds up to four times in `f32` (`alpha·acc`, `+ bias`,
+//!   `+ beta·c`, and the activation's input).
+//! - `L(act)`: the Lipschitz constant of the activation, which carries the pre-activation error
+//!   through it: 1 for none/relu/relu6; 1.13 for both GELU forms (the largest slope of
+//!   `x·Φ(x)` is 1.129 at x ≈ 2.42, and the tanh form stays within 1.13 as well).
+//! - `gelu_error_bound`: the documented accuracy promise of the `f32` GELU formulas
+//!   (`tilekit_kernels::activation`), added for the GELU forms only; `U_ACC·|r|` is the
+//!   rounding of the activation's `f32` result.
+//! - `u(dtype)`: the unit roundoff of the storage dtype (2⁻²⁴, 2⁻¹¹, 2⁻⁸), the one rounding to
+//!   nearest even when the result is stored. `(|r| + e_act)` bounds the magnitude of the value
+//!   being rounded.
+//! - `atol(dtype)`: half the spacing of the storage dtype's subnormals for f16 (2⁻²⁵: relative
+//!   rounding does not hold below the normal range), and `f32`'s smallest normal (2⁻¹²⁶) for
+//!   f32 and bf16, so a backend that flushes `f32` subnormals to zero (WGSL may) still passes.
+//!
+//! # Non-finite values
+//! A NaN reference needs a NaN result. An infinite result is right only where the exact value,
+//! pushed outwards by the bound, overflows the storage dtype (f16 results above 65504 become
+//! ±Inf, as IEEE rounding says); otherwise results must be finite and within the bound.
+
+use tilekit::{Activation, DType};
+use tilekit_kernels::activation::gelu_error_bound;
+
+/// Unit roundoff of the `f32` accumulator (2⁻²⁴).
+pub const U_ACC: f64 = 5.960_464_477_539_063e-8;
+/// Coefficient of the accumulation term `C_ACC·(K + 2)·U_ACC·S`; see the module docs.
+pub const C_ACC: f64 = 2.0;
+/// Relative error of the `f32` epilogue (four roundings).
+pub const RTOL: f64 = 4.0 * U_ACC;
+
+/// Absolute floor of the bound for results stored in `dtype`; see the module docs.
+pub fn atol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-25),
+        DType::F32 | DType::Bf16 => 2f64.powi(-126),
+    }
+}
+
+/// Lipschitz constant of an activation: how much it can amplify an error in its input.
+pub fn lipschitz(act: Activation) -> f64 {
+    match act {
+        Activation::Gelu | Activation::GeluTanh => 1.13,
+        _ => 1.0,
+    }
+}
+
+/// The largest allowed `|got − r|` for one output element; see the module docs.
+///
+/// `k` is the reduction length (0 for an elementwise op), `magnitude` the sum of the absolute
+/// values of every term (`S`), `pre` the exact pre-activation value and `reference` the exact
+/// output `act(pre)`.
+pub fn bound(dtype: DType, act: Activation, k: usize, magnitude: f64, pre: f64, reference: f64) -> f64 {
+    let e_pre = RTOL * pre.abs() + C_ACC * (k as f64 + 2.0) * U_ACC * magnitude;
+    let mut e_act = lipschitz(act) * e_pre + U_ACC * reference.abs();
+    if matches!(act, Activation::Gelu | Activation::GeluTanh) {
+        e_act += gelu_error_bound(pre, reference);
+    }
+    atol(dtype) + e_act + dtype.unit_roundoff() * (reference.abs() + e_act)
+}
+
+/// Whether `got` (a stored result widened to `f32`) is acceptable for the exact value
+/// `reference` under `bound`; see "Non-finite values" in the module docs.
+pub fn accepts(dtype: DType, got: f32, reference: f64, bound: f64) -> bool {
+    if reference.is_nan() {
+        return got.is_nan();
+    }
+    if got.is_nan() {
+        return false;
+    }
+    if got.is_infinite() {
+        // The value furthest out in got's direction that the bound allows, rounded as the
+        // kernel rounds it: Inf is right only if that overflows the storage dtype.
+        let furthest = reference + bound.copysign(got as f64);
+        return dtype.round_f32(furthest as f32) == got;
+    }
+    if reference.is_infinite() {
+        return false;
+    }
+    (got as f64 - reference).abs() <= bound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_overflow_is_accepted_only_past_the_threshold() {
+        // 65520 is the first value that rounds to +Inf in f16.
+        assert!(accepts(DType::F16, f32::INFINITY, 70000.0, 1.0));
+        assert!(!accepts(DType::F16, f32::INFINITY, 65000.0, 1.0));
+        assert!(accepts(DType::F16, 65504.0, 65504.0, 1.0));
+        assert!(!accepts(DType::F16, 65504.0, 70000.0, 1.0));
+        assert!(accepts(DType::F32, f32::NAN, f64::NAN, 0.0));
+        assert!(!accepts(DType::F32, 0.0, f64::NAN, 1.0));
+    }
+
+    #[test]
+    fn bound_grows_with_k_and_storage_precision() {
+        let b1 = bound(DType::F32, Activation::None, 10, 1.0, 1.0, 1.0);
+        let b2 = bound(DType::F32, Activation::None, 1000, 1.0, 1.0, 1.0);
+        assert!(b2 > b1);
+        assert!(bound(DType::Bf16, Activation::None, 10, 1.0, 1.0, 1.0) > 2f64.powi(-8));
+    }
+}

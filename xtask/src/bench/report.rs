@@ -1,0 +1,242 @@
+//! The bench's output: one terminal row per case as it finishes, then JSON and CSV files.
+
+use super::cases::Case;
+use super::check::CheckResult;
+use super::measure::Stats;
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::SystemTime;
+use tilekit::{DType, Device};
+
+/// A reference timed in the same run, and how tilekit compares.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reference {
+    pub name: &'static str,
+    pub stats: Option<Stats>,
+    /// Reference median / tilekit median: above 1, tilekit is faster.
+    pub speedup: Option<f64>,
+}
+
+impl Reference {
+    pub fn new(name: &'static str, stats: Option<Stats>) -> Reference {
+        Reference { name, stats, speedup: None }
+    }
+}
+
+/// One case on one device in one dtype.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub suite: &'static str,
+    pub op: &'static str,
+    pub shape: String,
+    pub dtype: &'static str,
+    pub backend: &'static str,
+    pub device: String,
+    pub check: Option<CheckResult>,
+    pub error: Option<String>,
+    pub stats: Option<Stats>,
+    pub flops: Option<f64>,
+    pub bytes: f64,
+    pub gflops: Option<f64>,
+    pub gbps: Option<f64>,
+    /// The copy kernel over the op's bytes: (its stats, the bytes it moved).
+    #[serde(skip)]
+    pub copy: Option<(Stats, f64)>,
+    pub copy_gbps: Option<f64>,
+    /// Achieved bytes/s over the copy kernel's bytes/s.
+    pub roof_fraction: Option<f64>,
+    pub references: Vec<Reference>,
+}
+
+impl Row {
+    pub fn new(suite: &'static str, case: &Case, dtype: DType, dev: &Device) -> Row {
+        Row {
+            suite,
+            op: case.op(),
+            shape: case.shape(),
+            dtype: dtype.name(),
+            backend: dev.kind().name(),
+            device: dev.description(),
+            check: None,
+            error: None,
+            stats: None,
+            flops: case.flops(),
+            bytes: case.bytes(dtype),
+            gflops: None,
+            gbps: None,
+            copy: None,
+            copy_gbps: None,
+            roof_fraction: None,
+            references: Vec::new(),
+        }
+    }
+
+    /// Fills in the derived figures once the timings are in.
+    pub fn finish(&mut self) {
+        let Some(s) = self.stats else { return };
+        self.gflops = self.flops.map(|f| f / s.median_s / 1e9);
+        self.gbps = Some(self.bytes / s.median_s / 1e9);
+        if let Some((c, bytes)) = self.copy {
+            let copy_gbps = bytes / c.median_s / 1e9;
+            self.copy_gbps = Some(copy_gbps);
+            self.roof_fraction = self.gbps.map(|g| g / copy_gbps);
+        }
+        for r in &mut self.references {
+            r.speedup = r.stats.map(|rs| rs.median_s / s.median_s);
+        }
+    }
+
+    pub fn push_ref(&mut self, r: Reference) {
+        self.references.push(r);
+    }
+
+    /// Whether the case ran and matched the reference.
+    pub fn passed(&self) -> bool {
+        self.error.is_none() && self.check.as_ref().is_some_and(|c| c.ok)
+    }
+
+    fn speedup(&self, name: &str) -> String {
+        match self.references.iter().find(|r| r.name == name) {
+            Some(Reference { speedup: Some(x), .. }) => format!("{x:.2}x"),
+            Some(_) => "err".into(),
+            None => "-".into(),
+        }
+    }
+}
+
+/// What a results file says about the run as a whole.
+#[derive(Debug, Serialize)]
+pub struct Meta {
+    pub tool: &'static str,
+    pub unix_time: u64,
+    pub quick: bool,
+    pub host_threads: usize,
+    pub devices: Vec<String>,
+    pub notes: &'static str,
+}
+
+impl Meta {
+    pub fn new(quick: bool, devices: &[Device], started: SystemTime) -> Meta {
+        Meta {
+            tool: "cargo xtask bench",
+            unix_time: started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            quick,
+            host_threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            devices: devices.iter().map(|d| format!("{}: {}", d.kind(), d.description())).collect(),
+            notes: "times are wall-clock seconds per call including a device synchronisation; \
+                    speedup = reference median / tilekit median; roof_fraction = achieved bytes/s \
+                    over the device copy kernel's bytes/s at the same traffic",
+        }
+    }
+}
+
+pub fn print_legend() {
+    println!(
+        "Times are medians of wall-clock runs ending in a device sync. GB/s counts the least traffic \
+         (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
+         traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
+         gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
+         device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only)."
+    );
+}
+
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms           GFLOP/s     GB/s   roof   vs gemm   vs cpu  vs naive  vs f64-ref";
+
+pub fn print_header() {
+    println!("{HEADER}");
+}
+
+/// Prints a row as soon as its case has been measured (it doubles as progress).
+pub fn print_row(row: &Row) {
+    let mut line = format!("{:<11} {:<11} {:<27} {:<6}", row.suite, row.op, row.shape, row.dtype);
+    let Some(s) = row.stats else {
+        let why = match (&row.error, &row.check) {
+            (Some(e), _) => format!("ERROR  {e}"),
+            (None, Some(c)) => {
+                format!("FAILED vs f64 reference ({}): {}", c.against, c.first_failure.as_deref().unwrap_or("?"))
+            }
+            (None, None) => "not run".into(),
+        };
+        println!("{line} {why}");
+        return;
+    };
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
+    let _ = write!(
+        line,
+        " ok     {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>7}  {:>5}  {:>8}  {:>7}  {:>8}  {:>10}",
+        s.median_s * 1e3,
+        s.min_s * 1e3,
+        s.max_s * 1e3,
+        opt(row.gflops, 2),
+        opt(row.gbps, 2),
+        row.roof_fraction.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)),
+        row.speedup("gemm"),
+        row.speedup("cpu"),
+        row.speedup("naive"),
+        row.speedup("f64-ref"),
+    );
+    println!("{line}");
+}
+
+#[derive(Serialize)]
+struct File<'a> {
+    meta: &'a Meta,
+    rows: &'a [Row],
+}
+
+/// Writes `path` (JSON) and the same rows as CSV next to it.
+pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(&File { meta, rows })?;
+    std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    let csv_path = path.with_extension("csv");
+    std::fs::write(&csv_path, csv(rows)).with_context(|| format!("writing {}", csv_path.display()))
+}
+
+fn csv(rows: &[Row]) -> String {
+    let refs = ["gemm", "cpu", "naive", "f64-ref"];
+    let mut out = String::from(
+        "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,gflops,gbps,copy_gbps,roof_fraction",
+    );
+    for r in refs {
+        let _ = write!(out, ",{r}_median_ms,{r}_speedup");
+    }
+    out.push('\n');
+    let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.6}"));
+    for row in rows {
+        let s = row.stats;
+        let _ = write!(
+            out,
+            "{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},{}",
+            row.suite,
+            row.op,
+            row.shape,
+            row.dtype,
+            row.backend,
+            row.passed(),
+            f(s.map(|s| s.median_s * 1e3)),
+            f(s.map(|s| s.min_s * 1e3)),
+            f(s.map(|s| s.max_s * 1e3)),
+            s.map_or(0, |s| s.runs),
+            f(row.gflops),
+            f(row.gbps),
+            f(row.copy_gbps),
+            f(row.roof_fraction),
+        );
+        for name in refs {
+            let r = row.references.iter().find(|r| r.name == name);
+            let _ = write!(
+                out,
+                ",{},{}",
+                f(r.and_then(|r| r.stats).map(|s| s.median_s * 1e3)),
+                f(r.and_then(|r| r.speedup))
+            );
+        }
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,135 @@
+//! A case's data on the host and on a device, and the op call the bench times.
+
+use super::cases::{Case, conv_desc, matmul_desc};
+use anyhow::{Context, Result};
+use tilekit::{Conv2dOptions, DType, Device, Tensor};
+
+/// A deterministic generator (64-bit LCG, Knuth's constants): the bench needs reproducible
+/// inputs, not good randomness, and this keeps a dependency out.
+#[derive(Debug)]
+struct Lcg(u64);
+
+impl Lcg {
+    /// Uniform in `[-scale, scale)`.
+    fn next(&mut self, scale: f32) -> f32 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let unit = (self.0 >> 40) as f32 / (1u64 << 24) as f32; // [0, 1), 24 random bits
+        (2.0 * unit - 1.0) * scale
+    }
+}
+
+/// The host copy of a case's inputs, already rounded to the storage dtype (so the references
+/// see exactly the values the kernels read).
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// `(shape, data)` per input: matmul `[a, b, bias?]`, conv `[input, weight, bias]`,
+    /// activation `[x, bias?]`.
+    pub inputs: Vec<(Vec<usize>, Vec<f32>)>,
+    /// The output's shape.
+    pub out_shape: Vec<usize>,
+}
+
+impl Host {
+    pub fn new(case: &Case, dtype: DType) -> Host {
+        let mut rng = Lcg(0x7111_e41d);
+        let mut random = |shape: Vec<usize>, scale: f32| {
+            let n = shape.iter().product();
+            let data = (0..n).map(|_| dtype.round_f32(rng.next(scale))).collect();
+            (shape, data)
+        };
+        match *case {
+            Case::Matmul { m, n, k, bias, .. } => {
+                let mut inputs = vec![random(vec![m, k], 1.0), random(vec![k, n], 1.0)];
+                if bias {
+                    inputs.push(random(vec![n], 1.0));
+                }
+                Host { inputs, out_shape: vec![m, n] }
+            }
+            Case::Conv { batch, channels, size, stride, layout } => {
+                let d = conv_desc(batch, channels, size, stride, layout);
+                let inputs = vec![
+                    random(d.input_shape().to_vec(), 1.0),
+                    random(d.weight_shape().to_vec(), 1.0),
+                    random(vec![d.out_channels()], 1.0),
+                ];
+                Host { inputs, out_shape: d.output_shape().to_vec() }
+            }
+            Case::Activation { rows, cols, bias, .. } => {
+                // [-5, 5] reaches GELU's tails, where the formulas differ most.
+                let mut inputs = vec![random(vec![rows, cols], 5.0)];
+                if bias {
+                    inputs.push(random(vec![cols], 1.0));
+                }
+                Host { inputs, out_shape: vec![rows, cols] }
+            }
+        }
+    }
+}
+
+/// A case's tensors on one device, ready to run again and again.
+#[derive(Debug)]
+pub struct Bound {
+    pub device: Device,
+    case: Case,
+    inputs: Vec<Tensor>,
+    out: Tensor,
+}
+
+impl Bound {
+    pub fn new(device: &Device, case: &Case, dtype: DType, host: &Host) -> Result<Bound> {
+        let inputs = host
+            .inputs
+            .iter()
+            .map(|(shape, data)| device.tensor_from_f32(shape, dtype, data))
+            .collect::<tilekit::Result<Vec<_>>>()
+            .context("uploading the inputs")?;
+        let out = device.zeros(&host.out_shape, dtype).context("allocating the output")?;
+        Ok(Bound { device: device.clone(), case: case.clone(), inputs, out })
+    }
+
+    /// Queues the op (into the preallocated output, so nothing is allocated per run).
+    pub fn run(&self) -> Result<()> {
+        let dev = &self.device;
+        match &self.case {
+            &Case::Matmul { m, n, k, bias, activation } => {
+                let desc = matmul_desc(m, n, k, bias, activation);
+                dev.matmul_into(&desc, &self.inputs[0], &self.inputs[1], self.inputs.get(2), None, &self.out)?;
+            }
+            &Case::Conv { batch, channels, size, stride, layout } => {
+                let d = conv_desc(batch, channels, size, stride, layout);
+                let opts = Conv2dOptions {
+                    stride: [d.stride_h, d.stride_w],
+                    padding: [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right],
+                    dilation: [d.dilation_h, d.dilation_w],
+                    layout: d.layout,
+                    activation: d.activation,
+                };
+                dev.depthwise_conv2d_into(&self.inputs[0], &self.inputs[1], self.inputs.get(2), &opts, &self.out)?;
+            }
+            Case::Activation { activation, .. } => {
+                dev.activation_into(&self.inputs[0], self.inputs.get(1), *activation, &self.out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the op and waits for it: one timed sample.
+    pub fn run_synced(&self) -> Result<()> {
+        self.run()?;
+        self.device.synchronize()?;
+        Ok(())
+    }
+
+    /// The output, widened to f32.
+    pub fn output(&self) -> Result<Vec<f32>> {
+        Ok(self.out.to_f32_vec()?)
+    }
+
+    /// The `A` and `B` tensors of a matmul case (for the naive-kernel reference).
+    pub fn matmul_operands(&self) -> Option<(&Tensor, &Tensor)> {
+        match self.case {
+            Case::Matmul { .. } => Some((&self.inputs[0], &self.inputs[1])),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! `cargo xtask run`: one op on `.npy` files.
+//!
+//! This command line is a contract (issue 2): scripts in other languages call it to check
+//! tilekit against their own framework, so flags are only ever added, never renamed.
+//!
+//! ```text
+//! cargo xtask run matmul --a A.npy --b B.npy [--bias BIAS.npy] [--c C.npy] [--alpha F] [--beta F]
+//!     [--transpose-a] [--transpose-b] [--activation none|relu|relu6|gelu|gelu-tanh]
+//!     [--dtype f32|f16|bf16] [--backend auto|cpu|wgpu|cuda] --out OUT.npy
+//! cargo xtask run depthwise-conv2d --input X.npy --weight W.npy [--bias B.npy] [--stride SH,SW]
+//!     [--padding TOP,BOTTOM,LEFT,RIGHT] [--dilation DH,DW] [--layout nchw|nhwc] [--activation ...]
+//!     [--dtype ...] [--backend ...] --out Y.npy
+//! cargo xtask run activation --input X.npy [--bias B.npy] --activation ... [--dtype ...]
+//!     [--backend ...] --out Y.npy
+//! ```
+//!
+//! Inputs are C-order float32 (or float16) arrays; `--dtype` is the storage precision on the
+//! device (inputs are rounded to nearest even); the output is always float32.
+
+use crate::npy;
+use anyhow::{Context, Result};
+use clap::{Args as ClapArgs, Subcommand};
+use std::path::{Path, PathBuf};
+use tilekit::{Activation, BackendKind, Conv2dOptions, DType, Device, Layout, MatmulOptions, Tensor};
+
+/// Arguments of `cargo xtask run`.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    op: Op,
+}
+
+#[derive(Subcommand, Debug)]
+enum Op {
+    /// out = act(alpha · op(A) · op(B) + bias + beta · C).
+    Matmul(MatmulArgs),
+    /// Depthwise 2-D convolution with optional bias and fused activation.
+    #[command(name = "depthwise-conv2d")]
+    DepthwiseConv2d(ConvArgs),
+    /// out = act(x + bias), the bias broadcast along the last dimension.
+    Activation(ActivationArgs),
+}
+
+/// The flags every op shares.
+#[derive(ClapArgs, Debug)]
+struct Common {
+    /// Storage precision on the device: f32, f16 or bf16 (inputs are rounded to nearest even).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Backend: auto (the probe of `Device::auto`, honouring TILEKIT_BACKEND), cpu, wgpu or cuda.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Where to write the result (float32 .npy).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(ClapArgs, Debug)]
+struct MatmulArgs {
+    /// A: [M, K] or [batch, M, K] ([K, M] / [batch, K, M] with --transpose-a).
+    #[arg(long)]
+    a: PathBuf,
+    /// B: [K, N] or [batch, K, N] ([N, K] / [batch, N, K] with --transpose-b).
+    #[arg(long)]
+    b: PathBuf,
+    /// A bias of N elements, added to every row.
+    #[arg(long)]
+    bias: Option<PathBuf>,
+    /// A residual C: [M, N] or [batch, M, N].
+    #[arg(long)]
+    c: Option<PathBuf>,
+    /// Scale of the product.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    alpha: f32,
+    /// Scale of the residual C.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    beta: f32,
+    /// A is stored transposed.
+    #[arg(long)]
+    transpose_a: bool,
+    /// B is stored transposed.
+    #[arg(long)]
+    transpose_b: bool,
+    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    #[arg(long, default_value = "none", value_parser = parse_activation)]
+    activation: Activation,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(ClapArgs, Debug)]
+struct ConvArgs {
+    /// Input: [N, C, H, W] (nchw) or [N, H, W, C] (nhwc).
+    #[arg(long)]
+    input: PathBuf,
+    /// Weight: [C·m, 1, kh, kw] in both layouts (m is the channel multiplier).
+    #[arg(long)]
+    weight: PathBuf,
+    /// A bias of C·m elements.
+    #[arg(long)]
+    bias: Option<PathBuf>,
+    /// Stride SH,SW (one number sets both).
+    #[arg(long, default_value = "1,1", value_parser = parse_pair)]
+    stride: [usize; 2],
+    /// Zero padding TOP,BOTTOM,LEFT,RIGHT (one number sets all four).
+    #[arg(long, default_value = "0,0,0,0", value_parser = parse_quad)]
+    padding: [usize; 4],
+    /// Dilation DH,DW (one number sets both).
+    #[arg(long, default_value = "1,1", value_parser = parse_pair)]
+    dilation: [usize; 2],
+    /// nchw or nhwc (the output has the input's layout).
+    #[arg(long, default_value = "nchw", value_parser = parse_layout)]
+    layout: Layout,
+    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    #[arg(long, default_value = "none", value_parser = parse_activation)]
+    activation: Activation,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(ClapArgs, Debug)]
+struct ActivationArgs {
+    /// Input of any shape.
+    #[arg(long)]
+    input: PathBuf,
+    /// A bias as long as the input's last dimension.
+    #[arg(long)]
+    bias: Option<PathBuf>,
+    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    #[arg(long, value_parser = parse_activation)]
+    activation: Activation,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    DType::parse(s).ok_or_else(|| format!("unknown dtype {s:?} (expected f32, f16 or bf16)"))
+}
+
+fn parse_activation(s: &str) -> Result<Activation, String> {
+    Activation::parse(s)
+        .ok_or_else(|| format!("unknown activation {s:?} (expected none, relu, relu6, gelu, gelu-tanh)"))
+}
+
+fn parse_layout(s: &str) -> Result<Layout, String> {
+    Layout::parse(s).ok_or_else(|| format!("unknown layout {s:?} (expected nchw or nhwc)"))
+}
+
+/// Comma-separated non-negative integers; a single number is repeated `N` times.
+fn parse_list<const N: usize>(s: &str) -> Result<[usize; N], String> {
+    let parts: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|_| format!("{p:?} in {s:?} is not a non-negative integer")))
+        .collect::<Result<_, _>>()?;
+    match parts.len() {
+        1 => Ok([parts[0]; N]),
+        n if n == N => {
+            let mut out = [0; N];
+            out.copy_from_slice(&parts);
+            Ok(out)
+        }
+        n => Err(format!("{s:?} has {n} numbers; expected {N} (or one for all)")),
+    }
+}
+
+fn parse_pair(s: &str) -> Result<[usize; 2], String> {
+    parse_list::<2>(s)
+}
+
+fn parse_quad(s: &str) -> Result<[usize; 4], String> {
+    parse_list::<4>(s)
+}
+
+/// The device `--backend` names, ready for `dtype`.
+fn device(backend: &str, dtype: DType) -> Result<Device> {
+    let dev = match BackendKind::parse(backend)? {
+        None => Device::auto()?,
+        Some(kind) => Device::with_backend(kind)?,
+    };
+    dev.check_dtype(dtype).with_context(|| format!("--dtype {dtype} on the {} backend", dev.kind()))?;
+    Ok(dev)
+}
+
+/// Reads `path` and uploads it in `dtype`.
+fn load(dev: &Device, dtype: DType, flag: &str, path: &Path) -> Result<Tensor> {
+    let arr = npy::read(path).with_context(|| format!("--{flag}"))?;
+    dev.tensor_from_f32(&arr.shape, dtype, &arr.data).with_context(|| format!("--{flag} {}", path.display()))
+}
+
+fn load_opt(dev: &Device, dtype: DType, flag: &str, path: Option<&PathBuf>) -> Result<Option<Tensor>> {
+    path.map(|p| load(dev, dtype, flag, p)).transpose()
+}
+
+fn save(out: &Path, t: &Tensor) -> Result<()> {
+    let data = t.to_f32_vec().context("reading the result back")?;
+    npy::write(out, t.shape(), &data)
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.op {
+        Op::Matmul(a) => {
+            let c = &a.common;
+            let dev = device(&c.backend, c.dtype)?;
+            let ta = load(&dev, c.dtype, "a", &a.a)?;
+            let tb = load(&dev, c.dtype, "b", &a.b)?;
+            let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
+            let cc = load_opt(&dev, c.dtype, "c", a.c.as_ref())?;
+            let opts = MatmulOptions {
+                trans_a: a.transpose_a,
+                trans_b: a.transpose_b,
+                alpha: a.alpha,
+                beta: a.beta,
+                bias: bias.as_ref(),
+                c: cc.as_ref(),
+                activation: a.activation,
+                ..MatmulOptions::default()
+            };
+            let y = dev.matmul(&ta, &tb, &opts)?;
+            save(&c.out, &y)
+        }
+        Op::DepthwiseConv2d(a) => {
+            let c = &a.common;
+            let dev = device(&c.backend, c.dtype)?;
+            let x = load(&dev, c.dtype, "input", &a.input)?;
+            let w = load(&dev, c.dtype, "weight", &a.weight)?;
+            let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
+            let opts = Conv2dOptions {
+                stride: a.stride,
+                padding: a.padding,
+                dilation: a.dilation,
+                layout: a.layout,
+                activation: a.activation,
+            };
+            let y = dev.depthwise_conv2d(&x, &w, bias.as_ref(), &opts)?;
+            save(&c.out, &y)
+        }
+        Op::Activation(a) => {
+            let c = &a.common;
+            let dev = device(&c.backend, c.dtype)?;
+            let x = load(&dev, c.dtype, "input", &a.input)?;
+            let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
+            let y = dev.activation(&x, bias.as_ref(), a.activation)?;
+            save(&c.out, &y)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        op: Op,
+    }
+
+    /// A scratch folder in the temp dir, unique per process and test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tilekit-xtask-run-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn cli(args: &[&str]) -> Result<()> {
+        let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))?;
+        run(Args { op: cli.op })
+    }
+
+    #[test]
+    fn matmul_end_to_end_with_epilogue() {
+        let d = scratch("matmul");
+        let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+        // A stored transposed: [K=3, M=2]; B [K=3, N=2].
+        npy::write(Path::new(&p("a.npy")), &[3, 2], &[1., 4., 2., 5., 3., 6.]).unwrap();
+        npy::write(Path::new(&p("b.npy")), &[3, 2], &[1., 0., 0., 1., 1., -1.]).unwrap();
+        npy::write(Path::new(&p("bias.npy")), &[2], &[0.5, -10.]).unwrap();
+        npy::write(Path::new(&p("c.npy")), &[2, 2], &[1., 1., 1., 1.]).unwrap();
+        let args = [
+            "matmul",
+            "--a",
+            &p("a.npy"),
+            "--b",
+            &p("b.npy"),
+            "--bias",
+            &p("bias.npy"),
+            "--c",
+            &p("c.npy"),
+            "--alpha",
+            "2",
+            "--beta",
+            "-1",
+            "--transpose-a",
+            "--activation",
+            "relu",
+            "--backend",
+            "cpu",
+            "--out",
+            &p("y.npy"),
+        ];
+        cli(&args).unwrap();
+        let y = npy::read(Path::new(&p("y.npy"))).unwrap();
+        // op(A) = [[1,2,3],[4,5,6]]; op(A)·B = [[4,-1],[10,-1]]; ·2 + bias - 1, then relu.
+        assert_eq!(y.shape, vec![2, 2]);
+        assert_eq!(y.data, vec![7.5, 0.0, 19.5, 0.0]);
+    }
+
+    #[test]
+    fn conv_and_activation_end_to_end() {
+        let d = scratch("conv");
+        let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+        let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        npy::write(Path::new(&p("x.npy")), &[1, 1, 4, 4], &x).unwrap();
+        npy::write(Path::new(&p("w.npy")), &[1, 1, 2, 2], &[1., 1., 1., 1.]).unwrap();
+        let conv = ["depthwise-conv2d", "--input", &p("x.npy"), "--weight", &p("w.npy"), "--stride", "2,2"];
+        cli(&[&conv[..], &["--backend", "cpu", "--dtype", "bf16", "--out", &p("y.npy")]].concat()).unwrap();
+        let y = npy::read(Path::new(&p("y.npy"))).unwrap();
+        assert_eq!(y.shape, vec![1, 1, 2, 2]);
+        assert_eq!(y.data, vec![10., 18., 42., 50.]);
+
+        npy::write(Path::new(&p("v.npy")), &[2, 2], &[-1., 2., 3., -4.]).unwrap();
+        npy::write(Path::new(&p("bias.npy")), &[2], &[0., 5.]).unwrap();
+        let act = ["activation", "--input", &p("v.npy"), "--bias", &p("bias.npy"), "--activation", "relu6"];
+        cli(&[&act[..], &["--backend", "cpu", "--out", &p("z.npy")]].concat()).unwrap();
+        assert_eq!(npy::read(Path::new(&p("z.npy"))).unwrap().data, vec![0., 6., 3., 1.]);
+    }
+
+    #[test]
+    fn errors_are_one_line_messages() {
+        let d = scratch("errors");
+        let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+        npy::write(Path::new(&p("a.npy")), &[2, 3], &[0.0; 6]).unwrap();
+        npy::write(Path::new(&p("b.npy")), &[2, 2], &[0.0; 4]).unwrap();
+        std::fs::write(p("bad.npy"), b"\x93NUMPY garbage").unwrap();
+        let cases: Vec<Vec<String>> = vec![
+            // K mismatch.
+            vec!["matmul", "--a", &p("a.npy"), "--b", &p("b.npy")],
+            // Missing and malformed files.
+            vec!["matmul", "--a", &p("missing.npy"), "--b", &p("b.npy")],
+            vec!["activation", "--input", &p("bad.npy"), "--activation", "gelu"],
+            // Bad conv parameters.
+            vec!["depthwise-conv2d", "--input", &p("a.npy"), "--weight", &p("b.npy")],
+            vec!["depthwise-conv2d", "--input", &p("a.npy"), "--weight", &p("b.npy"), "--stride", "1,2,3"],
+            // Unknown names.
+            vec!["activation", "--input", &p("a.npy"), "--activation", "swish"],
+            vec!["activation", "--input", &p("a.npy"), "--activation", "gelu", "--backend", "tpu"],
+            vec!["activation", "--input", &p("a.npy"), "--activation", "gelu", "--dtype", "f8"],
+        ]
+        .into_iter()
+        .map(|v| v.into_iter().map(String::from).collect())
+        .collect();
+        for case in cases {
+            let mut args: Vec<&str> = case.iter().map(String::as_str).collect();
+            let out = p("out.npy");
+            args.extend(["--out", &out]);
+            if !args.contains(&"--backend") {
+                args.extend(["--backend", "cpu"]);
+            }
+            let err = cli(&args).expect_err("must fail");
+            // Usage errors are clap's own (with a hint line); everything else is one line.
+            if err.downcast_ref::<clap::Error>().is_none() {
+                let msg = format!("{err:#}");
+                assert!(!msg.contains('\n'), "{args:?}: {msg}");
+            }
+        }
+    }
+}
