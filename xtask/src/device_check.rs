@@ -14,8 +14,9 @@
 //! `run.sh` runs, each step under its own time limit so the whole stays inside ten minutes:
 //! 1. `tilekit-cuda-device check`: every CUDA op, dtype and kernel variant on edge shapes
 //!    against the native CPU backend (`results/check.json`);
-//! 2. every test binary with `TILEKIT_BACKEND=cuda`, then with `TILEKIT_BACKEND=wgpu` (Vulkan on
-//!    the NVIDIA driver) (`results/tests-<backend>-<name>.log`);
+//! 2. every test binary, side by side (each tests every backend it can create: CPU, wgpu on
+//!    the NVIDIA Vulkan driver, CUDA; skips go to `results/skips.log`)
+//!    (`results/tests-<name>.log`);
 //! 3. `tilekit-cuda-device bench`: matmul 4096³ f32/f16/bf16 (and f32 with bf16 products)
 //!    against cuBLAS, skinny M = 1..32 × 4096 × 4096, MobileNetV2's depthwise layers in both
 //!    layouts, GELU over 256 MiB against the copy kernel (`results/bench.json`);
@@ -74,13 +75,28 @@ step() {
 nvidia-smi > results/nvidia-smi.txt 2>&1 || true
 
 step check 150 ./tilekit-cuda-device check --json results/check.json
+
+# The test binaries test every backend they find (CPU, wgpu, CUDA) and print a SKIP line for
+# each one they cannot create. They run side by side, each under its own limit, so the whole
+# suite costs the time of the slowest binary.
+export TILEKIT_SKIP_LOG=results/skips.log
+echo "== tests (each binary limited to 150s, all at once)"
 for t in tests/*; do
     n=$(basename "$t")
-    step "tests-cuda-$n" 75 env TILEKIT_BACKEND=cuda "$t" --test-threads=4
+    (
+        t0=$(date +%s.%N)
+        timeout --kill-after=5 150 "$t" > "results/tests-$n.log" 2>&1
+        echo "$? $(awk "BEGIN{print $(date +%s.%N) - $t0}")" > "results/tests-$n.rc"
+    ) &
 done
+wait
 for t in tests/*; do
     n=$(basename "$t")
-    step "tests-wgpu-$n" 75 env TILEKIT_BACKEND=wgpu "$t" --test-threads=4
+    read -r rc secs < "results/tests-$n.rc"
+    echo "   tests-$n -> exit $rc ($(grep -E '^test result' "results/tests-$n.log" | tail -n 1))"
+    [ $first -eq 1 ] || echo "," >> "$summary"
+    first=0
+    printf '  "tests-%s": {"exit": %d, "seconds": %s}' "$n" "$rc" "$secs" >> "$summary"
 done
 step bench 240 ./tilekit-cuda-device bench --json results/bench.json
 
