@@ -51,11 +51,13 @@ struct MatmulParams {
 };
 
 // A depthwise convolution (see `Conv2dDesc`); `work` is the number of thread work items.
+// `vec4` (NHWC only): multiplier 1 and channels a multiple of 4, so a thread's 4 channels are
+// one aligned vector in the input and the output.
 struct ConvParams {
     u64 input, weight, bias, out;
     i64 work;
     i32 batch, channels, height, width, multiplier, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow;
-    u32 act, has_bias, pad0;
+    u32 act, has_bias, vec4;
 };
 
 // `out[i] = act(x[i] + bias[i % bias_len])` (bias_len 0 = no bias).

@@ -9,8 +9,9 @@
 //   outputs.
 // - NHWC (`depthwise_conv2d_<dtype>_nhwc`): a thread computes 4 consecutive channels at 2
 //   consecutive output columns; neighbouring threads take neighbouring channel groups, so a
-//   warp reads 128 consecutive channels of one pixel per tap, and each filter tap is read once
-//   per 2 outputs.
+//   warp reads 128 consecutive channels of one pixel per tap (as one vector per thread when
+//   the multiplier is 1 and the channel count a multiple of 4), and each filter tap is read
+//   once per 2 outputs.
 // Work items are numbered in one dimension and walked with a grid-stride loop, so any tensor
 // size fits the grid limits.
 #include "common.cuh"
@@ -88,8 +89,16 @@ template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& 
                     const int ix = (ox0 + x) * p.sw - p.pl + kx * p.dw;
                     if (ox0 + x >= p.ow || ix < 0 || ix >= p.width) continue;
                     const T* px = in + ((n * p.height + iy) * p.width + ix) * (i64)p.channels;
-                    for (int c = 0; c < DW_NHWC_C; c++)
-                        if (oc0 + c < occ) acc[x][c] = fmaf(to_f32(px[(oc0 + c) / p.multiplier]), f[c], acc[x][c]);
+                    if (p.vec4) {
+                        // The 4 channels in one 16-byte (f32) or 8-byte (f16, bf16) load.
+                        __align__(16) T v[DW_NHWC_C];
+                        if (sizeof(T) == 4) *(uint4*)v = *(const uint4*)(px + oc0);
+                        else *(uint2*)v = *(const uint2*)(px + oc0);
+                        for (int c = 0; c < DW_NHWC_C; c++) acc[x][c] = fmaf(to_f32(v[c]), f[c], acc[x][c]);
+                    } else {
+                        for (int c = 0; c < DW_NHWC_C; c++)
+                            if (oc0 + c < occ) acc[x][c] = fmaf(to_f32(px[(oc0 + c) / p.multiplier]), f[c], acc[x][c]);
+                    }
                 }
             }
         }

@@ -166,6 +166,97 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
 }
 
 // ---------------------------------------------------------------------------------------------
+// Skinny products (M <= 32, B stored K×N): `matmul_skinny_<dtype>[_bf16]`.
+//
+// With few rows the 128×128 tiles leave most of the GPU idle (N = 4096 gives 32 blocks) and
+// the op is bound by reading B once. Here a block owns 32 columns and all M rows; its 8 warps
+// split K, each lane streams one column of B (a warp reads 128 contiguous bytes of a row of B
+// per k), the current 64-deep slice of A sits in shared memory and is read as a broadcast, and
+// the 8 partial sums per output are added in shared memory before the common epilogue.
+// `BF`: round both inputs to bf16 first (the bf16-compute policy).
+
+#define SK_COLS 32
+#define SK_KT 64
+#define SK_WARPS 8
+#define SK_MAX_M 32
+#define SK_THREADS (SK_WARPS * 32)
+
+template <typename T, bool BF> __device__ __forceinline__ float skinny_in(T x) {
+    float v = to_f32(x);
+    return BF ? to_f32(from_f32<bf16>(v)) : v;
+}
+
+template <typename T, bool BF, int MT> __device__ __forceinline__ void matmul_skinny(const MatmulParams& p) {
+    // A's slice is stored K-major so that one 16-byte broadcast read feeds 4 FMAs.
+    __shared__ __align__(16) float as[SK_KT][MT];
+    __shared__ float red[SK_WARPS][MT][SK_COLS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n0 = blockIdx.x * SK_COLS, col = n0 + lane;
+    const i64 bt = blockIdx.z;
+    const T* A = (const T*)p.a + p.a_off + bt * p.a_bs;
+    const T* B = (const T*)p.b + p.b_off + bt * p.b_bs;
+    const bool ta = p.flags & MM_TRANS_A;
+    float acc[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+
+    for (int k0 = 0; k0 < p.k; k0 += SK_KT) {
+        // Stage A[0..M][k0..k0+64] (zero past the edges).
+        for (int e = tid; e < MT * SK_KT; e += SK_WARPS * 32) {
+            const int m = e % MT, kk = e / MT;
+            float v = 0.0f;
+            if (m < p.m && k0 + kk < p.k)
+                v = skinny_in<T, BF>(ta ? A[(i64)(k0 + kk) * p.a_ld + m] : A[(i64)m * p.a_ld + k0 + kk]);
+            as[kk][m] = v;
+        }
+        __syncthreads();
+        if (col < p.n) {
+            // Warp w takes rows k0 + w, k0 + w + 8, ...: eight independent loads in flight.
+#pragma unroll
+            for (int i = 0; i < SK_KT / SK_WARPS; i++) {
+                const int kk = warp + i * SK_WARPS;
+                if (k0 + kk < p.k) {
+                    const float b = skinny_in<T, BF>(B[(i64)(k0 + kk) * p.b_ld + col]);
+#pragma unroll
+                    for (int m = 0; m < MT; m += 4) {
+                        const float4 a4 = *(const float4*)&as[kk][m];
+                        acc[m] = fmaf(a4.x, b, acc[m]);
+                        acc[m + 1] = fmaf(a4.y, b, acc[m + 1]);
+                        acc[m + 2] = fmaf(a4.z, b, acc[m + 2]);
+                        acc[m + 3] = fmaf(a4.w, b, acc[m + 3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++) red[warp][m][lane] = acc[m];
+    __syncthreads();
+    for (int e = tid; e < MT * SK_COLS; e += SK_WARPS * 32) {
+        const int m = e / SK_COLS, c = e % SK_COLS;
+        if (m >= p.m || n0 + c >= p.n) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SK_WARPS; w++) sum += red[w][m][c];
+        *out_ptr<T>(p, bt, m, n0 + c) = from_f32<T>(matmul_epilogue<T>(p, sum, bt, m, n0 + c));
+    }
+}
+
+// Two register-tile heights: up to 8 rows (decode-style M = 1..8) and up to 32.
+#define SK_ENTRY(NAME, T, BF)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_m8(const MatmulParams p) { matmul_skinny<T, BF, 8>(p); } \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_m32(const MatmulParams p) {                            \
+        matmul_skinny<T, BF, 32>(p);                                                                                   \
+    }
+
+SK_ENTRY(matmul_skinny_f32, float, false)
+SK_ENTRY(matmul_skinny_f16, f16, false)
+SK_ENTRY(matmul_skinny_bf16, bf16, false)
+SK_ENTRY(matmul_skinny_f32_bf16, float, true)
+SK_ENTRY(matmul_skinny_f16_bf16, f16, true)
+
+// ---------------------------------------------------------------------------------------------
 // The naive reference: one thread per output, operands read straight from global memory, f32
 // accumulation, no epilogue (what a first CUDA matmul looks like; the bench's lower anchor).
 

@@ -163,6 +163,10 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (1, 300, 257),
         (300, 1, 40),
         (130, 260, 96),
+        (8, 70, 300),
+        (9, 33, 64),
+        (32, 129, 65),
+        (33, 40, 20),
     ];
     let policies = [
         (DType::F32, Precision::Highest),
@@ -217,6 +221,21 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
             Ok(dev.matmul(&at, &bt, &MatmulOptions { precision, ..Default::default() })?.to_f32_vec()?)
         };
         ck.record(format!("matmul batch=3 broadcast B {dtype} {precision:?}"), run(gpu), run(&ck.cpu.clone()), dtype);
+
+        // More batches than one grid has layers (65535): the launches are split and the
+        // offsets of A, C and the output moved; B is broadcast.
+        let (batch, m, n, k) = (65535 + 70, 2, 3, 5);
+        let a = ints(batch * m * k, 17);
+        let b = ints(k * n, 18);
+        let c = ints(batch * m * n, 19);
+        let run = |dev: &Device| -> Result<Vec<f32>> {
+            let at = upload(dev, &[batch, m, k], dtype, &a)?;
+            let bt = upload(dev, &[k, n], dtype, &b)?;
+            let ct = upload(dev, &[batch, m, n], dtype, &c)?;
+            let opts = MatmulOptions { precision, c: Some(&ct), beta: 0.5, ..Default::default() };
+            Ok(dev.matmul(&at, &bt, &opts)?.to_f32_vec()?)
+        };
+        ck.record(format!("matmul batch={batch} {dtype} {precision:?}"), run(gpu), run(&ck.cpu.clone()), dtype);
 
         for (off, pad) in [(1usize, 3usize), (8, 8), (3, 0)] {
             let (m, n, k) = (67, 45, 29);

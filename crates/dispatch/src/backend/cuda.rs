@@ -15,7 +15,8 @@
 //!   the function handle; later launches take both from the caches.
 //! - **Buffers** come from `cuMemAllocAsync` (cudarc uses it where the device supports memory
 //!   pools, as every sm_80+ GPU does): the driver's stream-ordered pool recycles freed blocks,
-//!   so repeated allocations of one size do not reach the OS.
+//!   and its release threshold is raised so that it keeps them across synchronisations;
+//!   repeated allocations of one size do not reach the OS.
 //! - **Errors** become [`Error`] values: out of memory, "unsupported PTX version" (naming the
 //!   minimum driver), and the sticky errors after which the context is unusable
 //!   ([`Error::DeviceLost`]).
@@ -187,6 +188,30 @@ fn stride_blocks(items: u64, sms: u32) -> u32 {
     needed.min(u64::from(sms.max(1)) * 32).min(u64::from(u32::MAX)) as u32
 }
 
+/// Lets the device's default memory pool (behind `cuMemAllocAsync`) keep freed memory
+/// instead of returning it to the driver at every synchronisation (its default release
+/// threshold is 0), so a steady stream of same-sized temporaries is served from the pool.
+/// Best effort: on failure the pool simply keeps its default.
+fn keep_pool_memory(ctx: &CudaContext) {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver is loaded and initialised (the context exists); `pool` is a valid out
+    // pointer and `cu_device` a device of this driver.
+    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if got.result().is_err() || pool.is_null() {
+        return;
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` came from the driver above; the release threshold attribute takes a
+    // pointer to a u64, which `threshold` is and which outlives the call.
+    let _ = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+}
+
 impl CudaBackend {
     pub(crate) fn new(ordinal: usize) -> Result<CudaBackend> {
         let found = probe().map_err(unavailable)?;
@@ -219,6 +244,9 @@ impl CudaBackend {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        if ctx.has_async_alloc() {
+            keep_pool_memory(&ctx);
+        }
         // SAFETY: every buffer of this backend is created and used on `stream` alone, so the
         // cross-stream ordering that event tracking provides is never needed (see the module
         // documentation).
@@ -489,9 +517,15 @@ impl BackendOps for CudaBackend {
         c: Option<&CudaStorage>,
         out: &CudaStorage,
     ) -> Result<()> {
-        let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
-        self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, (cat::THREADS, 1, 1))
+        let block = (cat::THREADS, 1, 1);
+        match cat::skinny_matmul_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
+            Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
+            None => {
+                let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
+                self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+            }
+        }
     }
 
     fn depthwise_conv2d(
@@ -544,7 +578,9 @@ impl BackendOps for CudaBackend {
             ow: i("out_w", ow)?,
             act: desc.activation.code(),
             has_bias: u32::from(desc.has_bias && bias.is_some()),
-            pad0: 0,
+            vec4: u32::from(
+                desc.layout == Layout::Nhwc && desc.multiplier == 1 && desc.channels.is_multiple_of(cat::DW_NHWC_C),
+            ),
         };
         let blocks = stride_blocks(work as u64, self.sms);
         self.launch(cat::depthwise_kernel(dtype, desc.layout), (blocks, 1, 1), (cat::THREADS, 1, 1), p)

@@ -14,6 +14,8 @@
 //! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
+//! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, M ≤ 32 with B stored K × N
+//!   (`matmul_simt.cu`): a block per 32 columns, K split across warps;
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
 //! - `activation_<dtype>`, `copy_bytes` (`elementwise.cu`).
@@ -125,6 +127,28 @@ pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b:
         (DType::Bf16, _) => {
             pick(["matmul_bf16_bf16_nn", "matmul_bf16_bf16_nt", "matmul_bf16_bf16_tn", "matmul_bf16_bf16_tt"])
         }
+    }
+}
+
+/// Largest M the skinny kernels take.
+pub const SKINNY_MAX_M: usize = 32;
+/// Output columns per block of the skinny kernels: the grid is `ceil(N / 32) × 1 × batch`.
+pub const SKINNY_COLS: usize = 32;
+
+/// The skinny matmul for `M ≤ 32` rows and B stored `K × N` (not transposed), where the
+/// 128 × 128 tiles would leave most of the GPU idle; `None` where the tiled kernels apply.
+pub fn skinny_matmul_kernel(dtype: DType, precision: Precision, m: usize, trans_b: bool) -> Option<Kernel> {
+    if m == 0 || m > SKINNY_MAX_M || trans_b {
+        return None;
+    }
+    let small = m <= 8;
+    let pick = |m8: &'static str, m32: &'static str| Some(k(Module::MatmulSimt, if small { m8 } else { m32 }));
+    match (dtype, precision) {
+        (DType::F32, Precision::Highest) => pick("matmul_skinny_f32_m8", "matmul_skinny_f32_m32"),
+        (DType::F32, _) => pick("matmul_skinny_f32_bf16_m8", "matmul_skinny_f32_bf16_m32"),
+        (DType::F16, Precision::Highest) => pick("matmul_skinny_f16_m8", "matmul_skinny_f16_m32"),
+        (DType::F16, _) => pick("matmul_skinny_f16_bf16_m8", "matmul_skinny_f16_bf16_m32"),
+        (DType::Bf16, _) => pick("matmul_skinny_bf16_m8", "matmul_skinny_bf16_m32"),
     }
 }
 
@@ -246,7 +270,8 @@ pub struct ConvParams {
     pub ow: i32,
     pub act: u32,
     pub has_bias: u32,
-    pub pad0: u32,
+    /// NHWC with multiplier 1 and channels a multiple of 4: vector loads of 4 channels.
+    pub vec4: u32,
 }
 
 /// The activation parameter block (`ActParams` in `common.cuh`); `bias_len` 0 means no bias.
@@ -298,6 +323,14 @@ mod tests {
                 }
             }
             assert_eq!(ptx_param_size(naive_matmul_kernel(dt)), Some(mm));
+            for p in [Precision::Highest, Precision::Bf16] {
+                for m in [1, 8, 9, 32] {
+                    let kern = skinny_matmul_kernel(dt, p, m, false).expect("a skinny kernel");
+                    assert_eq!(ptx_param_size(kern), Some(mm), "{}", kern.entry);
+                }
+                assert_eq!(skinny_matmul_kernel(dt, p, 33, false), None);
+                assert_eq!(skinny_matmul_kernel(dt, p, 4, true), None);
+            }
             for l in [Layout::Nchw, Layout::Nhwc] {
                 assert_eq!(ptx_param_size(depthwise_kernel(dt, l)), Some(size_of::<ConvParams>()));
             }
