@@ -28,13 +28,17 @@ mod backend;
 mod device;
 mod error;
 mod ops;
+pub mod profile;
 mod tensor;
+pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result};
 pub use ops::{Conv2dOptions, MatmulOptions};
+pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+pub use tune::{TuneMode, TuneReport};
 
 /// The kernel catalogue and CPU reference, re-exported for engines and tests.
 pub use tilekit_kernels as kernels;
