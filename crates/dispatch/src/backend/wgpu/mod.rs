@@ -53,6 +53,8 @@ const MAX_PENDING_OPS: usize = 64;
 /// The longest a host wait may take before it is reported as an error. Generous because a
 /// software adapter runs big kernels slowly; a real hang still ends.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The fraction by which a candidate must beat the default to replace it.
+const MIN_TUNING_GAIN: f64 = 0.05;
 /// Timestamp queries per query set while profiling (two per pass); wgpu allows 4096.
 const QUERIES_PER_SET: u32 = 4096;
 
@@ -905,10 +907,8 @@ impl WgpuBackend {
             // Tuning launches are not part of the caller's profile.
             self.profile_truncate(mark);
             let spec = tuned.as_ref().ok().map(|(_, spec)| *spec);
-            if forced {
-                if let Ok(mut f) = self.forced.lock() {
-                    *f = Some(Some(tuned.map(|(report, _)| report)));
-                }
+            if forced && let Ok(mut f) = self.forced.lock() {
+                *f = Some(Some(tuned.map(|(report, _)| report)));
             }
             // A tuning that failed outright leaves the default.
             return Ok(spec.unwrap_or(default));
@@ -945,10 +945,17 @@ impl WgpuBackend {
                 Err(e) => results.push((label, Err(e.to_string()))),
             }
         }
-        let Some((micros, spec)) = best else {
+        let Some((mut micros, mut spec)) = best else {
             return Err(Error::Backend { backend: KIND, message: format!("no candidate ran for {key}") });
         };
         let default_micros = results.first().and_then(|(_, r)| r.as_ref().ok().copied()).unwrap_or(micros);
+        // The default keeps its place unless another candidate beats it clearly: a win inside
+        // the timing noise would only make the choice depend on the machine's load.
+        if let (Some(&first), Some((_, Ok(_)))) = (candidates.first(), results.first())
+            && micros > default_micros * (1.0 - MIN_TUNING_GAIN)
+        {
+            (micros, spec) = (default_micros, first);
+        }
         let entry = CacheEntry {
             config: TunedConfig::of(kernel, spec),
             kernel_hash: hash.to_string(),
