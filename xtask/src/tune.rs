@@ -29,6 +29,10 @@ pub struct Args {
     /// The cache file to write (default: `TILEKIT_TUNE_CACHE`, else the user's cache folder).
     #[arg(long)]
     cache: Option<PathBuf>,
+    /// After tuning, run every shape once with its winner under the profiler and write the
+    /// Chrome trace here (open it in Perfetto or chrome://tracing).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 /// The suites with something to tune.
@@ -139,6 +143,7 @@ pub fn run(args: Args) -> Result<()> {
     println!("   cache: {}", cache.display());
     let gpu = !dev.is_software();
     let mut summary = Vec::new();
+    let mut ran = Vec::new();
     for &dtype in &dtypes {
         if let Err(e) = dev.check_dtype(dtype) {
             println!("   SKIP {dtype}: {e}");
@@ -156,6 +161,7 @@ pub fn run(args: Args) -> Result<()> {
                 Ok(r) => {
                     print_report(suite, &name, dtype, &r);
                     summary.push((suite, name, dtype, r));
+                    ran.push((shape, dtype));
                 }
                 Err(e) => println!("\n-- {suite} {name} {dtype}: FAILED: {e}"),
             }
@@ -178,6 +184,52 @@ pub fn run(args: Args) -> Result<()> {
             r.default_micros / r.winner_micros.max(1e-9)
         );
     }
+    if let Some(path) = &args.trace {
+        write_trace(&dev, &ran, path)?;
+    }
+    Ok(())
+}
+
+/// Runs each tuned shape once (with the cached winner) inside a profile and writes the trace.
+fn write_trace(dev: &Device, shapes: &[(Shape, DType)], path: &std::path::Path) -> Result<()> {
+    dev.set_tune_mode(tilekit::TuneMode::Cached);
+    let (_, profile) = dev.profile(|| {
+        for (shape, dtype) in shapes {
+            match shape {
+                Shape::Matmul(d) => {
+                    let a = dev.zeros(&[d.m, d.k], *dtype)?;
+                    let b = dev.zeros(&[d.k, d.n], *dtype)?;
+                    let bias = d.bias_offset.map(|_| dev.zeros(&[d.n], *dtype)).transpose()?;
+                    let out = dev.zeros(&[d.m, d.n], *dtype)?;
+                    dev.matmul_into(d, &a, &b, bias.as_ref(), None, &out)?;
+                }
+                Shape::Conv(d) => {
+                    let input = dev.zeros(&d.input_shape(), *dtype)?;
+                    let weight = dev.zeros(&d.weight_shape(), *dtype)?;
+                    let bias = dev.zeros(&[d.out_channels()], *dtype)?;
+                    let opts = tilekit::Conv2dOptions {
+                        stride: [d.stride_h, d.stride_w],
+                        padding: [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right],
+                        dilation: [d.dilation_h, d.dilation_w],
+                        layout: d.layout,
+                        activation: d.activation,
+                    };
+                    dev.depthwise_conv2d(&input, &weight, Some(&bias), &opts)?;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, profile.to_chrome_trace()).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "\nwrote {} ({} kernel launches, {:.1} ms of kernel time)",
+        path.display(),
+        profile.records.len(),
+        profile.total_us() / 1e3
+    );
     Ok(())
 }
 
