@@ -23,6 +23,14 @@
 //!
 //! Every call validates its arguments first and returns a typed [`Error`]; nothing a caller
 //! passes makes tilekit panic.
+//!
+//! Two tools around the ops:
+//! - [`profile`]: [`Device::profile_begin`] / [`Device::profile_end`] (or [`Device::profile`])
+//!   record each kernel launch (name and tile config, launch shape, bytes, FLOPs, device time
+//!   from GPU timestamps on wgpu) and [`Profile::to_chrome_trace`] exports them for Perfetto.
+//! - [`tune`]: the wgpu matmul and depthwise convolution pick their tile configuration per
+//!   device and shape class from a persistent cache (`TILEKIT_TUNE=off|cached|on`,
+//!   `TILEKIT_TUNE_CACHE`), built by `cargo xtask tune` or [`Device::tune_matmul`].
 
 mod backend;
 mod device;

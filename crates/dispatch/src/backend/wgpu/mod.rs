@@ -222,6 +222,8 @@ pub(crate) struct State {
     timestamps: bool,
     prof: ProfState,
     tuner: Tuner,
+    /// What identifies this device and driver in the tune cache (made once).
+    fingerprint: String,
     /// Set by an explicit tune ([`WgpuBackend::tune_matmul_now`]): the next choice times every
     /// candidate whatever the cache holds, and leaves its report here.
     forced: Mutex<Option<Option<Result<TuneReport>>>>,
@@ -380,7 +382,12 @@ impl WgpuBackend {
         });
         let limits = device.limits();
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let fingerprint = format!(
+            "{} ({:?}, {:04x}:{:04x}, {} {})",
+            info.name, info.backend, info.vendor, info.device, info.driver, info.driver_info
+        );
         WgpuBackend(Box::new(State {
+            fingerprint,
             timestamps,
             prof: ProfState::default(),
             tuner: Tuner::from_env(),
@@ -847,10 +854,10 @@ impl WgpuBackend {
         &self.tuner
     }
 
-    /// What identifies this device and driver in the tune cache.
-    pub(crate) fn fingerprint(&self) -> String {
-        let i = &self.info;
-        format!("{} ({:?}, {:04x}:{:04x}, {} {})", i.name, i.backend, i.vendor, i.device, i.driver, i.driver_info)
+    /// What identifies this device and driver in the tune cache: adapter name, API, vendor
+    /// and device ids, driver and driver version.
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// Whether `spec` of `kernel` fits this device's limits.

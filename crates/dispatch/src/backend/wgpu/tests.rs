@@ -784,3 +784,19 @@ fn every_tuning_candidate_is_correct() {
     }
     force(None);
 }
+
+/// A closed profile leaves the hot path alone: no launches are listed, no query sets made.
+#[test]
+fn closed_profile_records_nothing() {
+    let Some(dev) = own_device("closed profile") else { return };
+    let be = backend(&dev);
+    let a = upload(&dev, DType::F32, &values(64, 3));
+    dev.profile_begin().unwrap();
+    dev.activation(&a, None, Activation::Relu).unwrap();
+    let p = dev.profile_end().unwrap();
+    assert_eq!(p.records.len(), 1);
+    assert_eq!(p.records[0].timing == crate::Timing::Device, be.has_timestamps());
+    dev.activation(&a, None, Activation::Relu).unwrap();
+    let inner = be.prof.inner.lock().unwrap();
+    assert!(inner.launches.is_empty() && inner.sets.is_empty());
+}
