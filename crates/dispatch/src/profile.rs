@@ -99,22 +99,46 @@ impl Profile {
         self.records.iter().map(|r| r.duration_us).sum()
     }
 
+    /// Appends `other`'s records after this profile's last one, keeping their own spacing,
+    /// so profiles taken one after another (one per bench case, say) make one timeline.
+    pub fn append(&mut self, other: Profile) {
+        let end = self.records.iter().map(|r| r.start_us + r.duration_us).fold(0.0, f64::max);
+        let gap = if self.records.is_empty() { 0.0 } else { 1.0 };
+        self.records.extend(other.records.into_iter().map(|mut r| {
+            r.start_us += end + gap;
+            r
+        }));
+    }
+
     /// The trace as Chrome Trace Event JSON (`{"traceEvents": [...]}` with one complete
     /// event, `ph: "X"`, per record; `ts` and `dur` in µs), which Perfetto and
     /// chrome://tracing open as a timeline.
     pub fn to_chrome_trace(&self) -> String {
-        let mut events = vec![
-            json!({"name": "process_name", "ph": "M", "pid": 1, "tid": 0,
-                   "args": {"name": format!("tilekit {} — {}", self.backend.name(), self.device)}}),
-            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "kernels"}}),
-        ];
+        chrome_trace(std::slice::from_ref(self))
+    }
+}
+
+/// Several profiles (one per device, say) as one Chrome trace: each is a process of its own.
+pub fn chrome_trace(profiles: &[Profile]) -> String {
+    let mut events = Vec::new();
+    for (i, p) in profiles.iter().enumerate() {
+        p.push_events(i + 1, &mut events);
+    }
+    json!({"traceEvents": events, "displayTimeUnit": "ns"}).to_string()
+}
+
+impl Profile {
+    fn push_events(&self, pid: usize, events: &mut Vec<Value>) {
+        events.push(json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                   "args": {"name": format!("tilekit {} — {}", self.backend.name(), self.device)}}));
+        events.push(json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "kernels"}}));
         for r in &self.records {
             let dims = |d: Option<[u32; 3]>| d.map_or(Value::Null, |[x, y, z]| json!(format!("{x}x{y}x{z}")));
             events.push(json!({
                 "name": r.kernel,
                 "cat": r.op,
                 "ph": "X",
-                "pid": 1,
+                "pid": pid,
                 "tid": 1,
                 "ts": r.start_us,
                 "dur": r.duration_us,
@@ -132,7 +156,6 @@ impl Profile {
                 }
             }));
         }
-        json!({"traceEvents": events, "displayTimeUnit": "ns"}).to_string()
     }
 }
 
@@ -406,6 +429,11 @@ mod tests {
         assert_eq!(profile.records[0].bytes, 3 * 64 * 4);
         assert!(profile.records.iter().all(|r| r.timing == Timing::Wall));
         check_trace(&profile.to_chrome_trace(), 2);
+        let mut joined = profile.clone();
+        joined.append(profile.clone());
+        assert_eq!(joined.records.len(), 4);
+        assert!(joined.records[2].start_us > joined.records[1].start_us);
+        check_trace(&super::chrome_trace(&[profile.clone(), joined]), 6);
         // Closed: nothing more is recorded.
         dev.matmul(&a, &a, &MatmulOptions::default()).unwrap();
         assert!(dev.profile_end().unwrap().records.is_empty());
