@@ -225,7 +225,8 @@ pub(crate) struct State {
     /// What identifies this device and driver in the tune cache (made once).
     fingerprint: String,
     /// Set by an explicit tune ([`WgpuBackend::tune_matmul_now`]): the next choice times every
-    /// candidate whatever the cache holds, and leaves its report here.
+    /// candidate whatever the cache holds, and leaves its report here. (An op another thread
+    /// issues on this device meanwhile is tuned too; its results are as correct as any.)
     forced: Mutex<Option<Option<Result<TuneReport>>>>,
     /// Serialises explicit tunes.
     forcing: Mutex<()>,
