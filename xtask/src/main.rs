@@ -1,7 +1,7 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
 //!
-//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` and
-//! `device_check`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx`,
+//! `device_check` and `tune`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
 //! a non-zero exit status.
 
 mod bench;
@@ -10,6 +10,7 @@ mod npy;
 mod ptx;
 mod run;
 mod testing;
+mod tune;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +34,8 @@ enum Command {
     Ptx(ptx::Args),
     /// Builds the folder a GPU machine needs: test and bench binaries plus a runner script.
     DeviceCheck(device_check::Args),
+    /// Times the wgpu tile configurations on the bench shapes and writes the tune cache.
+    Tune(tune::Args),
 }
 
 fn main() {
@@ -43,6 +46,7 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Ptx(args) => ptx::run(args),
         Command::DeviceCheck(args) => device_check::run(args),
+        Command::Tune(args) => tune::run(args),
     };
     if let Err(e) = result {
         // `{:#}` joins the context chain into one line: "reading --a: cannot read a.npy: No such file".

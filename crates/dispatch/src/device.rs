@@ -122,6 +122,8 @@ pub(crate) struct DeviceInner {
     pub(crate) id: u64,
     pub(crate) backend: Backend,
     pub(crate) report: ProbeReport,
+    /// The open profile, if any (`crate::profile`).
+    pub(crate) profiler: crate::profile::Profiler,
 }
 
 /// A compute device: one backend, shared cheaply (`Clone` is an `Arc` clone). `Send + Sync`:
@@ -139,7 +141,7 @@ impl fmt::Debug for Device {
 
 impl Device {
     fn from_backend(backend: Backend, report: ProbeReport) -> Device {
-        Device { inner: Arc::new(DeviceInner { id: next_id(), backend, report }) }
+        Device { inner: Arc::new(DeviceInner { id: next_id(), backend, report, profiler: Default::default() }) }
     }
 
     /// Chooses a backend: `TILEKIT_BACKEND` (`cpu`, `wgpu`, `cuda`, `auto`) when set; else CUDA

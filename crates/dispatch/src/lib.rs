@@ -23,18 +23,30 @@
 //!
 //! Every call validates its arguments first and returns a typed [`Error`]; nothing a caller
 //! passes makes tilekit panic.
+//!
+//! Two tools around the ops:
+//! - [`profile`]: [`Device::profile_begin`] / [`Device::profile_end`] (or [`Device::profile`])
+//!   record each kernel launch (name and tile config, launch shape, bytes, FLOPs, device time
+//!   from GPU timestamps on wgpu) and [`Profile::to_chrome_trace`] exports them for Perfetto.
+//! - [`tune`]: the wgpu matmul and depthwise convolution pick their tile configuration per
+//!   device and shape class from a persistent cache (`TILEKIT_TUNE=off|cached|on`,
+//!   `TILEKIT_TUNE_CACHE`), built by `cargo xtask tune` or [`Device::tune_matmul`].
 
 mod backend;
 mod device;
 mod error;
 mod ops;
+pub mod profile;
 mod tensor;
+pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result};
 pub use ops::{Conv2dOptions, MatmulOptions};
+pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+pub use tune::{TuneMode, TuneReport};
 
 /// The kernel catalogue and CPU reference, re-exported for engines and tests.
 pub use tilekit_kernels as kernels;

@@ -58,7 +58,10 @@ impl Device {
         if desc.len == 0 {
             return Ok(());
         }
-        with_backend!(self, be => run(be, desc, x, bias, out))
+        self.profiled(
+            || crate::profile::OpInfo::activation(desc, x.dtype()),
+            || with_backend!(self, be => run(be, desc, x, bias, out)),
+        )
     }
 
     fn activation_desc(&self, x: &Tensor, bias: Option<&Tensor>, activation: Activation) -> Result<ActivationDesc> {

@@ -26,7 +26,10 @@ impl Device {
         if src.is_empty() {
             return Ok(());
         }
-        with_backend!(self, be => copy(be, src, dst))
+        self.profiled(
+            || crate::profile::OpInfo::copy(src.len(), src.dtype()),
+            || with_backend!(self, be => copy(be, src, dst)),
+        )
     }
 
     /// A deliberately naive dense `[M, K] · [K, N]` matmul (no tiling, no epilogue), or
@@ -49,7 +52,14 @@ impl Device {
         }
         let desc = MatmulDesc::new(m, n, k);
         let out = self.zeros(&[m, n], a.dtype())?;
-        let ran = with_backend!(self, be => naive(be, &desc, a, b, &out))?;
+        let mut ran = false;
+        self.profiled(
+            || crate::profile::OpInfo::matmul(OP, &desc, a.dtype()),
+            || {
+                ran = with_backend!(self, be => naive(be, &desc, a, b, &out))?;
+                Ok(())
+            },
+        )?;
         Ok(ran.then_some(out))
     }
 }

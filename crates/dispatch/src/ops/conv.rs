@@ -91,7 +91,10 @@ impl Device {
         if out.is_empty() {
             return Ok(());
         }
-        with_backend!(self, be => run(be, desc, input, weight, bias, out))
+        self.profiled(
+            || crate::profile::OpInfo::conv(desc, input.dtype()),
+            || with_backend!(self, be => run(be, desc, input, weight, bias, out)),
+        )
     }
 
     /// Validates the call and builds its descriptor.

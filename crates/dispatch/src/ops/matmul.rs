@@ -159,10 +159,13 @@ impl Device {
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
             return Ok(()); // An empty result: nothing to launch.
         }
-        with_backend!(self, be => run(be, desc, a, b, bias, c, out))
+        self.profiled(
+            || crate::profile::OpInfo::matmul(OP, desc, a.dtype()),
+            || with_backend!(self, be => run(be, desc, a, b, bias, c, out)),
+        )
     }
 
-    fn validate_matmul(
+    pub(crate) fn validate_matmul(
         &self,
         desc: &MatmulDesc,
         a: &Tensor,

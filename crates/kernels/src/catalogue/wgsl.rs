@@ -21,13 +21,16 @@
 //! | kernel | workgroup | work per invocation |
 //! |---|---|---|
 //! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 4 for M ≤ 16) | 4 × 4 outputs; BK-deep slabs of A and B staged in workgroup memory, software-pipelined |
-//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 | M × 4 outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × 4 outputs (M ≤ 4), no workgroup memory |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
-//! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 | 4 outputs along W (NCHW) or C (NHWC) |
+//! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid.
+//! The autotuner (`tilekit::tune`) picks a spec per device and shape class among
+//! [`matmul_candidates`] and [`conv_candidates`] (the first candidate is always the default
+//! the backends use untuned), and keys its results by [`source_hash`].
 //!
 //! # Storage variants
 //! - [`ElementStorage::F32`]: `array<vec4<f32>>`; scalar accesses index a vector component, so
@@ -412,21 +415,95 @@ pub struct Spec {
     /// Rows of [`Kernel::MatmulSmallM`] (`SM_ROWS`, 1 to 4): the register tile covers exactly
     /// M rows, so a matrix-vector product does no wasted FMAs.
     pub rows: u32,
+    /// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`) and of
+    /// [`Kernel::DepthwiseConv2d`] (`WG`); the other kernels keep [`WG_1D`].
+    pub wg: u32,
 }
 
 impl Spec {
     /// The default tiles.
-    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32 };
+    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32, wg: WG_1D };
 
     /// This spec with the fields `kernel` does not use reset to the default, so equal modules
     /// have equal specs (the pipeline-cache key).
     pub fn normalised(self, kernel: Kernel) -> Spec {
         match kernel {
-            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, ..self },
-            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4) },
+            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
+            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), wg: self.wg },
+            Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
     }
+
+    /// A short label for tables and traces (`64x64/bk16`, `wg128`).
+    pub fn label(self, kernel: Kernel) -> String {
+        match kernel {
+            Kernel::Matmul => format!(
+                "{}x{}/bk{} ({}x{} inv)",
+                self.tile.bm(),
+                self.tile.bn(),
+                self.tile.bk,
+                self.tile.wg_x,
+                self.tile.wg_y
+            ),
+            Kernel::MatmulSmallM => format!("small-m wg{}", self.wg),
+            Kernel::DepthwiseConv2d => format!("wg{}", self.wg),
+            _ => "default".to_string(),
+        }
+    }
+}
+
+/// Tiles the autotuner tries for [`Kernel::Matmul`] with more than 16 rows; the first is the
+/// default. All keep 4 × 4 register tiles, at most 256 invocations, at most 8 staged vec4s
+/// per invocation and at most 16 KiB of workgroup storage (the WebGPU minimum).
+pub const MATMUL_TILE_CANDIDATES: [MatmulTile; 6] = [
+    MatmulTile::DEFAULT,
+    MatmulTile { wg_x: 16, wg_y: 16, bk: 8 },
+    MatmulTile { wg_x: 8, wg_y: 16, bk: 16 },
+    MatmulTile { wg_x: 16, wg_y: 8, bk: 16 },
+    MatmulTile { wg_x: 32, wg_y: 8, bk: 16 },
+    MatmulTile { wg_x: 8, wg_y: 32, bk: 16 },
+];
+/// Tiles the autotuner tries for 4 < M <= 16 (16-row blocks); the first is the default.
+pub const MATMUL_SHORT_TILE_CANDIDATES: [MatmulTile; 4] = [
+    MatmulTile::SHORT,
+    MatmulTile { wg_x: 16, wg_y: 4, bk: 16 },
+    MatmulTile { wg_x: 32, wg_y: 4, bk: 8 },
+    MatmulTile { wg_x: 64, wg_y: 4, bk: 8 },
+];
+/// Workgroup sizes the autotuner tries for [`Kernel::MatmulSmallM`] and
+/// [`Kernel::DepthwiseConv2d`]; the first is the default.
+pub const WG_CANDIDATES: [u32; 3] = [64, 128, 256];
+
+/// The kernel and the candidate specs (default first) for a matmul with `m` rows: the
+/// small-M kernel with each workgroup size for M <= [`SMALL_M_ROWS`], else the tiled kernel
+/// with each tile of its row class.
+pub fn matmul_candidates(m: usize) -> (Kernel, Vec<Spec>) {
+    if m <= SMALL_M_ROWS {
+        let rows = m.clamp(1, SMALL_M_ROWS) as u32;
+        (Kernel::MatmulSmallM, WG_CANDIDATES.iter().map(|&wg| Spec { rows, wg, ..Spec::DEFAULT }).collect())
+    } else {
+        let tiles: &[MatmulTile] = if m <= 16 { &MATMUL_SHORT_TILE_CANDIDATES } else { &MATMUL_TILE_CANDIDATES };
+        (Kernel::Matmul, tiles.iter().map(|&tile| Spec { tile, ..Spec::DEFAULT }).collect())
+    }
+}
+
+/// The candidate specs (default first) of the depthwise convolution.
+pub fn conv_candidates() -> Vec<Spec> {
+    WG_CANDIDATES.iter().map(|&wg| Spec { wg, ..Spec::DEFAULT }).collect()
+}
+
+/// A stable 64-bit FNV-1a hash of the source of `kernel` in `storage` (the text does not
+/// depend on the spec). The autotuner stores it with each result, so a result tuned for other
+/// kernel sources is never reused.
+pub fn source_hash(kernel: Kernel, storage: ElementStorage) -> u64 {
+    let m = module(kernel, storage);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in m.source.bytes().chain(m.entry_point.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The module of `kernel` in `storage` (ignored for [`Kernel::Copy`]) with the default tiles.
@@ -447,12 +524,12 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 tile.workgroup_bytes(),
             ),
             Kernel::MatmulSmallM => {
-                (MATMUL, "matmul_small_m", vec![("WG_N", SMALL_M_WG as f64), ("SM_ROWS", spec.rows as f64)], 0)
+                (MATMUL, "matmul_small_m", vec![("WG_N", spec.wg as f64), ("SM_ROWS", spec.rows as f64)], 0)
             }
             Kernel::MatmulNaive => {
                 (MATMUL_NAIVE, "matmul_naive", vec![("WG_X", NAIVE_WG as f64), ("WG_Y", NAIVE_WG as f64)], 0)
             }
-            Kernel::DepthwiseConv2d => (DEPTHWISE_CONV2D, "depthwise_conv2d", vec![("WG", WG_1D as f64)], 0),
+            Kernel::DepthwiseConv2d => (DEPTHWISE_CONV2D, "depthwise_conv2d", vec![("WG", spec.wg as f64)], 0),
             Kernel::Activation | Kernel::ActivationInPlace => (ACTIVATION, "activation", vec![("WG", WG_1D as f64)], 0),
             Kernel::Copy => (COPY, "copy", vec![("WG", WG_1D as f64)], 0),
         };
@@ -469,7 +546,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
         Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
-        Kernel::MatmulSmallM => [SMALL_M_WG, 1, 1],
+        Kernel::MatmulSmallM | Kernel::DepthwiseConv2d => [spec.wg, 1, 1],
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
         _ => [WG_1D, 1, 1],
     };
@@ -678,11 +755,23 @@ mod tests {
         }
         // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
         // BK a multiple of 4.
-        for t in [MatmulTile::DEFAULT, MatmulTile::SHORT] {
+        for t in MATMUL_TILE_CANDIDATES.iter().chain(&MATMUL_SHORT_TILE_CANDIDATES).copied() {
             assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
             assert!(t.invocations() <= 256, "{t:?}");
             assert_eq!(t.bk % 4, 0, "{t:?}");
             assert!(t.loads_per_invocation() <= 8, "{t:?}");
         }
+        assert_eq!(MATMUL_TILE_CANDIDATES[0], MatmulTile::DEFAULT);
+        assert_eq!(MATMUL_SHORT_TILE_CANDIDATES[0], MatmulTile::SHORT);
+        assert_eq!(conv_candidates()[0], Spec::DEFAULT);
+        assert_eq!(matmul_candidates(2).1[0].wg, SMALL_M_WG);
+    }
+
+    #[test]
+    fn source_hash_is_stable_and_distinguishes_variants() {
+        let a = source_hash(Kernel::Matmul, ElementStorage::F32);
+        assert_eq!(a, source_hash(Kernel::Matmul, ElementStorage::F32));
+        assert_ne!(a, source_hash(Kernel::Matmul, ElementStorage::Bf16Packed));
+        assert_ne!(a, source_hash(Kernel::MatmulSmallM, ElementStorage::F32));
     }
 }

@@ -20,13 +20,21 @@
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
 //!   panics), and a lost device turns every later call into [`Error::DeviceLost`].
+//! - Tuning (`crate::tune`): the matmul and the depthwise convolution take their [`Spec`]
+//!   from the autotuner: the default when tuning is off or nothing is cached, else a validated
+//!   cached winner, else (mode `on`) the winner of timing every candidate on the op's operands.
+//! - Profiling (`crate::profile`): while a profile is open, every compute pass writes
+//!   `TIMESTAMP_QUERY` timestamps at its start and end into query sets of [`QUERIES_PER_SET`];
+//!   they are resolved and read back when the profile ends. Without the feature the profile
+//!   falls back to host wall time per op. Closed, it costs one relaxed atomic load per launch.
 
 use super::BackendOps;
+use crate::tune::{CacheEntry, TuneMode, TuneReport, TunedConfig, Tuner};
 use crate::{BackendKind, Error, Result, WgpuOptions};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tilekit_kernels::catalogue::wgsl::{
     self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
     activation_flags, conv_flags, matmul_flags,
@@ -45,6 +53,12 @@ const MAX_PENDING_OPS: usize = 64;
 /// The longest a host wait may take before it is reported as an error. Generous because a
 /// software adapter runs big kernels slowly; a real hang still ends.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Rounds of timing in a tune (each candidate keeps its best).
+const TUNING_ROUNDS: usize = 3;
+/// The fraction by which a candidate must beat the default to replace it.
+const MIN_TUNING_GAIN: f64 = 0.05;
+/// Timestamp queries per query set while profiling (two per pass); wgpu allows 4096.
+const QUERIES_PER_SET: u32 = 4096;
 
 /// One adapter the probe saw.
 #[derive(Debug, Clone)]
@@ -111,6 +125,37 @@ struct ErrorLog {
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// Module name and spec label, for profiles.
+    name: String,
+    /// Workgroup size, for profiles.
+    workgroup: [u32; 3],
+}
+
+/// One launch recorded while a profile is open.
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchInfo {
+    /// Module name and spec label.
+    pub(crate) kernel: String,
+    pub(crate) grid: [u32; 3],
+    pub(crate) workgroup: [u32; 3],
+    /// Query set and first of its two query slots (start, end); `None` without timestamps.
+    pub(crate) query: Option<(usize, u32)>,
+}
+
+/// Profiling state: the flag the hot path reads, and the queries and launches so far.
+#[derive(Debug, Default)]
+struct ProfState {
+    active: AtomicBool,
+    inner: Mutex<ProfInner>,
+}
+
+#[derive(Debug, Default)]
+struct ProfInner {
+    sets: Vec<wgpu::QuerySet>,
+    /// Queries used in the last set.
+    used: u32,
+    /// Launches not yet taken by the op that recorded them.
+    launches: Vec<LaunchInfo>,
 }
 
 /// A pipeline's cache key: kernel, storage variant and shape constants (the module's text and
@@ -173,6 +218,21 @@ pub(crate) struct State {
     dummy: wgpu::Buffer,
     /// Submissions so far (the tests check that ops are batched).
     submissions: AtomicU64,
+    /// Whether the device was created with `TIMESTAMP_QUERY`.
+    timestamps: bool,
+    prof: ProfState,
+    tuner: Tuner,
+    /// What identifies this device and driver in the tune cache (made once).
+    fingerprint: String,
+    /// Set by an explicit tune ([`WgpuBackend::tune_matmul_now`]): the next choice times every
+    /// candidate whatever the cache holds, and leaves its report here. (An op another thread
+    /// issues on this device meanwhile is tuned too; its results are as correct as any.)
+    forced: Mutex<Option<Option<Result<TuneReport>>>>,
+    /// Serialises explicit tunes.
+    forcing: Mutex<()>,
+    /// Tests run every candidate through the whole op path by forcing its spec here.
+    #[cfg(test)]
+    force_spec: Mutex<Option<Spec>>,
 }
 
 /// A buffer on the wgpu backend.
@@ -263,6 +323,11 @@ impl WgpuBackend {
             if adapter.features().contains(wgpu::Features::SHADER_F16) {
                 features |= wgpu::Features::SHADER_F16;
             }
+            // Profiles read device time from timestamps written at the start and end of
+            // each compute pass; asked for only where the adapter has it.
+            if adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+                features |= wgpu::Features::TIMESTAMP_QUERY;
+            }
             let desc = wgpu::DeviceDescriptor {
                 label: Some("tilekit"),
                 required_features: features,
@@ -317,7 +382,20 @@ impl WgpuBackend {
             mapped_at_creation: false,
         });
         let limits = device.limits();
+        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let fingerprint = format!(
+            "{} ({:?}, {:04x}:{:04x}, {} {})",
+            info.name, info.backend, info.vendor, info.device, info.driver, info.driver_info
+        );
         WgpuBackend(Box::new(State {
+            fingerprint,
+            timestamps,
+            prof: ProfState::default(),
+            tuner: Tuner::from_env(),
+            forced: Mutex::new(None),
+            forcing: Mutex::new(()),
+            #[cfg(test)]
+            force_spec: Mutex::new(None),
             device,
             queue,
             info,
@@ -485,7 +563,13 @@ impl WgpuBackend {
             })
         })?;
         let layout = self.scoped(0, || pipeline.get_bind_group_layout(0))?;
-        let p = Arc::new(Pipeline { pipeline, layout });
+        let name = match kernel {
+            Kernel::Matmul | Kernel::MatmulSmallM | Kernel::DepthwiseConv2d => {
+                format!("{} [{}]", module.name, spec.label(kernel))
+            }
+            _ => module.name.clone(),
+        };
+        let p = Arc::new(Pipeline { pipeline, layout, name, workgroup: module.workgroup_size });
         if let Ok(mut cache) = self.pipelines.lock() {
             cache.insert(key, p.clone());
         }
@@ -527,9 +611,15 @@ impl WgpuBackend {
             }
         }
         self.check_health()?;
+        // Only while a profile is open: one query pair per pass.
+        let queries = if self.prof.active.load(Ordering::Relaxed) {
+            self.profile_queries(pipeline, launches)?
+        } else {
+            Vec::new()
+        };
         let commands = self.scoped(0, || {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-            for launch in launches {
+            for (i, launch) in launches.iter().enumerate() {
                 let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(op),
                     contents: &launch.params,
@@ -556,8 +646,14 @@ impl WgpuBackend {
                     layout: &pipeline.layout,
                     entries: &entries,
                 });
-                let mut pass = encoder
-                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes: None });
+                let timestamp_writes =
+                    queries.get(i).and_then(|q| q.as_ref()).map(|(set, slot)| wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(*slot),
+                        end_of_pass_write_index: Some(*slot + 1),
+                    });
+                let mut pass =
+                    encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes });
                 pass.set_pipeline(&pipeline.pipeline);
                 pass.set_bind_group(0, &bind_group, &[]);
                 let [x, y, z] = launch.grid;
@@ -705,6 +801,418 @@ impl WgpuBackend {
         Ok(launches)
     }
 
+    /// The tiled-kernel launch of a matmul with `spec`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_matmul(
+        &self,
+        op: &'static str,
+        params: &MatmulParams,
+        batch: usize,
+        storage: ElementStorage,
+        kernel: Kernel,
+        spec: Spec,
+        [a, b, out]: [&WgpuStorage; 3],
+        bias: Option<&WgpuStorage>,
+        c: Option<&WgpuStorage>,
+    ) -> Result<()> {
+        let spec = spec.normalised(kernel);
+        let (block_m, block_n) = match kernel {
+            Kernel::MatmulSmallM => (spec.rows, spec.wg * MatmulTile::TN),
+            _ => (spec.tile.bm(), spec.tile.bn()),
+        };
+        let gx = div_ceil_u32(params.n, block_n);
+        let gy = div_ceil_u32(params.m, block_m);
+        let launches = self.batched_launches(op, *params, batch, gx, gy)?;
+        let pipeline = self.pipeline(op, kernel, storage, spec)?;
+        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
+        let c = c.map_or(&self.dummy, |s| &s.buffer);
+        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
+        let launches: Vec<Launch<'_>> =
+            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        self.record(op, &pipeline, 5, &launches)
+    }
+
+    /// The launch of a depthwise convolution with `spec`.
+    fn launch_conv(
+        &self,
+        op: &'static str,
+        p: &ConvParams,
+        storage: ElementStorage,
+        spec: Spec,
+        [input, weight, out]: [&WgpuStorage; 3],
+        bias: Option<&WgpuStorage>,
+    ) -> Result<()> {
+        let spec = spec.normalised(Kernel::DepthwiseConv2d);
+        let grid = self.grid_1d(op, p.items, spec.wg)?;
+        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, storage, spec)?;
+        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
+        let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
+        self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(p).to_vec(), grid }])
+    }
+
+    /// The autotuner of this device.
+    pub(crate) fn tuner(&self) -> &Tuner {
+        &self.tuner
+    }
+
+    /// What identifies this device and driver in the tune cache: adapter name, API, vendor
+    /// and device ids, driver and driver version.
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Whether `spec` of `kernel` fits this device's limits.
+    fn spec_fits(&self, kernel: Kernel, spec: Spec) -> bool {
+        let s = spec.normalised(kernel);
+        let (wg, bytes) = match kernel {
+            Kernel::Matmul => ([s.tile.wg_x, s.tile.wg_y, 1], s.tile.workgroup_bytes()),
+            _ => ([s.wg, 1, 1], 0),
+        };
+        let l = &self.limits;
+        bytes <= l.max_compute_workgroup_storage_size
+            && wg[0] * wg[1] * wg[2] <= l.max_compute_invocations_per_workgroup
+            && wg[0] <= l.max_compute_workgroup_size_x
+            && wg[1] <= l.max_compute_workgroup_size_y
+    }
+
+    /// The untuned choice: the first candidate; for the tiled matmul on a device allowing
+    /// fewer than 256 invocations (GL, some mobile GPUs), the 128-invocation short tile.
+    fn default_spec(&self, kernel: Kernel, candidates: &[Spec]) -> Spec {
+        let first = candidates.first().copied().unwrap_or(Spec::DEFAULT);
+        if kernel == Kernel::Matmul && !self.spec_fits(kernel, first) {
+            return Spec { tile: MatmulTile::SHORT, ..first };
+        }
+        first
+    }
+
+    /// The spec an op runs with (see the module documentation and `crate::tune`). `run`
+    /// records the op with a given spec; tuning calls it for each candidate.
+    fn choose(
+        &self,
+        kernel: Kernel,
+        storage: ElementStorage,
+        candidates: &[Spec],
+        key_tail: impl FnOnce() -> String,
+        run: &dyn Fn(Spec) -> Result<()>,
+    ) -> Result<Spec> {
+        #[cfg(test)]
+        if let Some(spec) = self.force_spec.lock().ok().and_then(|f| *f) {
+            return Ok(Spec { rows: candidates.first().map_or(spec.rows, |c| c.rows), ..spec });
+        }
+        let default = self.default_spec(kernel, candidates);
+        let forced = self.forced.lock().map(|f| f.is_some()).unwrap_or(false);
+        let mode = self.tuner.mode();
+        if mode == TuneMode::Off && !forced {
+            return Ok(default);
+        }
+        let key = format!("{}|{}|{}", self.fingerprint(), storage.name(), key_tail());
+        let hash = || crate::tune::hash_hex(cat::source_hash(kernel, storage));
+        let rows = default.rows;
+        if !forced && let Some(cfg) = self.tuner.lookup(&key, hash, kernel, candidates, |s| self.spec_fits(kernel, s)) {
+            return Ok(cfg.spec(kernel, rows));
+        }
+        if forced || mode == TuneMode::On {
+            let mark = self.profile_mark();
+            let tuned = self.tune_candidates(kernel, candidates, &key, &hash(), run);
+            // Tuning launches are not part of the caller's profile.
+            self.profile_truncate(mark);
+            let spec = tuned.as_ref().ok().map(|(_, spec)| *spec);
+            if forced && let Ok(mut f) = self.forced.lock() {
+                *f = Some(Some(tuned.map(|(report, _)| report)));
+            }
+            // A tuning that failed outright leaves the default.
+            return Ok(spec.unwrap_or(default));
+        }
+        self.tuner.remember(&key, TunedConfig::of(kernel, default));
+        Ok(default)
+    }
+
+    /// Times each candidate (wall time over whole submissions, best of three batches after a
+    /// warm-up that also builds the pipeline), stores the winner and reports.
+    fn tune_candidates(
+        &self,
+        kernel: Kernel,
+        candidates: &[Spec],
+        key: &str,
+        hash: &str,
+        run: &dyn Fn(Spec) -> Result<()>,
+    ) -> Result<(TuneReport, Spec)> {
+        // Each candidate is warmed up (which also builds its pipeline) and sized to a batch of
+        // about 50 ms; then TUNING_ROUNDS rounds time one batch of every candidate in turn and
+        // each keeps its best round, so a change in the machine's load hits all candidates
+        // alike instead of whichever ran during it.
+        let mut state: Vec<std::result::Result<(usize, f64), String>> = candidates
+            .iter()
+            .map(|&spec| {
+                if !self.spec_fits(kernel, spec) {
+                    return Err("exceeds the device's limits".to_string());
+                }
+                self.warm_up(run, spec).map(|reps| (reps, f64::MAX)).map_err(|e| e.to_string())
+            })
+            .collect();
+        for _ in 0..TUNING_ROUNDS {
+            for (slot, &spec) in state.iter_mut().zip(candidates) {
+                if let Ok((reps, best)) = slot {
+                    match self.time_batch(run, spec, *reps) {
+                        Ok(us) => *best = best.min(us),
+                        Err(e) => *slot = Err(e.to_string()),
+                    }
+                }
+            }
+        }
+        let mut results = Vec::new();
+        let mut best: Option<(f64, Spec)> = None;
+        for (slot, &spec) in state.into_iter().zip(candidates) {
+            let timed = slot.map(|(_, us)| us);
+            if let Ok(us) = timed
+                && best.is_none_or(|(b, _)| us < b)
+            {
+                best = Some((us, spec));
+            }
+            results.push((spec.label(kernel), timed));
+        }
+        let Some((mut micros, mut spec)) = best else {
+            return Err(Error::Backend { backend: KIND, message: format!("no candidate ran for {key}") });
+        };
+        let default_micros = results.first().and_then(|(_, r)| r.as_ref().ok().copied()).unwrap_or(micros);
+        // The default keeps its place unless another candidate beats it clearly: a win inside
+        // the timing noise would only make the choice depend on the machine's load.
+        if let (Some(&first), Some((_, Ok(_)))) = (candidates.first(), results.first())
+            && micros > default_micros * (1.0 - MIN_TUNING_GAIN)
+        {
+            (micros, spec) = (default_micros, first);
+        }
+        let entry = CacheEntry {
+            config: TunedConfig::of(kernel, spec),
+            kernel_hash: hash.to_string(),
+            micros,
+            default_micros,
+            tuned_at: crate::tune::now_secs(),
+        };
+        let stored = self.tuner.store(key, entry);
+        let report = TuneReport {
+            key: key.to_string(),
+            candidates: results,
+            winner: spec.label(kernel),
+            winner_micros: micros,
+            default_micros,
+        };
+        stored.map(|()| (report, spec))
+    }
+
+    /// Runs `spec` twice (the first builds the pipeline) and returns how many runs make a
+    /// batch of about 50 ms (1 to 20).
+    fn warm_up(&self, run: &dyn Fn(Spec) -> Result<()>, spec: Spec) -> Result<usize> {
+        run(spec)?;
+        self.synchronize()?;
+        let t = Instant::now();
+        run(spec)?;
+        self.synchronize()?;
+        let once = t.elapsed().as_secs_f64().max(1e-6);
+        Ok((0.05 / once).clamp(1.0, 20.0) as usize)
+    }
+
+    /// µs per run of a batch of `reps` runs of `spec` (wall time over one wait).
+    fn time_batch(&self, run: &dyn Fn(Spec) -> Result<()>, spec: Spec, reps: usize) -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..reps {
+            run(spec)?;
+        }
+        self.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() * 1e6 / reps as f64)
+    }
+
+    /// Runs `op` with every choice forced to a full tune, and returns the tune's report.
+    fn forced_tune(&self, op: impl FnOnce() -> Result<()>) -> Result<TuneReport> {
+        let _one =
+            self.forcing.lock().map_err(|_| Error::Backend { backend: KIND, message: "tune lock poisoned".into() })?;
+        if let Ok(mut f) = self.forced.lock() {
+            *f = Some(None);
+        }
+        let ran = op();
+        let report = self.forced.lock().ok().and_then(|mut f| f.take()).flatten();
+        ran?;
+        report
+            .unwrap_or_else(|| Err(Error::Backend { backend: KIND, message: "the op did not reach the tuner".into() }))
+    }
+
+    /// Tunes `desc` on these operands whatever the mode and cache (`Device::tune_matmul`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tune_matmul_now(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &WgpuStorage,
+        b: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        c: Option<&WgpuStorage>,
+        out: &WgpuStorage,
+    ) -> Result<TuneReport> {
+        self.forced_tune(|| self.matmul(desc, dtype, a, b, bias, c, out))
+    }
+
+    /// Tunes `desc` on these tensors whatever the mode and cache (`Device::tune_depthwise_conv2d`).
+    pub(crate) fn tune_conv_now(
+        &self,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &WgpuStorage,
+        weight: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        out: &WgpuStorage,
+    ) -> Result<TuneReport> {
+        self.forced_tune(|| self.depthwise_conv2d(desc, dtype, input, weight, bias, out))
+    }
+
+    /// Whether profiles get device time from timestamps.
+    pub(crate) fn has_timestamps(&self) -> bool {
+        self.timestamps
+    }
+
+    fn lock_prof(&self) -> Result<std::sync::MutexGuard<'_, ProfInner>> {
+        self.prof
+            .inner
+            .lock()
+            .map_err(|_| Error::Backend { backend: KIND, message: "the profile lock was poisoned".into() })
+    }
+
+    /// Opens a profile: from now on every pass writes timestamps (where the device has them)
+    /// and every launch is listed.
+    pub(crate) fn profile_start(&self) -> Result<()> {
+        *self.lock_prof()? = ProfInner::default();
+        self.prof.active.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The launches recorded since the last call.
+    pub(crate) fn profile_take(&self) -> Vec<LaunchInfo> {
+        self.lock_prof().map(|mut p| std::mem::take(&mut p.launches)).unwrap_or_default()
+    }
+
+    fn profile_mark(&self) -> usize {
+        self.lock_prof().map(|p| p.launches.len()).unwrap_or(0)
+    }
+
+    fn profile_truncate(&self, mark: usize) {
+        if let Ok(mut p) = self.lock_prof() {
+            p.launches.truncate(mark);
+        }
+    }
+
+    /// A query pair per launch (where the device has timestamps), and the launches listed.
+    fn profile_queries(
+        &self,
+        pipeline: &Pipeline,
+        launches: &[Launch<'_>],
+    ) -> Result<Vec<Option<(wgpu::QuerySet, u32)>>> {
+        let mut inner = self.lock_prof()?;
+        let mut out = Vec::with_capacity(launches.len());
+        for launch in launches {
+            let query = if self.timestamps {
+                if inner.sets.is_empty() || inner.used + 2 > QUERIES_PER_SET {
+                    let set = self.scoped(0, || {
+                        self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                            label: Some("tilekit profile"),
+                            ty: wgpu::QueryType::Timestamp,
+                            count: QUERIES_PER_SET,
+                        })
+                    })?;
+                    inner.sets.push(set);
+                    inner.used = 0;
+                }
+                let slot = inner.used;
+                inner.used += 2;
+                Some((inner.sets.len() - 1, slot))
+            } else {
+                None
+            };
+            inner.launches.push(LaunchInfo {
+                kernel: pipeline.name.clone(),
+                grid: launch.grid,
+                workgroup: pipeline.workgroup,
+                query,
+            });
+            out.push(query.map(|(i, slot)| (inner.sets[i].clone(), slot)));
+        }
+        Ok(out)
+    }
+
+    /// Closes the profile: waits for the device, resolves every timestamp and returns them in
+    /// nanoseconds, by query set and slot.
+    pub(crate) fn profile_finish(&self) -> Result<Vec<Vec<f64>>> {
+        self.prof.active.store(false, Ordering::Relaxed);
+        let (sets, used) = {
+            let mut p = self.lock_prof()?;
+            (std::mem::take(&mut p.sets), p.used)
+        };
+        self.synchronize()?;
+        let period = f64::from(self.queue.get_timestamp_period());
+        let last = sets.len().saturating_sub(1);
+        let mut all = Vec::with_capacity(sets.len());
+        for (i, set) in sets.iter().enumerate() {
+            let n = if i == last { used } else { QUERIES_PER_SET };
+            if n == 0 {
+                all.push(Vec::new());
+                continue;
+            }
+            let bytes = u64::from(n) * 8;
+            let make = |usage, label| {
+                self.scoped(bytes, || {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size: bytes,
+                        usage,
+                        mapped_at_creation: false,
+                    })
+                })
+            };
+            let resolve = make(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, "tilekit resolve")?;
+            let staging = make(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "tilekit timestamps")?;
+            let index = {
+                let mut pending = self.lock_pending()?;
+                let cmd = self.scoped(0, || {
+                    let mut enc = self
+                        .device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tilekit resolve") });
+                    enc.resolve_query_set(set, 0..n, &resolve, 0);
+                    enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
+                    enc.finish()
+                })?;
+                self.submit(&mut pending, Some(cmd))?
+            };
+            let raw = self.read_staging(&staging, index)?;
+            all.push(
+                raw.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64 * period)
+                    .collect(),
+            );
+        }
+        Ok(all)
+    }
+
+    /// Maps `staging` once submission `index` is done and copies it out.
+    fn read_staging(&self, staging: &wgpu::Buffer, index: Option<wgpu::SubmissionIndex>) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.scoped(0, || {
+            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            })
+        })?;
+        self.wait(index)?;
+        match rx.recv_timeout(WAIT_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Backend { backend: KIND, message: format!("mapping failed: {e}") }),
+            Err(_) => return Err(Error::Backend { backend: KIND, message: "the read-back never completed".into() }),
+        }
+        let out = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Backend { backend: KIND, message: format!("mapping failed: {e}") })?
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
     fn element_count_fits(&self, op: &'static str, what: &str, s: &WgpuStorage) -> Result<()> {
         to_u32(op, what, s.len).map(|_| ())
     }
@@ -809,32 +1317,13 @@ impl BackendOps for WgpuBackend {
             }
         }
         let params = self.matmul_params(op, desc)?;
+        let storage = self.storage_variant(dtype);
         // A few rows take the kernel without workgroup memory; the others the tiled kernel
-        // with the tile preset for their row count.
-        let (kernel, spec, block_m, block_n) = if desc.m <= cat::SMALL_M_ROWS {
-            let rows = params.m.max(1);
-            (Kernel::MatmulSmallM, Spec { rows, ..Spec::DEFAULT }, rows, cat::SMALL_M_WG * MatmulTile::TN)
-        } else {
-            let mut tile = MatmulTile::for_rows(desc.m);
-            // Downlevel devices (GL, some mobile GPUs) allow fewer than 256 invocations per
-            // workgroup: the 128-invocation tile still runs there.
-            if tile.invocations() > self.limits.max_compute_invocations_per_workgroup
-                || tile.wg_y > self.limits.max_compute_workgroup_size_y
-            {
-                tile = MatmulTile::SHORT;
-            }
-            (Kernel::Matmul, Spec { tile, ..Spec::DEFAULT }, tile.bm(), tile.bn())
-        };
-        let gx = div_ceil_u32(params.n, block_n);
-        let gy = div_ceil_u32(params.m, block_m);
-        let launches = self.batched_launches(op, params, desc.batch, gx, gy)?;
-        let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), spec)?;
-        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let c = c.map_or(&self.dummy, |s| &s.buffer);
-        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
-        let launches: Vec<Launch<'_>> =
-            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
-        self.record(op, &pipeline, 5, &launches)
+        // with a tile of their row class; the tuner picks among the candidates.
+        let (kernel, candidates) = cat::matmul_candidates(desc.m);
+        let run = |spec: Spec| self.launch_matmul(op, &params, desc.batch, storage, kernel, spec, [a, b, out], bias, c);
+        let spec = self.choose(kernel, storage, &candidates, || crate::tune::matmul_key_tail(desc), &run)?;
+        run(spec)
     }
 
     fn depthwise_conv2d(
@@ -904,11 +1393,12 @@ impl BackendOps for WgpuBackend {
             act: desc.activation.code(),
             items,
         };
-        let grid = self.grid_1d(op, items, cat::WG_1D)?;
-        let pipeline = self.pipeline(op, Kernel::DepthwiseConv2d, self.storage_variant(dtype), Spec::DEFAULT)?;
-        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let binds = vec![whole(0, &input.buffer), whole(1, &weight.buffer), whole(2, bias), whole(3, &out.buffer)];
-        self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
+        let storage = self.storage_variant(dtype);
+        let kernel = Kernel::DepthwiseConv2d;
+        let candidates = cat::conv_candidates();
+        let run = |spec: Spec| self.launch_conv(op, &p, storage, spec, [input, weight, out], bias);
+        let spec = self.choose(kernel, storage, &candidates, || crate::tune::conv_key_tail(desc), &run)?;
+        run(spec)
     }
 
     fn activation(

@@ -750,3 +750,53 @@ fn integer_inputs_match_bit_for_bit() {
         }
     }
 }
+
+/// Every tuning candidate computes the op correctly: each spec is forced through the whole op
+/// path (small-M, 16-row and general matmul classes with ragged edges, f32 and bf16; the
+/// convolution in both layouts).
+#[test]
+fn every_tuning_candidate_is_correct() {
+    let Some(dev) = own_device("tuning candidates") else { return };
+    let be = backend(&dev);
+    let force = |spec: Option<Spec>| *be.force_spec.lock().unwrap() = spec;
+    for (m, n, k) in [(3, 37, 9), (13, 70, 21), (37, 70, 21)] {
+        let (kernel, candidates) = cat::matmul_candidates(m);
+        for spec in candidates {
+            if !be.spec_fits(kernel, spec) {
+                continue;
+            }
+            force(Some(spec));
+            for dtype in [DType::F32, DType::Bf16] {
+                let mut case = dense_case(2, m, n, k, false, true);
+                case.desc.activation = Activation::Gelu;
+                run_matmul_case(&dev, dtype, &case, 11);
+            }
+        }
+    }
+    for spec in cat::conv_candidates() {
+        force(Some(spec));
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let mut d = conv_desc(layout, 12, 1, (9, 11), (3, 3));
+            d.has_bias = true;
+            d.stride_h = 2;
+            run_conv_case(&dev, DType::F32, &d, 5);
+        }
+    }
+    force(None);
+}
+
+/// A closed profile leaves the hot path alone: no launches are listed, no query sets made.
+#[test]
+fn closed_profile_records_nothing() {
+    let Some(dev) = own_device("closed profile") else { return };
+    let be = backend(&dev);
+    let a = upload(&dev, DType::F32, &values(64, 3));
+    dev.profile_begin().unwrap();
+    dev.activation(&a, None, Activation::Relu).unwrap();
+    let p = dev.profile_end().unwrap();
+    assert_eq!(p.records.len(), 1);
+    assert_eq!(p.records[0].timing == crate::Timing::Device, be.has_timestamps());
+    dev.activation(&a, None, Activation::Relu).unwrap();
+    let inner = be.prof.inner.lock().unwrap();
+    assert!(inner.launches.is_empty() && inner.sets.is_empty());
+}
