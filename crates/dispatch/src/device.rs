@@ -354,6 +354,26 @@ impl Device {
         }
     }
 
+    /// The `wgpu::Device` and `wgpu::Queue` this device runs on (`None` on other backends), for
+    /// engines that record their own passes around tilekit's ops. See [`Tensor::wgpu_buffer`].
+    pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
+        match &self.inner.backend {
+            Backend::Wgpu(b) => Some(b.raw()),
+            _ => None,
+        }
+    }
+
+    /// Hands every recorded op to the device without waiting for it. On wgpu, ops are batched
+    /// into few submissions; an engine that submits its own work reading tilekit's outputs to
+    /// the same queue calls this first. The CPU runs ops at once and CUDA orders them on its
+    /// stream, so there it does nothing.
+    pub fn flush(&self) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Wgpu(b) => b.flush(),
+            _ => Ok(()),
+        }
+    }
+
     /// Waits until every queued op has finished.
     pub fn synchronize(&self) -> Result<()> {
         match &self.inner.backend {

@@ -103,6 +103,18 @@ impl Tensor {
         Arc::ptr_eq(&self.buffer, &other.buffer)
     }
 
+    /// The `wgpu::Buffer` behind this tensor, for an engine that binds it in its own passes
+    /// (`None` on other backends). It holds the buffer's elements densely, little-endian in the
+    /// storage dtype — also f16 where the device packs it in `u32` words, whose bytes are the
+    /// same — padded with zeros to a multiple of 16 bytes. Call [`Device::flush`] before
+    /// submitting work that reads what tilekit wrote.
+    pub fn wgpu_buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.buffer.storage {
+            Storage::Wgpu(s) => Some(s.buffer()),
+            _ => None,
+        }
+    }
+
     /// The same buffer under another shape with as many elements.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = element_count(shape)?;

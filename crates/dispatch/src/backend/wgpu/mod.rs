@@ -245,7 +245,6 @@ pub(crate) struct WgpuStorage {
 
 impl WgpuStorage {
     /// The raw buffer, for engines that bind it themselves.
-    #[allow(dead_code)]
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
@@ -1496,5 +1495,20 @@ impl BackendOps for WgpuBackend {
             self.submit(&mut pending, None)?
         };
         self.wait(index)
+    }
+}
+
+/// Engine interop: what `Device::wgpu_device` and `Device::flush` hand out.
+impl WgpuBackend {
+    /// The device and queue, for engines that encode their own passes around tilekit's.
+    pub(crate) fn raw(&self) -> (&wgpu::Device, &wgpu::Queue) {
+        (&self.device, &self.queue)
+    }
+
+    /// Submits the recorded ops without waiting for them, so work the caller submits to the
+    /// same queue afterwards is ordered after them.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let mut pending = self.lock_pending()?;
+        self.submit(&mut pending, None).map(drop)
     }
 }
