@@ -270,6 +270,8 @@ fn summarise(results: &[BinaryResult], skips: &str, exercised: &[String], start:
         println!("  backends with skipped cases: {}", skipped.join(", "));
     }
     println!("  time: {:.0} s", start.elapsed().as_secs_f64());
+    // The plain closing line CI systems read: tests run, failed, and skip lines counted.
+    println!("tests: {passed} passed, {failed} failed, {total} skipped");
     failed
 }
 
