@@ -20,9 +20,9 @@ const KNOWN_PEAKS: [(&str, f64); 6] = [
 
 const PLOT_X: f64 = 80.0;
 const PLOT_Y: f64 = 50.0;
-const PLOT_W: f64 = 620.0;
-const PLOT_H: f64 = 500.0;
-const LEGEND_X: f64 = 730.0;
+const PLOT_W: f64 = 760.0;
+const PLOT_H: f64 = 640.0;
+const LEGEND_X: f64 = 880.0;
 const LINE_H: f64 = 13.0;
 
 fn colour(backend: &str) -> &'static str {
@@ -46,6 +46,8 @@ struct Roof {
     backend: &'static str,
     device: String,
     bandwidth_gbps: f64,
+    /// The traffic of the copy the bandwidth roof comes from.
+    copy_bytes: f64,
     peak_gflops: f64,
     peak_known: bool,
 }
@@ -115,6 +117,7 @@ pub fn roofline(rows: &[Row]) -> String {
                     backend: r.backend,
                     device: r.device.clone(),
                     bandwidth_gbps: 0.0,
+                    copy_bytes: 0.0,
                     peak_gflops: known.map_or(0.0, |k| k.1),
                     peak_known: known.is_some(),
                 });
@@ -122,7 +125,14 @@ pub fn roofline(rows: &[Row]) -> String {
                 &mut roofs[last]
             }
         };
-        roof.bandwidth_gbps = roof.bandwidth_gbps.max(r.copy_gbps.unwrap_or(0.0));
+        // The roof is the copy over the most bytes: small copies stay in cache and would put
+        // the roof at cache bandwidth, which no large op reaches.
+        if let (Some((_, bytes)), Some(gbps)) = (r.copy, r.copy_gbps)
+            && bytes > roof.copy_bytes
+        {
+            roof.copy_bytes = bytes;
+            roof.bandwidth_gbps = gbps;
+        }
         if !roof.peak_known {
             roof.peak_gflops = roof.peak_gflops.max(p.gflops);
         }
@@ -136,7 +146,7 @@ pub fn roofline(rows: &[Row]) -> String {
 
     let legend_lines = roofs.len() * 2 + points.len() + 4;
     let height = (PLOT_Y + PLOT_H + 60.0).max(PLOT_Y + legend_lines as f64 * LINE_H + 20.0);
-    let width = 1180.0;
+    let width = 1420.0;
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -253,8 +263,9 @@ pub fn roofline(rows: &[Row]) -> String {
         line(
             &mut svg,
             &format!(
-                "   roofs: copy {:.1} GB/s; {} {:.1} GFLOP/s",
+                "   roofs: copy {:.1} GB/s (over {:.1} MB); {} {:.1} GFLOP/s",
                 roof.bandwidth_gbps,
+                roof.copy_bytes / 1e6,
                 if roof.peak_known { "peak (known)" } else { "best measured (dashed)" },
                 roof.peak_gflops
             ),

@@ -215,16 +215,28 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
+/// Whether `dev` may launch configs other than the defaults: tuning on, or a cache to read.
+fn tunes(dev: &Device) -> bool {
+    match dev.tune_mode() {
+        TuneMode::Off => false,
+        TuneMode::On => true,
+        TuneMode::Cached => dev.tune_cache_path().is_some_and(|p| p.exists()),
+    }
+}
+
 /// The autotuner's mode on `dev` and whether its cache file is there.
 fn tune_note(dev: &Device) -> String {
     let mode = match dev.tune_mode() {
-        TuneMode::Off => "off (TILEKIT_TUNE=off: tuned and default are the same configs)",
+        TuneMode::Off => "off (TILEKIT_TUNE=off: default configs only, vs dflt is not measured)",
         TuneMode::Cached => "cached configs",
         TuneMode::On => "on (misses are tuned on first use)",
     };
     let cache = match dev.tune_cache_path() {
         Some(p) if p.exists() => format!("cache {} present", p.display()),
-        Some(p) => format!("no cache at {} (run `cargo xtask tune` first; tuned = default configs)", p.display()),
+        Some(p) => format!(
+            "no cache at {} (tuned = default configs, so vs dflt is not measured; run `cargo xtask tune` first)",
+            p.display()
+        ),
         None => "no cache path (neither TILEKIT_TUNE_CACHE, XDG_CACHE_HOME nor HOME is set)".to_string(),
     };
     format!("{mode}; {cache}")
@@ -377,7 +389,9 @@ fn measure_case(
     }
 
     // Tuned vs default: the same case with the autotuner off picks the default tile configs.
-    if dev.kind() == BackendKind::Wgpu && matches!(case, Case::Matmul { .. } | Case::Conv { .. }) {
+    // Without a cache (or with tuning off) both would launch the same configs, and the ratio
+    // would only measure noise, so it is not timed.
+    if dev.kind() == BackendKind::Wgpu && tunes(dev) && matches!(case, Case::Matmul { .. } | Case::Conv { .. }) {
         let mode = dev.tune_mode();
         dev.set_tune_mode(TuneMode::Off);
         row.default_config = measure::time(plan, || bound.run_synced()).ok();
@@ -393,7 +407,9 @@ fn measure_case(
     }
 
     // The bandwidth roof: the device's copy kernel moving as many bytes as the op must.
-    row.copy = time_copy(dev, case, dtype, quick).ok();
+    // (Flushed the same way as the op, so the fraction compares like with like.)
+    let flusher = if row.flushed { ctx.flusher.as_mut() } else { None };
+    row.copy = time_copy(dev, case, dtype, quick, flusher).ok();
 
     let key = case.shape();
     let ref_plan = Plan::reference(quick);
@@ -458,12 +474,23 @@ fn device_time(dev: &Device, bound: &Bound, runs: usize) -> Option<Stats> {
 }
 
 /// Times the device's copy kernel over as many bytes as `case` must move in `dtype`.
-fn time_copy(dev: &Device, case: &Case, dtype: DType, quick: bool) -> Result<(Stats, f64)> {
+fn time_copy(
+    dev: &Device,
+    case: &Case,
+    dtype: DType,
+    quick: bool,
+    mut flusher: Option<&mut Flusher>,
+) -> Result<(Stats, f64)> {
     // A copy reads and writes each element, so half the op's traffic in elements.
     let len = ((case.bytes(dtype) / 2.0 / dtype.size_bytes() as f64).round() as usize).max(1);
     let src = dev.zeros(&[len], dtype)?;
     let dst = dev.zeros(&[len], dtype)?;
-    let stats = measure::time(Plan::op(quick, dev.is_software()), || {
+    let flush = || {
+        if let Some(f) = flusher.as_mut() {
+            f.flush();
+        }
+    };
+    let stats = measure::time_between(Plan::op(quick, dev.is_software()), flush, || {
         dev.copy(&src, &dst)?;
         dev.synchronize()?;
         Ok(())
