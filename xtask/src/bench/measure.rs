@@ -75,6 +75,38 @@ pub fn time_between(plan: Plan, mut between: impl FnMut(), mut f: impl FnMut() -
     Ok(summarise(&mut samples))
 }
 
+/// Times `a` and `b` alternately according to `plan` (each warmed up, then one run of each
+/// per round), so drifting load on a shared machine weighs on both alike: a ratio of the two
+/// medians is fairer than one of two series timed minutes apart.
+pub fn time_interleaved(
+    plan: Plan,
+    mut a: impl FnMut() -> Result<()>,
+    mut b: impl FnMut() -> Result<()>,
+) -> Result<(Stats, Stats)> {
+    let mut first = Duration::ZERO;
+    for i in 0..plan.warmup.max(1) {
+        let t = Instant::now();
+        a()?;
+        b()?;
+        if i + 1 == plan.warmup.max(1) {
+            first = t.elapsed();
+        }
+    }
+    let per_round = first.as_secs_f64().max(1e-7);
+    let runs =
+        ((plan.budget.as_secs_f64() / per_round) as usize).clamp(plan.min_runs, plan.max_runs.max(plan.min_runs));
+    let (mut sa, mut sb) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for _ in 0..runs {
+        let t = Instant::now();
+        a()?;
+        sa.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        b()?;
+        sb.push(t.elapsed().as_secs_f64());
+    }
+    Ok((summarise(&mut sa), summarise(&mut sb)))
+}
+
 /// Median (mean of the middle two for an even count), min and max.
 pub fn summarise(samples: &mut [f64]) -> Stats {
     samples.sort_by(f64::total_cmp);
@@ -169,6 +201,25 @@ mod tests {
         let s = time_between(plan, || flushes += 1, || Ok(()));
         assert!(s.is_ok());
         assert_eq!(flushes, 5);
+    }
+
+    #[test]
+    fn interleaved_runs_alternate() {
+        let plan = Plan { min_runs: 3, max_runs: 3, budget: Duration::from_secs(1), warmup: 1 };
+        let log = std::cell::RefCell::new(String::new());
+        let s = time_interleaved(
+            plan,
+            || {
+                log.borrow_mut().push('a');
+                Ok(())
+            },
+            || {
+                log.borrow_mut().push('b');
+                Ok(())
+            },
+        );
+        assert!(matches!(s, Ok((Stats { runs: 3, .. }, Stats { runs: 3, .. }))));
+        assert_eq!(log.borrow().as_str(), "abababab");
     }
 
     #[test]

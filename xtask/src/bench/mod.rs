@@ -393,9 +393,22 @@ fn measure_case(
     // would only measure noise, so it is not timed.
     if dev.kind() == BackendKind::Wgpu && tunes(dev) && matches!(case, Case::Matmul { .. } | Case::Conv { .. }) {
         let mode = dev.tune_mode();
-        dev.set_tune_mode(TuneMode::Off);
-        row.default_config = measure::time(plan, || bound.run_synced()).ok();
+        let pair = measure::time_interleaved(
+            plan,
+            || {
+                dev.set_tune_mode(TuneMode::Off);
+                let ran = bound.run_synced();
+                dev.set_tune_mode(mode);
+                ran
+            },
+            || bound.run_synced(),
+        );
+        // Whatever happened, the device keeps the mode it had.
         dev.set_tune_mode(mode);
+        if let Ok((default, tuned)) = pair {
+            row.default_config = Some(default);
+            row.tuned_paired = Some(tuned);
+        }
     }
 
     // The trace: one profiled run of the case, after the timings so its pipelines are warm.

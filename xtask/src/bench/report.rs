@@ -53,7 +53,10 @@ pub struct Row {
     pub device_time: Option<Stats>,
     /// The same case with autotuning off (default tile configs), on backends that tune.
     pub default_config: Option<Stats>,
-    /// Default-config median / tuned median: above 1, the tuned config is faster.
+    /// The tuned config timed in alternation with the default one (what the ratio divides by).
+    pub tuned_paired: Option<Stats>,
+    /// Default-config median / tuned median, from the alternating runs: above 1, the tuned
+    /// config is faster.
     pub tuned_speedup: Option<f64>,
     /// Whether the caches were flushed before each timed run.
     pub flushed: bool,
@@ -84,6 +87,7 @@ impl Row {
             references: Vec::new(),
             device_time: None,
             default_config: None,
+            tuned_paired: None,
             tuned_speedup: None,
             flushed: false,
             plot_flops: case.flops().unwrap_or_else(|| match *case {
@@ -106,7 +110,8 @@ impl Row {
         for r in &mut self.references {
             r.speedup = r.stats.map(|rs| rs.median_s / s.median_s);
         }
-        self.tuned_speedup = self.default_config.map(|d| d.median_s / s.median_s);
+        let tuned = self.tuned_paired.unwrap_or(s);
+        self.tuned_speedup = self.default_config.map(|d| d.median_s / tuned.median_s);
     }
 
     pub fn push_ref(&mut self, r: Reference) {
@@ -167,7 +172,7 @@ pub fn print_legend() {
     println!(
         "Times are medians of wall-clock runs ending in a device sync; dev ms = median kernel time from GPU \
          timestamps (wgpu), so wall - dev is launch and sync overhead.\nvs dflt = the same case with autotuning \
-         off (default tile configs) / tuned (above 1: tuning pays).\n\
+         off (default tile configs) / tuned, timed alternately (above 1: tuning pays).\n\
           GB/s counts the least traffic \
          (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
