@@ -9,8 +9,14 @@
 //!    the native CPU backend, the deliberately naive WGSL matmul (`Device::naive_matmul`),
 //!    the f64 reference itself (small cases only), and the device's copy kernel moving as many
 //!    bytes as the op must (the bandwidth roof);
-//! 4. print a row and, at the end, write JSON and CSV under `results/` (and, with
-//!    `--compare BASELINE.json`, the speedup over an earlier run with regressions flagged).
+//! 4. on wgpu, time the op's kernels with GPU timestamps (the profile API) for a device-time
+//!    column, and time matmul and conv again with autotuning off for the tuned-vs-default ratio;
+//! 5. print a row and, at the end, write JSON, CSV and a roofline chart (SVG) under `results/`
+//!    (and, with `--compare BASELINE.json`, the speedup over an earlier run with regressions
+//!    flagged; with `--trace FILE`, a Chrome trace of one profiled run of every case).
+//!
+//! Memory-bound cases on the CPU backend flush the host caches before each timed run
+//! (`--no-flush` turns that off): a cold call is what a model sees between layers.
 //!
 //! The bench must time optimised code, so when the xtask itself was built without
 //! optimisations (the `cargo xtask` alias builds it in the dev profile, which keeps
@@ -18,6 +24,7 @@
 //! and runs that build.
 
 mod cases;
+mod chart;
 mod check;
 mod compare;
 mod measure;
@@ -27,11 +34,13 @@ mod workload;
 use crate::util::{cargo, project_root};
 use anyhow::{Context, Result, bail};
 use cases::{Case, Entry, Scale};
-use measure::{Plan, Stats};
+use indicatif::{ProgressBar, ProgressStyle};
+use measure::{Flusher, Plan, Stats};
 use report::{Reference, Row};
 use std::collections::HashMap;
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use tilekit::{BackendKind, DType, Device, WgpuOptions};
+use tilekit::{BackendKind, DType, Device, Profile, Timing, TuneMode, WgpuOptions};
 use workload::{Bound, Host};
 
 /// Arguments of `cargo xtask bench`.
@@ -55,6 +64,12 @@ pub struct Args {
     /// An earlier results JSON: print the speedup per row and flag regressions beyond noise.
     #[arg(long)]
     compare: Option<PathBuf>,
+    /// Write a Chrome trace (Perfetto, chrome://tracing) of one profiled run of every case.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Do not flush the host caches between timed runs of memory-bound CPU cases.
+    #[arg(long)]
+    no_flush: bool,
 }
 
 /// Set in the environment of the release build this command starts, so it does not start another.
@@ -79,28 +94,58 @@ pub fn run(args: Args) -> Result<()> {
     let started = std::time::SystemTime::now();
     let mut refs = SharedRefs::default();
     let mut rows = Vec::new();
+    let mut ctx = Ctx { quick: args.quick, flush: !args.no_flush, flusher: None };
+    let mut profiles = Vec::new();
+    let mut tune_notes = Vec::new();
+    let selected = |entry: &Entry| args.suite.is_empty() || args.suite.iter().any(|s| s == entry.suite);
+    let total: usize = devices
+        .iter()
+        .map(|d| {
+            dtypes.iter().filter(|&&t| d.check_dtype(t).is_ok()).count()
+                * cases::entries(scale_of(d, args.quick)).iter().filter(|e| selected(e)).count()
+        })
+        .sum();
+    let progress = progress_bar(total as u64);
     report::print_legend();
+    println!(
+        "Cache flushing between timed runs (memory-bound cases on the CPU backend, marked ok*): {}",
+        if ctx.flush { "on (--no-flush turns it off)" } else { "off (--no-flush)" }
+    );
     for dev in &devices {
         let slow = dev.is_software();
-        let scale =
-            Scale { quick: args.quick, gpu: matches!(dev.kind(), BackendKind::Wgpu | BackendKind::Cuda) && !slow };
+        let scale = scale_of(dev, args.quick);
         println!("\n== {} — {}{}", dev.kind(), dev.description(), if slow { " (software adapter)" } else { "" });
+        if dev.kind() == BackendKind::Wgpu {
+            let note = tune_note(dev);
+            println!("   autotuning: {note}");
+            tune_notes.push(format!("{}: {note}", dev.kind()));
+        }
         report::print_header();
+        let mut trace = args.trace.as_ref().map(|_| Profile {
+            backend: dev.kind(),
+            device: dev.description(),
+            records: Vec::new(),
+        });
         for &dtype in &dtypes {
             if let Err(e) = dev.check_dtype(dtype) {
-                println!("   SKIP {dtype} on {}: {e}", dev.kind());
+                progress.suspend(|| println!("   SKIP {dtype} on {}: {e}", dev.kind()));
                 continue;
             }
             for entry in cases::entries(scale) {
-                if !args.suite.is_empty() && !args.suite.iter().any(|s| s == entry.suite) {
+                if !selected(&entry) {
                     continue;
                 }
-                let row = bench_case(dev, &entry, dtype, args.quick, &mut refs);
-                report::print_row(&row);
+                progress.set_message(format!("{} {} {} {dtype}", dev.kind(), entry.suite, entry.case.shape()));
+                let row = bench_case(dev, &entry, dtype, &mut ctx, &mut refs, trace.as_mut());
+                progress.suspend(|| report::print_row(&row));
+                progress.inc(1);
                 rows.push(row);
             }
         }
+        profiles.extend(trace);
     }
+    progress.finish_and_clear();
+    report::print_tune_summary(&rows);
 
     let json = match args.json {
         Some(p) => p,
@@ -109,9 +154,26 @@ pub fn run(args: Args) -> Result<()> {
             project_root().join("results").join(format!("bench-{secs}.json"))
         }
     };
-    let meta = report::Meta::new(args.quick, &devices, started);
+    let mut meta = report::Meta::new(args.quick, &devices, started);
+    meta.cache_flush = ctx.flush;
+    meta.cache_flush_bytes = ctx.flusher.as_ref().map(Flusher::bytes);
+    if let Some(bytes) = meta.cache_flush_bytes {
+        println!("\ncases marked ok* ran after writing a {} MiB buffer to flush the host caches", bytes >> 20);
+    }
+    meta.tune = tune_notes;
     report::write(&json, &meta, &rows)?;
-    println!("\nwrote {} and {}", json.display(), json.with_extension("csv").display());
+    let svg = json.with_extension("svg");
+    std::fs::write(&svg, chart::roofline(&rows)).with_context(|| format!("writing {}", svg.display()))?;
+    println!("\nwrote {}, {} and {}", json.display(), json.with_extension("csv").display(), svg.display());
+    if let Some(path) = &args.trace {
+        let events: usize = profiles.iter().map(|p| p.records.len()).sum();
+        std::fs::write(path, tilekit::profile::chrome_trace(&profiles))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "wrote {} ({events} kernel events; open it in https://ui.perfetto.dev or chrome://tracing)",
+            path.display()
+        );
+    }
 
     // Regressions are flagged, not fatal: on a shared CI machine the load of other jobs moves
     // wall times by more than any fixed noise threshold.
@@ -124,6 +186,60 @@ pub fn run(args: Args) -> Result<()> {
         bail!("{} case(s) failed their correctness check or could not run: {}", failed.len(), failed.join("; "));
     }
     Ok(())
+}
+
+/// What the run's options and shared buffers are, for every case.
+struct Ctx {
+    quick: bool,
+    /// Whether memory-bound CPU cases flush the caches between runs.
+    flush: bool,
+    /// Allocated on first use (it is twice the last-level cache).
+    flusher: Option<Flusher>,
+}
+
+fn scale_of(dev: &Device, quick: bool) -> Scale {
+    Scale { quick, gpu: matches!(dev.kind(), BackendKind::Wgpu | BackendKind::Cuda) && !dev.is_software() }
+}
+
+/// A progress bar on stderr when stdout is a terminal; hidden otherwise (CI logs, pipes),
+/// where the rows printed as they finish are the progress.
+fn progress_bar(total: u64) -> ProgressBar {
+    if !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} cases, {elapsed} elapsed, ~{eta} left  {msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Whether `dev` may launch configs other than the defaults: tuning on, or a cache to read.
+fn tunes(dev: &Device) -> bool {
+    match dev.tune_mode() {
+        TuneMode::Off => false,
+        TuneMode::On => true,
+        TuneMode::Cached => dev.tune_cache_path().is_some_and(|p| p.exists()),
+    }
+}
+
+/// The autotuner's mode on `dev` and whether its cache file is there.
+fn tune_note(dev: &Device) -> String {
+    let mode = match dev.tune_mode() {
+        TuneMode::Off => "off (TILEKIT_TUNE=off: default configs only, vs dflt is not measured)",
+        TuneMode::Cached => "cached configs",
+        TuneMode::On => "on (misses are tuned on first use)",
+    };
+    let cache = match dev.tune_cache_path() {
+        Some(p) if p.exists() => format!("cache {} present", p.display()),
+        Some(p) => format!(
+            "no cache at {} (tuned = default configs, so vs dflt is not measured; run `cargo xtask tune` first)",
+            p.display()
+        ),
+        None => "no cache path (neither TILEKIT_TUNE_CACHE, XDG_CACHE_HOME nor HOME is set)".to_string(),
+    };
+    format!("{mode}; {cache}")
 }
 
 /// Rebuilds the xtask with optimisations and runs the same command line in it.
@@ -199,13 +315,31 @@ struct SharedRefs {
 /// Above this many multiply-adds the f64 reference is not timed (it runs ~1 GFLOP/s).
 const F64_REF_TIMING_WORK: f64 = (1u64 << 22) as f64;
 
-fn bench_case(dev: &Device, entry: &Entry, dtype: DType, quick: bool, refs: &mut SharedRefs) -> Row {
-    let mut row = measure_case(dev, entry, dtype, quick, refs);
+fn bench_case(
+    dev: &Device,
+    entry: &Entry,
+    dtype: DType,
+    ctx: &mut Ctx,
+    refs: &mut SharedRefs,
+    trace: Option<&mut Profile>,
+) -> Row {
+    let mut row = measure_case(dev, entry, dtype, ctx, refs, trace);
     row.finish();
     row
 }
 
-fn measure_case(dev: &Device, entry: &Entry, dtype: DType, quick: bool, refs: &mut SharedRefs) -> Row {
+/// Below this many FLOPs per byte of least traffic a case is memory-bound on any CPU.
+const MEMORY_BOUND_INTENSITY: f64 = 8.0;
+
+fn measure_case(
+    dev: &Device,
+    entry: &Entry,
+    dtype: DType,
+    ctx: &mut Ctx,
+    refs: &mut SharedRefs,
+    trace: Option<&mut Profile>,
+) -> Row {
+    let quick = ctx.quick;
     let case = &entry.case;
     let mut row = Row::new(entry.suite, case, dtype, dev);
     let host = Host::new(case, dtype);
@@ -230,7 +364,16 @@ fn measure_case(dev: &Device, entry: &Entry, dtype: DType, quick: bool, refs: &m
         return row;
     }
 
-    match measure::time(Plan::op(quick, dev.is_software()), || bound.run_synced()) {
+    let plan = Plan::op(quick, dev.is_software());
+    let memory_bound = case.flops().is_none_or(|f| f / case.bytes(dtype) < MEMORY_BOUND_INTENSITY);
+    row.flushed = ctx.flush && memory_bound && dev.kind() == BackendKind::Cpu;
+    let timed = if row.flushed {
+        let flusher = ctx.flusher.get_or_insert_with(Flusher::new);
+        measure::time_between(plan, || flusher.flush(), || bound.run_synced())
+    } else {
+        measure::time(plan, || bound.run_synced())
+    };
+    match timed {
         Ok(s) => row.stats = Some(s),
         Err(e) => {
             row.error = Some(format!("timing: {e:#}"));
@@ -238,8 +381,48 @@ fn measure_case(dev: &Device, entry: &Entry, dtype: DType, quick: bool, refs: &m
         }
     }
 
+    // Device time: GPU timestamps around the op's passes, one profile per run, so launch and
+    // synchronisation overhead (wall - device) is told apart from kernel time.
+    if dev.kind() == BackendKind::Wgpu {
+        let runs = row.stats.map_or(0, |s| s.runs).min(if quick { 5 } else { 20 });
+        row.device_time = device_time(dev, &bound, runs);
+    }
+
+    // Tuned vs default: the same case with the autotuner off picks the default tile configs.
+    // Without a cache (or with tuning off) both would launch the same configs, and the ratio
+    // would only measure noise, so it is not timed.
+    if dev.kind() == BackendKind::Wgpu && tunes(dev) && matches!(case, Case::Matmul { .. } | Case::Conv { .. }) {
+        let mode = dev.tune_mode();
+        let pair = measure::time_interleaved(
+            plan,
+            || {
+                dev.set_tune_mode(TuneMode::Off);
+                let ran = bound.run_synced();
+                dev.set_tune_mode(mode);
+                ran
+            },
+            || bound.run_synced(),
+        );
+        // Whatever happened, the device keeps the mode it had.
+        dev.set_tune_mode(mode);
+        if let Ok((default, tuned)) = pair {
+            row.default_config = Some(default);
+            row.tuned_paired = Some(tuned);
+        }
+    }
+
+    // The trace: one profiled run of the case, after the timings so its pipelines are warm.
+    if let Some(trace) = trace {
+        // A case that cannot be profiled is missing from the trace, not a failed row.
+        if let Ok(p) = profiled_run(dev, &bound) {
+            trace.append(p);
+        }
+    }
+
     // The bandwidth roof: the device's copy kernel moving as many bytes as the op must.
-    row.copy = time_copy(dev, case, dtype, quick).ok();
+    // (Flushed the same way as the op, so the fraction compares like with like.)
+    let flusher = if row.flushed { ctx.flusher.as_mut() } else { None };
+    row.copy = time_copy(dev, case, dtype, quick, flusher).ok();
 
     let key = case.shape();
     let ref_plan = Plan::reference(quick);
@@ -280,13 +463,47 @@ fn measure_case(dev: &Device, entry: &Entry, dtype: DType, quick: bool, refs: &m
     row
 }
 
+/// One synced run of the case inside a profile.
+fn profiled_run(dev: &Device, bound: &Bound) -> Result<Profile> {
+    dev.profile_begin()?;
+    let ran = bound.run_synced();
+    // The profile is closed whether or not the run worked, so the next op is not recorded.
+    let profile = dev.profile_end()?;
+    ran.map(|()| profile)
+}
+
+/// Median/min/max of the op's device time over `runs` profiled runs; `None` when the backend
+/// records no GPU timestamps (no `TIMESTAMP_QUERY`) or a run fails.
+fn device_time(dev: &Device, bound: &Bound, runs: usize) -> Option<Stats> {
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let p = profiled_run(dev, bound).ok()?;
+        if p.records.is_empty() || p.records.iter().any(|r| r.timing != Timing::Device) {
+            return None;
+        }
+        samples.push(p.total_us() * 1e-6);
+    }
+    (!samples.is_empty()).then(|| measure::summarise(&mut samples))
+}
+
 /// Times the device's copy kernel over as many bytes as `case` must move in `dtype`.
-fn time_copy(dev: &Device, case: &Case, dtype: DType, quick: bool) -> Result<(Stats, f64)> {
+fn time_copy(
+    dev: &Device,
+    case: &Case,
+    dtype: DType,
+    quick: bool,
+    mut flusher: Option<&mut Flusher>,
+) -> Result<(Stats, f64)> {
     // A copy reads and writes each element, so half the op's traffic in elements.
     let len = ((case.bytes(dtype) / 2.0 / dtype.size_bytes() as f64).round() as usize).max(1);
     let src = dev.zeros(&[len], dtype)?;
     let dst = dev.zeros(&[len], dtype)?;
-    let stats = measure::time(Plan::op(quick, dev.is_software()), || {
+    let flush = || {
+        if let Some(f) = flusher.as_mut() {
+            f.flush();
+        }
+    };
+    let stats = measure::time_between(Plan::op(quick, dev.is_software()), flush, || {
         dev.copy(&src, &dst)?;
         dev.synchronize()?;
         Ok(())

@@ -48,6 +48,21 @@ pub struct Row {
     /// Achieved bytes/s over the copy kernel's bytes/s.
     pub roof_fraction: Option<f64>,
     pub references: Vec<Reference>,
+    /// Kernel time from GPU timestamps (wgpu), one profiled run per sample: median/min/max
+    /// of the sum of the op's launches.
+    pub device_time: Option<Stats>,
+    /// The same case with autotuning off (default tile configs), on backends that tune.
+    pub default_config: Option<Stats>,
+    /// The tuned config timed in alternation with the default one (what the ratio divides by).
+    pub tuned_paired: Option<Stats>,
+    /// Default-config median / tuned median, from the alternating runs: above 1, the tuned
+    /// config is faster.
+    pub tuned_speedup: Option<f64>,
+    /// Whether the caches were flushed before each timed run.
+    pub flushed: bool,
+    /// FLOPs for the roofline chart: the op's, or for an activation one per element for the
+    /// function and one for the bias add (as the profiler counts them).
+    pub plot_flops: f64,
 }
 
 impl Row {
@@ -70,6 +85,15 @@ impl Row {
             copy_gbps: None,
             roof_fraction: None,
             references: Vec::new(),
+            device_time: None,
+            default_config: None,
+            tuned_paired: None,
+            tuned_speedup: None,
+            flushed: false,
+            plot_flops: case.flops().unwrap_or_else(|| match *case {
+                Case::Activation { rows, cols, bias, .. } => ((rows * cols) * (1 + usize::from(bias))) as f64,
+                _ => 0.0,
+            }),
         }
     }
 
@@ -86,6 +110,8 @@ impl Row {
         for r in &mut self.references {
             r.speedup = r.stats.map(|rs| rs.median_s / s.median_s);
         }
+        let tuned = self.tuned_paired.unwrap_or(s);
+        self.tuned_speedup = self.default_config.map(|d| d.median_s / tuned.median_s);
     }
 
     pub fn push_ref(&mut self, r: Reference) {
@@ -115,6 +141,12 @@ pub struct Meta {
     pub host_threads: usize,
     pub devices: Vec<String>,
     pub notes: &'static str,
+    /// Whether memory-bound CPU cases flushed the host caches before each timed run.
+    pub cache_flush: bool,
+    /// The size of the buffer written to flush them, when any case flushed.
+    pub cache_flush_bytes: Option<usize>,
+    /// Per device: the autotuner's mode and whether a tune cache file was present.
+    pub tune: Vec<String>,
 }
 
 impl Meta {
@@ -127,14 +159,21 @@ impl Meta {
             devices: devices.iter().map(|d| format!("{}: {}", d.kind(), d.description())).collect(),
             notes: "times are wall-clock seconds per call including a device synchronisation; \
                     speedup = reference median / tilekit median; roof_fraction = achieved bytes/s \
-                    over the device copy kernel's bytes/s at the same traffic",
+                    over the device copy kernel's bytes/s at the same traffic; device_time = kernel time \
+                    from GPU timestamps; tuned_speedup = default-config median / tuned median",
+            cache_flush: false,
+            cache_flush_bytes: None,
+            tune: Vec::new(),
         }
     }
 }
 
 pub fn print_legend() {
     println!(
-        "Times are medians of wall-clock runs ending in a device sync. GB/s counts the least traffic \
+        "Times are medians of wall-clock runs ending in a device sync; dev ms = median kernel time from GPU \
+         timestamps (wgpu), so wall - dev is launch and sync overhead.\nvs dflt = the same case with autotuning \
+         off (default tile configs) / tuned, timed alternately (above 1: tuning pays).\n\
+          GB/s counts the least traffic \
          (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
@@ -142,7 +181,7 @@ pub fn print_legend() {
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms           GFLOP/s     GB/s   roof   vs gemm   vs cpu  vs naive  vs f64-ref";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive  vs f64-ref";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -165,19 +204,46 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok     {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>7}  {:>5}  {:>8}  {:>7}  {:>8}  {:>10}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>10}",
+        if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
         s.max_s * 1e3,
+        opt(row.device_time.map(|d| d.median_s * 1e3), 3),
         opt(row.gflops, 2),
         opt(row.gbps, 2),
         row.roof_fraction.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)),
+        row.tuned_speedup.map_or("-".to_string(), |x| format!("{x:.2}x")),
         row.speedup("gemm"),
         row.speedup("cpu"),
         row.speedup("naive"),
         row.speedup("f64-ref"),
     );
     println!("{line}");
+}
+
+/// The geometric mean of tuned-over-default speedups per device, dtype and suite.
+pub fn print_tune_summary(rows: &[Row]) {
+    // (backend, dtype, suite) and the ratios, in the order the rows ran.
+    type Group<'a> = ((&'a str, &'a str, &'a str), Vec<f64>);
+    let mut groups: Vec<Group> = Vec::new();
+    for r in rows {
+        let Some(x) = r.tuned_speedup.filter(|x| x.is_finite() && *x > 0.0) else { continue };
+        let key = (r.backend, r.dtype, r.suite);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(x),
+            None => groups.push((key, vec![x])),
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    println!("\n== Tuned vs default tile configs (geometric mean of default time / tuned time; above 1: tuning pays)");
+    for ((backend, dtype, suite), v) in groups {
+        let geo = (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
+        let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        println!("   {backend:<5} {dtype:<5} {suite:<11} {geo:.2}x over {} case(s) (range {lo:.2}x-{hi:.2}x)", v.len());
+    }
 }
 
 #[derive(Serialize)]
@@ -200,7 +266,8 @@ pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
 fn csv(rows: &[Row]) -> String {
     let refs = ["gemm", "cpu", "naive", "f64-ref"];
     let mut out = String::from(
-        "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,gflops,gbps,copy_gbps,roof_fraction",
+        "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
+         tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",
     );
     for r in refs {
         let _ = write!(out, ",{r}_median_ms,{r}_speedup");
@@ -211,7 +278,7 @@ fn csv(rows: &[Row]) -> String {
         let s = row.stats;
         let _ = write!(
             out,
-            "{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             row.suite,
             row.op,
             row.shape,
@@ -222,6 +289,10 @@ fn csv(rows: &[Row]) -> String {
             f(s.map(|s| s.min_s * 1e3)),
             f(s.map(|s| s.max_s * 1e3)),
             s.map_or(0, |s| s.runs),
+            f(row.device_time.map(|d| d.median_s * 1e3)),
+            f(row.default_config.map(|d| d.median_s * 1e3)),
+            f(row.tuned_speedup),
+            row.flushed,
             f(row.gflops),
             f(row.gbps),
             f(row.copy_gbps),
