@@ -12,10 +12,17 @@
 //!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
 //!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
 //!   poll with a timeout and return a typed error instead of hanging.
-//! - Limits: grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to stay
-//!   within the per-dimension workgroup limit; activations and copies over the storage-binding
-//!   limit run in chunks bound as buffer windows; a matmul or conv operand over that limit, and
-//!   anything whose indices would pass `u32`, is refused with [`Error::Overflow`].
+//! - Limits: the device is created with the adapter's own limits (storage binding, buffer size,
+//!   workgroups). Grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to
+//!   stay within the per-dimension workgroup limit; activations and copies over the
+//!   storage-binding limit run in chunks bound as buffer windows; a matmul over it (or over
+//!   `u32` indices, or over the grid limit in M or N) runs as blocks of batches, rows and
+//!   columns, each binding windows of its operands (`split_matmul`). What cannot be split (one
+//!   row of a transposed A or one column of an untransposed B over the limit) and a depthwise
+//!   convolution operand over the limit are refused with [`Error::Overflow`] naming the
+//!   operand.
+//! - A buffer over the device's `max_buffer_size` is [`Error::OutOfMemory`], as a failed
+//!   allocation is on every backend; [`Error::Overflow`] is for counts past the integer types.
 //! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
@@ -39,7 +46,7 @@ use tilekit_kernels::catalogue::wgsl::{
     self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
     activation_flags, conv_flags, matmul_flags,
 };
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, Precision};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
 use wgpu::util::DeviceExt;
 
 #[cfg(test)]
@@ -469,15 +476,11 @@ impl WgpuBackend {
     }
 
     fn create_buffer(&self, bytes: u64, contents: Option<&[u8]>) -> Result<wgpu::Buffer> {
-        let op = "alloc";
+        // A size the device cannot hold is the same verdict as an allocation the driver
+        // refuses: out of memory (as on the CPU and CUDA backends). `Overflow` is kept for
+        // counts that do not fit the integer types (elements times bytes past `usize`).
         if bytes > self.limits.max_buffer_size {
-            return Err(Error::Overflow {
-                op,
-                what: format!(
-                    "a buffer of {bytes} bytes (the device's max_buffer_size is {})",
-                    self.limits.max_buffer_size
-                ),
-            });
+            return Err(Error::OutOfMemory { backend: KIND, bytes });
         }
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         self.scoped(bytes, || match contents {
@@ -801,13 +804,14 @@ impl WgpuBackend {
         Ok(launches)
     }
 
-    /// The tiled-kernel launch of a matmul with `spec`.
+    /// The tiled-kernel launch of a matmul with `spec`: whole buffers where every operand fits
+    /// the storage-binding limit and every index fits `u32`, else [`Self::split_matmul`].
     #[allow(clippy::too_many_arguments)]
     fn launch_matmul(
         &self,
         op: &'static str,
-        params: &MatmulParams,
-        batch: usize,
+        desc: &MatmulDesc,
+        dtype: DType,
         storage: ElementStorage,
         kernel: Kernel,
         spec: Spec,
@@ -820,16 +824,181 @@ impl WgpuBackend {
             Kernel::MatmulSmallM => (spec.rows, spec.wg * MatmulTile::TN),
             _ => (spec.tile.bm(), spec.tile.bn()),
         };
-        let gx = div_ceil_u32(params.n, block_n);
-        let gy = div_ceil_u32(params.m, block_m);
-        let launches = self.batched_launches(op, *params, batch, gx, gy)?;
         let pipeline = self.pipeline(op, kernel, storage, spec)?;
-        let bias = bias.map_or(&self.dummy, |s| &s.buffer);
-        let c = c.map_or(&self.dummy, |s| &s.buffer);
-        let binds = vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
-        let launches: Vec<Launch<'_>> =
-            launches.into_iter().map(|(params, grid)| Launch { binds: binds.clone(), params, grid }).collect();
+        let limit = self.binding_limit();
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
+        let fits_whole = [Some(a), Some(b), bias, c, Some(out)].into_iter().flatten().all(|s| s.buffer.size() <= limit)
+            && self.matmul_params(op, desc).is_ok()
+            && desc.n.div_ceil(block_n as usize) <= max as usize
+            && desc.m.div_ceil(block_m as usize) <= max as usize;
+        let launches = if fits_whole {
+            let params = self.matmul_params(op, desc)?;
+            let gx = div_ceil_u32(params.n, block_n);
+            let gy = div_ceil_u32(params.m, block_m);
+            let bias = bias.map_or(&self.dummy, |s| &s.buffer);
+            let c = c.map_or(&self.dummy, |s| &s.buffer);
+            let binds =
+                vec![whole(0, &a.buffer), whole(1, &b.buffer), whole(2, bias), whole(3, c), whole(4, &out.buffer)];
+            self.batched_launches(op, params, desc.batch, gx, gy)?
+                .into_iter()
+                .map(|(params, grid)| Launch { binds: binds.clone(), params, grid })
+                .collect()
+        } else {
+            self.split_matmul(op, desc, dtype, (block_m, block_n), [a, b, out], bias, c)?
+        };
         self.record(op, &pipeline, 5, &launches)
+    }
+
+    /// The largest binding a split op uses: the device's storage-binding limit, capped at
+    /// 2^31 bytes so every element index inside a window (at most 2^30 16-bit elements, two
+    /// per word where packed) stays far inside `u32`.
+    fn binding_limit(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(1 << 31)
+    }
+
+    /// A matmul whose operands exceed the storage-binding limit (or whose indices would pass
+    /// `u32`, or whose grid would pass the per-dimension limit), as launches over blocks of
+    /// (batches, output rows, output columns). Each block binds, per operand, the byte window
+    /// that holds what the block reads or writes, starting at a multiple of the storage offset
+    /// alignment, and runs with offsets relative to it. Blocks shrink per operand that does
+    /// not fit: batches first, then rows (A, C, out) or columns (B, bias, C, out), which helps
+    /// B only when it is stored transposed (N x K rows are contiguous) and A only when it is
+    /// not (its M x K rows are contiguous). A single row or column
+    /// still over the limit cannot be split and is an [`Error::Overflow`] that names it.
+    #[allow(clippy::too_many_arguments)]
+    fn split_matmul<'a>(
+        &'a self,
+        op: &'static str,
+        desc: &MatmulDesc,
+        dtype: DType,
+        (block_m, block_n): (u32, u32),
+        [a, b, out]: [&'a WgpuStorage; 3],
+        bias: Option<&'a WgpuStorage>,
+        c: Option<&'a WgpuStorage>,
+    ) -> Result<Vec<Launch<'a>>> {
+        let size = dtype.size_bytes();
+        let limit = self.binding_limit();
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+        let k = desc.k;
+        // Bytes of a window over `(batches, rows, cols)` of a view: its span plus the most the
+        // aligned start can add.
+        let span = |v: &MatrixView, nb: usize, rows: usize, cols: usize| -> u64 {
+            let elems = (nb.saturating_sub(1) as u128) * v.batch_stride as u128
+                + (rows.saturating_sub(1) as u128) * v.ld as u128
+                + cols as u128;
+            let bytes = elems * size as u128 + u128::from(align) + 16;
+            u64::try_from(bytes).unwrap_or(u64::MAX)
+        };
+        let (mut nb, mut rm, mut cn) = (desc.batch, desc.m, desc.n.min(max * block_n as usize));
+        rm = rm.min(max * block_m as usize);
+        loop {
+            // Which shrink each operand asks for, in order of preference.
+            let (ar, ac) = if desc.trans_a { (k, rm) } else { (rm, k) };
+            let (br, bc) = if desc.trans_b { (cn, k) } else { (k, cn) };
+            let mut over: Vec<(&str, bool, bool, bool)> = Vec::new();
+            if k > 0 && span(&desc.a, nb, ar, ac) > limit {
+                over.push(("a", true, true, false));
+            }
+            if k > 0 && span(&desc.b, nb, br, bc) > limit {
+                over.push(("b", true, false, true));
+            }
+            if desc.bias_offset.is_some() && span(&MatrixView::default(), 1, 1, cn) > limit {
+                over.push(("bias", false, false, true));
+            }
+            if let Some(cv) = &desc.c
+                && span(cv, nb, rm, cn) > limit
+            {
+                over.push(("c", true, true, true));
+            }
+            if span(&desc.out, nb, rm, cn) > limit {
+                over.push(("out", true, true, true));
+            }
+            let Some(&(what, by_batch, by_rows, by_cols)) = over.first() else { break };
+            if by_batch && nb > 1 {
+                nb = nb.div_ceil(2);
+            } else if by_rows && rm > 1 {
+                rm = rm.div_ceil(2);
+            } else if by_cols && cn > 1 {
+                cn = cn.div_ceil(2);
+            } else {
+                return Err(Error::Overflow {
+                    op,
+                    what: format!(
+                        "operand {what}: a single row or column of it is over the storage-binding limit \
+                         ({limit} bytes) and cannot be split further{}",
+                        match what {
+                            "a" if desc.trans_a => "; store A untransposed (M x K) to split it by rows",
+                            "b" if !desc.trans_b => "; store B transposed (N x K) to split it by columns",
+                            _ => "",
+                        }
+                    ),
+                });
+            }
+        }
+        // One window of a view: `(binding window, element offset inside it)`.
+        let window = |v: &MatrixView, b0: usize, r0: usize, c0: usize, nb: usize, rows: usize, cols: usize| {
+            let first = v.offset + b0 * v.batch_stride + r0 * v.ld + c0;
+            let last = first + (nb - 1) * v.batch_stride + (rows - 1) * v.ld + (cols - 1);
+            let start = (first * size) as u64 / align * align;
+            let end = ((last + 1) * size) as u64;
+            ((start, end.div_ceil(16) * 16 - start), first - start as usize / size)
+        };
+        let mut launches = Vec::new();
+        for b0 in (0..desc.batch).step_by(nb) {
+            let nb = nb.min(desc.batch - b0);
+            for r0 in (0..desc.m).step_by(rm) {
+                let nr = rm.min(desc.m - r0);
+                for c0 in (0..desc.n).step_by(cn) {
+                    let nc = cn.min(desc.n - c0);
+                    let mut sub = MatmulDesc { batch: nb, m: nr, n: nc, ..*desc };
+                    let mut binds = Vec::with_capacity(5);
+                    if k == 0 {
+                        // Nothing of A or B is read.
+                        binds.push(whole(0, &self.dummy));
+                        binds.push(whole(1, &self.dummy));
+                    } else {
+                        let (ar0, ac0, ar, ac) = if desc.trans_a { (0, r0, k, nr) } else { (r0, 0, nr, k) };
+                        let (w, off) = window(&desc.a, b0, ar0, ac0, nb, ar, ac);
+                        binds.push(Bind { slot: 0, buffer: &a.buffer, window: Some(w) });
+                        sub.a.offset = off;
+                        let (br0, bc0, br, bc) = if desc.trans_b { (c0, 0, nc, k) } else { (0, c0, k, nc) };
+                        let (w, off) = window(&desc.b, b0, br0, bc0, nb, br, bc);
+                        binds.push(Bind { slot: 1, buffer: &b.buffer, window: Some(w) });
+                        sub.b.offset = off;
+                    }
+                    match (desc.bias_offset, bias) {
+                        (Some(bo), Some(bs)) => {
+                            let v = MatrixView { offset: bo, ld: 0, batch_stride: 0 };
+                            let (w, off) = window(&v, 0, 0, c0, 1, 1, nc);
+                            binds.push(Bind { slot: 2, buffer: &bs.buffer, window: Some(w) });
+                            sub.bias_offset = Some(off);
+                        }
+                        _ => binds.push(whole(2, &self.dummy)),
+                    }
+                    match (desc.c, c) {
+                        (Some(cv), Some(cs)) => {
+                            let (w, off) = window(&cv, b0, r0, c0, nb, nr, nc);
+                            binds.push(Bind { slot: 3, buffer: &cs.buffer, window: Some(w) });
+                            sub.c = Some(MatrixView { offset: off, ..cv });
+                        }
+                        _ => binds.push(whole(3, &self.dummy)),
+                    }
+                    let (w, off) = window(&desc.out, b0, r0, c0, nb, nr, nc);
+                    binds.push(Bind { slot: 4, buffer: &out.buffer, window: Some(w) });
+                    sub.out.offset = off;
+                    // Offsets of later batches are in the window: the block's batches run
+                    // from 0 with the strides unchanged.
+                    let params = self.matmul_params(op, &sub)?;
+                    let gx = div_ceil_u32(params.n, block_n);
+                    let gy = div_ceil_u32(params.m, block_m);
+                    for (params, grid) in self.batched_launches(op, params, nb, gx, gy)? {
+                        launches.push(Launch { binds: binds.clone(), params, grid });
+                    }
+                }
+            }
+        }
+        Ok(launches)
     }
 
     /// The launch of a depthwise convolution with `spec`.
@@ -1311,17 +1480,11 @@ impl BackendOps for WgpuBackend {
         out: &WgpuStorage,
     ) -> Result<()> {
         let op = "matmul";
-        for (what, s) in [("a", Some(a)), ("b", Some(b)), ("bias", bias), ("c", c), ("out", Some(out))] {
-            if let Some(s) = s {
-                self.element_count_fits(op, what, s)?;
-            }
-        }
-        let params = self.matmul_params(op, desc)?;
         let storage = self.storage_variant(dtype);
         // A few rows take the kernel without workgroup memory; the others the tiled kernel
         // with a tile of their row class; the tuner picks among the candidates.
         let (kernel, candidates) = cat::matmul_candidates(desc.m);
-        let run = |spec: Spec| self.launch_matmul(op, &params, desc.batch, storage, kernel, spec, [a, b, out], bias, c);
+        let run = |spec: Spec| self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c);
         let spec = self.choose(kernel, storage, &candidates, || crate::tune::matmul_key_tail(desc), &run)?;
         run(spec)
     }

@@ -607,10 +607,53 @@ fn from_raw_device_and_the_binding_limit() {
         assert_eq!(&got[..len], &src.to_f32_vec().unwrap()[..], "{dtype}");
         assert_eq!(got[len], 3.0, "{dtype}");
     }
-    let a = dev.zeros(&[16, 32], DType::F32).unwrap();
-    let b = dev.zeros(&[32, 2], DType::F32).unwrap();
+    // A matmul operand over the limit is split by blocks; a non-transposed B whose single
+    // column block is still over it cannot be split and is refused with a typed error that
+    // says so.
+    let a = dev.zeros(&[2, 150], DType::F32).unwrap();
+    let b = dev.zeros(&[150, 2], DType::F32).unwrap();
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("transposed")), "{err:?}");
+    split_matmuls(&dev);
+}
+
+/// Matmuls over a 1 KiB binding limit (`dev`), split into blocks of batches, rows and
+/// columns with windows at aligned offsets, in every dtype, against the reference: batches
+/// with broadcast B, strided views with odd offsets, bias and C, both transposes, K = 0.
+fn split_matmuls(dev: &Device) {
+    let before = backend(dev).submission_count();
+    let mut seed = 5000;
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for (ta, tb) in [(false, false), (true, true), (false, true), (true, false)] {
+            // 3 batches of 40 x 24 x 30: every operand (2.4-4.8 KB in f32) is over the limit.
+            // A transposed A (K x M) splits by rows only down to K rows of it, a non-transposed
+            // B likewise by columns: there K stays small enough for one such block to fit.
+            let k = if !ta && tb { 30 } else { 4 };
+            let mut case = dense_case(3, 40, 24, k, ta, tb);
+            case.desc.bias_offset = Some(3);
+            case.bias = true;
+            let d = &mut case.desc;
+            d.c = Some(MatrixView { offset: 1, ld: d.n + 1, batch_stride: d.m * (d.n + 1) });
+            d.out = MatrixView { offset: 5, ld: d.n + 2, batch_stride: d.m * (d.n + 2) + 3 };
+            d.alpha = 0.5;
+            d.beta = -1.25;
+            d.activation = Activation::Gelu;
+            run_matmul_case(dev, dtype, &case, seed);
+            seed += 1;
+        }
+        // B broadcast to every batch, M = 2 (the small-M kernel), an offset A.
+        let mut case = dense_case(5, 2, 70, 9, false, true);
+        case.desc.b.batch_stride = 0;
+        case.desc.a = MatrixView { offset: 7, ld: 11, batch_stride: 23 };
+        run_matmul_case(dev, dtype, &case, seed);
+        // K = 0: only the epilogue, over windows of C and the output.
+        let mut case = dense_case(2, 30, 20, 0, false, false);
+        case.desc.c = Some(MatrixView::dense(30, 20));
+        case.desc.beta = 2.0;
+        run_matmul_case(dev, dtype, &case, seed + 1);
+        seed += 2;
+    }
+    assert!(backend(dev).submission_count() > before);
 }
 
 /// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
@@ -631,7 +674,7 @@ fn narrow_grid_device() -> Option<Device> {
 }
 
 #[test]
-fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
+fn grid_limits_split_batches_rows_and_columns_fold_1d_grids_and_refuse_the_rest() {
     let Some(dev) = narrow_grid_device() else {
         eprintln!("SKIP grid test: no adapter, or it did not take the lower grid limit");
         return;
@@ -654,11 +697,11 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     d.pad_left = 1;
     run_conv_case(&dev, DType::F16, &d, 902);
     // M = 1 takes the small-M kernel, 256 columns per workgroup: N = 256 * 8 + 1 needs 9
-    // column blocks, more than the grid dimension holds.
-    let b = dev.zeros(&[1, (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1], DType::F32).unwrap();
-    let a = dev.zeros(&[1, 1], DType::F32).unwrap();
-    let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    // column blocks, more than the grid dimension holds, so it runs as two launches over
+    // column windows. M = 300 with the 16 x 128 tile needs 19 row blocks: three launches.
+    let n = (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1;
+    run_matmul_case(&dev, DType::F32, &dense_case(1, 1, n, 3, false, false), 904);
+    run_matmul_case(&dev, DType::F16, &dense_case(2, 300, 5, 3, false, true), 905);
     // 64 * 4 * 8 * 8 + 1 elements need 65 workgroups: more than an 8 x 8 grid.
     let x = dev.zeros(&[64 * 4 * 64 + 1], DType::F32).unwrap();
     let err = dev.activation(&x, None, Activation::Relu).unwrap_err();
