@@ -47,7 +47,6 @@ use tilekit_kernels::catalogue::wgsl::{
     activation_flags, conv_flags, matmul_flags,
 };
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
-use wgpu::util::DeviceExt;
 
 #[cfg(test)]
 mod tests;
@@ -272,6 +271,24 @@ fn map_wgpu_error(e: wgpu::Error, bytes: u64) -> Error {
     }
 }
 
+/// A buffer holding `contents` (zero-padded to a multiple of 4 bytes). wgpu's own
+/// `create_buffer_init` panics when the mapping fails, as it does on a lost device; this
+/// returns [`Error::DeviceLost`] (or the mapping error) instead.
+fn buffer_with(device: &wgpu::Device, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+    let size = (contents.len().div_ceil(4) * 4).max(4) as u64;
+    let buffer =
+        device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
+    {
+        let mut view = buffer.slice(..).get_mapped_range_mut().map_err(|e| Error::DeviceLost {
+            backend: KIND,
+            reason: format!("a new buffer could not be mapped for writing ({e})"),
+        })?;
+        view.slice(..contents.len()).copy_from_slice(contents);
+    }
+    buffer.unmap();
+    Ok(buffer)
+}
+
 fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Overflow { op, what: format!("{what} = {v} (kernel indices are u32)") })
 }
@@ -468,6 +485,11 @@ impl WgpuBackend {
         let value = f();
         let caught =
             [pollster::block_on(internal.pop()), pollster::block_on(validation.pop()), pollster::block_on(oom.pop())];
+        if caught.iter().any(Option::is_some) {
+            // A destroyed device makes every object invalid, but its lost callback runs only
+            // when the device is polled: poll once so the error is reported as the loss.
+            let _ = self.device.poll(wgpu::PollType::Poll);
+        }
         self.check_health()?;
         match caught.into_iter().flatten().next() {
             Some(e) => Err(map_wgpu_error(e, bytes)),
@@ -484,19 +506,15 @@ impl WgpuBackend {
         }
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         self.scoped(bytes, || match contents {
-            Some(data) => self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("tilekit tensor"),
-                contents: data,
-                usage,
-            }),
+            Some(data) => buffer_with(&self.device, "tilekit tensor", data, usage),
             // wgpu zero-fills new buffers.
-            None => self.device.create_buffer(&wgpu::BufferDescriptor {
+            None => Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tilekit tensor"),
                 size: bytes,
                 usage,
                 mapped_at_creation: false,
-            }),
-        })
+            })),
+        })?
     }
 
     /// The cached pipeline of `kernel` in `storage` specialised by `spec`, built on first use.
@@ -623,11 +641,7 @@ impl WgpuBackend {
         let commands = self.scoped(0, || {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
             for (i, launch) in launches.iter().enumerate() {
-                let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some(op),
-                    contents: &launch.params,
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
+                let uniform = buffer_with(&self.device, op, &launch.params, wgpu::BufferUsages::UNIFORM)?;
                 let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
                     .binds
                     .iter()
@@ -662,8 +676,8 @@ impl WgpuBackend {
                 let [x, y, z] = launch.grid;
                 pass.dispatch_workgroups(x, y, z);
             }
-            encoder.finish()
-        })?;
+            Ok(encoder.finish())
+        })??;
         let mut pending = self.lock_pending()?;
         pending.buffers.push(commands);
         if pending.buffers.len() >= MAX_PENDING_OPS {
