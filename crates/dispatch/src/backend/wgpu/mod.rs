@@ -23,6 +23,12 @@
 //!   operand.
 //! - A buffer over the device's `max_buffer_size` is [`Error::OutOfMemory`], as a failed
 //!   allocation is on every backend; [`Error::Overflow`] is for counts past the integer types.
+//! - NaN and Inf, the promise (tested in `tests/tests/nan_inf.rs`): WGSL lets the shader
+//!   compiler assume finite math and flush subnormals, so what an output that depends on a
+//!   NaN or an infinity holds is not promised (lavapipe happens to propagate). Promised: such
+//!   an op returns `Ok` and does not disturb the device; outputs that do not depend on a
+//!   non-finite input are bit-identical to a run without it; finite inputs whose results are
+//!   finite give finite outputs, huge ones included (the GELU formulas clamp their arguments).
 //! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
