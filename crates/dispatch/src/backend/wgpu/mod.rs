@@ -17,15 +17,16 @@
 //!   stay within the per-dimension workgroup limit; activations and copies over the
 //!   storage-binding limit run in chunks bound as buffer windows; a matmul over it (or over
 //!   `u32` indices, or over the grid limit in M or N) runs as blocks of batches, rows and
-//!   columns, each binding windows of its operands (`split_matmul`). What cannot be split (one
-//!   row of a transposed A or one column of an untransposed B over the limit) and a depthwise
-//!   convolution operand over the limit are refused with [`Error::Overflow`] naming the
-//!   operand.
+//!   columns, each binding windows of its operands (`split_matmul`); a depthwise convolution
+//!   over it runs as blocks of images, channel planes (NCHW) and output rows (`split_conv`).
+//!   What cannot be split (one row of a transposed A or one column of an untransposed B over
+//!   the limit, one output row of a convolution over it) is refused with [`Error::Overflow`]
+//!   naming it.
 //! - A buffer over the device's `max_buffer_size` is [`Error::OutOfMemory`], as a failed
 //!   allocation is on every backend; [`Error::Overflow`] is for counts past the integer types.
 //! - NaN and Inf, the promise (tested in `tests/tests/nan_inf.rs`): WGSL lets the shader
 //!   compiler assume finite math and flush subnormals, so what an output that depends on a
-//!   NaN or an infinity holds is not promised (lavapipe happens to propagate). Promised: such
+//!   NaN or an infinity holds is not promised. Promised: such
 //!   an op returns `Ok` and does not disturb the device; outputs that do not depend on a
 //!   non-finite input are bit-identical to a run without it; finite inputs whose results are
 //!   finite give finite outputs, huge ones included (the GELU formulas clamp their arguments).
@@ -1039,6 +1040,223 @@ impl WgpuBackend {
         self.record(op, &pipeline, 4, &[Launch { binds, params: bytemuck::bytes_of(p).to_vec(), grid }])
     }
 
+    /// A depthwise convolution whose buffers exceed the storage-binding limit (or `u32`
+    /// indices), as launches over blocks, each binding windows of its buffers at aligned
+    /// offsets with the offsets inside them in the parameter block. The blocks are the first
+    /// of these whose windows all fit: batches (halved until they fit); then, in NCHW, input
+    /// channels with all their output channels (whole planes), then single output channels by
+    /// output rows; in NHWC, output rows of one image (whole pixels). A row block reads the
+    /// input rows its taps reach and runs with the top padding shifted to match. What still
+    /// does not fit (a single output row, or NHWC weights over the limit) is
+    /// [`Error::Overflow`].
+    fn split_conv<'a>(
+        &'a self,
+        op: &'static str,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        spec: Spec,
+        [input, weight, out]: [&'a WgpuStorage; 3],
+        bias: Option<&'a WgpuStorage>,
+    ) -> Result<Vec<Launch<'a>>> {
+        let size = dtype.size_bytes();
+        let limit = self.binding_limit();
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
+            return Err(Error::InvalidParameter { op, param: "desc", reason: "empty output".into() });
+        };
+        let (c, h, w, m) = (desc.channels, desc.height, desc.width, desc.multiplier);
+        let oc = desc.out_channels();
+        let kk = desc.kernel_h * desc.kernel_w;
+        let nhwc = desc.layout == Layout::Nhwc;
+        // The window holding elements [first, first + len) and the offset of `first` in it,
+        // or None when it is over the limit.
+        let window = |first: usize, len: usize| -> Option<((u64, u64), u32)> {
+            let start = (first * size) as u64 / align * align;
+            let end = ((first + len.max(1)) * size) as u64;
+            let bytes = end.div_ceil(16) * 16 - start;
+            let off = u32::try_from(first - start as usize / size).ok()?;
+            (bytes <= limit).then_some(((start, bytes), off))
+        };
+        // One block: images [n0, n0 + nb), input channels [c0, c0 + nc) (NCHW), or a single
+        // output channel `one_oc` (NCHW), output rows [oy0, oy0 + nr).
+        struct Block {
+            n0: usize,
+            nb: usize,
+            c0: usize,
+            nc: usize,
+            one_oc: Option<usize>,
+            oy0: usize,
+            nr: usize,
+        }
+        let block = |b: &Block| -> Result<Option<Launch<'a>>> {
+            // Input rows the block's taps reach, and the top padding that maps them.
+            let (sh, dh, pt) = (desc.stride_h, desc.dilation_h, desc.pad_top);
+            let reach_lo = b.oy0 * sh; // padded coordinates
+            let reach_hi = (b.oy0 + b.nr - 1) * sh + (desc.kernel_h - 1) * dh;
+            let (lo, rows, pad) = if b.nr == oh {
+                (0, h, pt as u64)
+            } else if reach_lo >= pt + h || reach_hi < pt {
+                // Every tap is in the padding: no input row is read.
+                (0, 1, u64::from(u32::MAX))
+            } else {
+                let lo = reach_lo.saturating_sub(pt);
+                let hi = (reach_hi - pt).min(h - 1);
+                (lo, hi - lo + 1, (lo + pt - reach_lo) as u64)
+            };
+            let (channels, mult, out_c, in_first, in_len, w_first, w_len, o_first, o_len, b_first, b_len) = if nhwc {
+                let in_first = (b.n0 * h + lo) * w * c;
+                let o_first = (b.n0 * oh + b.oy0) * ow * oc;
+                (c, m, oc, in_first, b.nb * rows * w * c, 0, oc * kk, o_first, b.nb * b.nr * ow * oc, 0, oc)
+            } else if let Some(o) = b.one_oc {
+                let in_first = (b.n0 * c + o / m) * h * w + lo * w;
+                let o_first = ((b.n0 * oc + o) * oh + b.oy0) * ow;
+                (1, 1, 1, in_first, rows * w, o * kk, kk, o_first, b.nr * ow, o, 1)
+            } else {
+                let in_first = (b.n0 * c + b.c0) * h * w;
+                let o_first = (b.n0 * oc + b.c0 * m) * oh * ow;
+                let ocs = b.nc * m;
+                (
+                    b.nc,
+                    m,
+                    ocs,
+                    in_first,
+                    b.nb * b.nc * h * w,
+                    b.c0 * m * kk,
+                    ocs * kk,
+                    o_first,
+                    b.nb * ocs * oh * ow,
+                    b.c0 * m,
+                    ocs,
+                )
+            };
+            let (Some((wi, in_off)), Some((ww, w_off)), Some((wo, o_off))) =
+                (window(in_first, in_len), window(w_first, w_len), window(o_first, o_len))
+            else {
+                return Ok(None);
+            };
+            let mut binds = vec![
+                Bind { slot: 0, buffer: &input.buffer, window: Some(wi) },
+                Bind { slot: 1, buffer: &weight.buffer, window: Some(ww) },
+                Bind { slot: 3, buffer: &out.buffer, window: Some(wo) },
+            ];
+            let mut b_off = 0;
+            match bias {
+                Some(bs) => {
+                    let Some((wb, off)) = window(b_first, b_len) else { return Ok(None) };
+                    binds.push(Bind { slot: 2, buffer: &bs.buffer, window: Some(wb) });
+                    b_off = off;
+                }
+                None => binds.push(whole(2, &self.dummy)),
+            }
+            let groups = if nhwc { b.nb * b.nr * ow * oc.div_ceil(4) } else { b.nb * out_c * b.nr * ow.div_ceil(4) };
+            let mut flags = 0;
+            if bias.is_some() {
+                flags |= conv_flags::HAS_BIAS;
+            }
+            let out_vec = if nhwc { out_c.is_multiple_of(4) } else { ow.is_multiple_of(4) };
+            if out_vec && o_off.is_multiple_of(4) {
+                flags |= conv_flags::OUT_VEC;
+            }
+            if nhwc && mult == 1 && channels.is_multiple_of(4) && in_off.is_multiple_of(4) {
+                flags |= conv_flags::IN_VEC;
+            }
+            let p = ConvParams {
+                batch: to_u32(op, "batch", b.nb)?,
+                channels: to_u32(op, "channels", channels)?,
+                height: to_u32(op, "height", rows)?,
+                width: to_u32(op, "width", w)?,
+                mult: to_u32(op, "multiplier", mult)?,
+                kh: to_u32(op, "kernel height", desc.kernel_h)?,
+                kw: to_u32(op, "kernel width", desc.kernel_w)?,
+                stride_h: to_u32(op, "stride", desc.stride_h)?,
+                stride_w: to_u32(op, "stride", desc.stride_w)?,
+                dil_h: to_u32(op, "dilation", desc.dilation_h)?,
+                dil_w: to_u32(op, "dilation", desc.dilation_w)?,
+                pad_top: u32::try_from(pad).unwrap_or(u32::MAX),
+                pad_left: to_u32(op, "padding", desc.pad_left)?,
+                out_h: to_u32(op, "output height", b.nr)?,
+                out_w: to_u32(op, "output width", ow)?,
+                out_c: to_u32(op, "output channels", out_c)?,
+                nhwc: nhwc as u32,
+                flags,
+                act: desc.activation.code(),
+                items: to_u32(op, "output groups", groups)?,
+                in_off,
+                w_off,
+                b_off,
+                o_off,
+            };
+            let grid = self.grid_1d(op, p.items, spec.normalised(Kernel::DepthwiseConv2d).wg)?;
+            Ok(Some(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }))
+        };
+        let all = |blocks: Vec<Block>| -> Result<Option<Vec<Launch<'a>>>> {
+            let mut launches = Vec::with_capacity(blocks.len());
+            for b in &blocks {
+                match block(b)? {
+                    Some(l) => launches.push(l),
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(launches))
+        };
+        let full = |n0: usize, nb: usize| Block { n0, nb, c0: 0, nc: c, one_oc: None, oy0: 0, nr: oh };
+        // Batches.
+        let mut nb = desc.batch;
+        loop {
+            let blocks = (0..desc.batch).step_by(nb).map(|n0| full(n0, nb.min(desc.batch - n0))).collect();
+            if let Some(l) = all(blocks)? {
+                return Ok(l);
+            }
+            if nb == 1 {
+                break;
+            }
+            nb = nb.div_ceil(2);
+        }
+        // NCHW: input channels with all their output channels.
+        if !nhwc {
+            let mut nc = c.div_ceil(2);
+            while nc >= 1 {
+                let blocks = (0..desc.batch)
+                    .flat_map(|n0| (0..c).step_by(nc).map(move |c0| (n0, c0)))
+                    .map(|(n0, c0)| Block { nc: nc.min(c - c0), c0, ..full(n0, 1) })
+                    .collect();
+                if let Some(l) = all(blocks)? {
+                    return Ok(l);
+                }
+                if nc == 1 {
+                    break;
+                }
+                nc = nc.div_ceil(2);
+            }
+        }
+        // Output rows (of one output channel in NCHW).
+        let mut nr = oh.div_ceil(2).max(1);
+        loop {
+            let units: Vec<(usize, Option<usize>)> = if nhwc {
+                (0..desc.batch).map(|n| (n, None)).collect()
+            } else {
+                (0..desc.batch).flat_map(|n| (0..oc).map(move |o| (n, Some(o)))).collect()
+            };
+            let blocks = units
+                .into_iter()
+                .flat_map(|(n0, one_oc)| (0..oh).step_by(nr).map(move |oy0| (n0, one_oc, oy0)))
+                .map(|(n0, one_oc, oy0)| Block { one_oc, oy0, nr: nr.min(oh - oy0), ..full(n0, 1) })
+                .collect();
+            if let Some(l) = all(blocks)? {
+                return Ok(l);
+            }
+            if nr == 1 {
+                return Err(Error::Overflow {
+                    op,
+                    what: format!(
+                        "one output row of the convolution needs bindings over the storage-binding limit ({limit} bytes)"
+                    ),
+                });
+            }
+            nr = nr.div_ceil(2);
+        }
+    }
+
     /// The autotuner of this device.
     pub(crate) fn tuner(&self) -> &Tuner {
         &self.tuner
@@ -1519,10 +1737,20 @@ impl BackendOps for WgpuBackend {
         out: &WgpuStorage,
     ) -> Result<()> {
         let op = "depthwise_conv2d";
-        for (what, s) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("out", Some(out))] {
-            if let Some(s) = s {
-                self.element_count_fits(op, what, s)?;
-            }
+        let limit = self.binding_limit();
+        let buffers = [Some(input), Some(weight), bias, Some(out)];
+        if buffers.into_iter().flatten().any(|s| s.buffer.size() > limit || u32::try_from(s.len).is_err()) {
+            // Over the storage-binding limit or past u32 indices: blocks bound as windows.
+            let storage = self.storage_variant(dtype);
+            let kernel = Kernel::DepthwiseConv2d;
+            let candidates = cat::conv_candidates();
+            let run = |spec: Spec| {
+                let launches = self.split_conv(op, desc, dtype, spec, [input, weight, out], bias)?;
+                let pipeline = self.pipeline(op, kernel, storage, spec)?;
+                self.record(op, &pipeline, 4, &launches)
+            };
+            let spec = self.choose(kernel, storage, &candidates, || crate::tune::conv_key_tail(desc), &run)?;
+            return run(spec);
         }
         let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
             return Err(Error::InvalidParameter { op, param: "desc", reason: "empty output".into() });
@@ -1575,6 +1803,7 @@ impl BackendOps for WgpuBackend {
             flags,
             act: desc.activation.code(),
             items,
+            ..ConvParams::default()
         };
         let storage = self.storage_variant(dtype);
         let kernel = Kernel::DepthwiseConv2d;

@@ -615,6 +615,62 @@ fn from_raw_device_and_the_binding_limit() {
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
     assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("transposed")), "{err:?}");
     split_matmuls(&dev);
+    split_convs(&dev);
+}
+
+/// Depthwise convolutions over a 1 KiB binding limit (`dev`), in every dtype, against the
+/// reference: split by batches, by channel planes (NCHW) and by output rows (one output
+/// channel in NCHW, one image in NHWC) with padding, stride, dilation, multiplier and bias;
+/// a row block wholly in the padding; and one output row over the limit, refused.
+fn split_convs(dev: &Device) {
+    let mut seed = 7000;
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        let mut cases = Vec::new();
+        // Batches: 8 images of 2 x 6 x 7 (over the limit in every dtype), a few per block.
+        let mut d = conv_desc(Layout::Nchw, 2, 1, (6, 7), (3, 3));
+        d.batch = 8;
+        d.has_bias = true;
+        cases.push(d);
+        // Channel planes: 9 channels of 6 x 6, multiplier 2.
+        let mut d = conv_desc(Layout::Nchw, 9, 2, (6, 6), (3, 3));
+        d.pad_top = 1;
+        d.pad_left = 1;
+        d.pad_right = 1;
+        d.pad_bottom = 1;
+        d.activation = Activation::Relu6;
+        d.has_bias = true;
+        cases.push(d);
+        // Output rows: of one channel of 20 x 21 planes (NCHW), of one image (NHWC); stride 2, dilation, asymmetric padding.
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            // (An NHWC row block reads 5 input rows here: 11 pixels of 2 channels keep them
+            // inside the limit.)
+            let (c, w) = if layout == Layout::Nhwc { (2, 11) } else { (2, 21) };
+            let mut d = conv_desc(layout, c, 1, (20, w), (3, 3));
+            d.stride_h = 2;
+            d.dilation_h = 2;
+            d.pad_top = 2;
+            d.pad_bottom = 1;
+            d.pad_left = 1;
+            d.activation = Activation::Gelu;
+            d.has_bias = true;
+            cases.push(d);
+            // Padding so large that the first and last row blocks see only padding.
+            let mut d = conv_desc(layout, c, 2, (18, 9), (2, 3));
+            d.pad_top = 9;
+            d.pad_bottom = 9;
+            cases.push(d);
+        }
+        for d in &cases {
+            run_conv_case(dev, dtype, d, seed);
+            seed += 3;
+        }
+    }
+    // NHWC rows of 300 pixels x 4 channels: one output row is over 1 KiB.
+    let x = dev.zeros(&[1, 2, 300, 4], DType::F32).unwrap();
+    let w = dev.zeros(&[4, 1, 1, 1], DType::F32).unwrap();
+    let opts = crate::Conv2dOptions { layout: Layout::Nhwc, ..Default::default() };
+    let err = dev.depthwise_conv2d(&x, &w, None, &opts).unwrap_err();
+    assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("output row")), "{err:?}");
 }
 
 /// Matmuls over a 1 KiB binding limit (`dev`), split into blocks of batches, rows and
