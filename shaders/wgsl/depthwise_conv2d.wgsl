@@ -44,6 +44,12 @@ struct ConvParams {
     flags: u32,
     act: u32,
     items: u32,
+    // Element offsets of input, weight, bias and output inside their bindings (a split
+    // convolution binds windows of its buffers; see the wgpu backend's `split_conv`).
+    in_off: u32,
+    w_off: u32,
+    b_off: u32,
+    o_off: u32,
 }
 
 @group(0) @binding(4) var<uniform> p: ConvParams;
@@ -57,8 +63,8 @@ fn conv_nchw(item: u32) {
     let oc = rest % p.out_c;
     let n = rest / p.out_c;
     let ic = oc / p.mult;
-    let in_base = (n * p.channels + ic) * p.height * p.width;
-    let w_base = oc * p.kh * p.kw;
+    let in_base = p.in_off + (n * p.channels + ic) * p.height * p.width;
+    let w_base = p.w_off + oc * p.kh * p.kw;
     var acc = vec4<f32>(0.0);
     for (var ky = 0u; ky < p.kh; ky++) {
         let py = oy * p.stride_h + ky * p.dil_h;
@@ -77,10 +83,10 @@ fn conv_nchw(item: u32) {
         }
     }
     if ((p.flags & HAS_BIAS) != 0u) {
-        acc = acc + vec4<f32>(ld_bias(oc));
+        acc = acc + vec4<f32>(ld_bias(p.b_off + oc));
     }
     acc = apply_act4(acc, p.act);
-    let o = ((n * p.out_c + oc) * p.out_h + oy) * p.out_w + ox0;
+    let o = p.o_off + ((n * p.out_c + oc) * p.out_h + oy) * p.out_w + ox0;
     if ((p.flags & OUT_VEC) != 0u) {
         st4_out(o >> 2u, acc);
     } else {
@@ -112,18 +118,19 @@ fn conv_nhwc(item: u32) {
             if (px < p.pad_left || px - p.pad_left >= p.width) {
                 continue;
             }
-            let pix = ((n * p.height + py - p.pad_top) * p.width + px - p.pad_left) * p.channels;
+            let pix = p.in_off + ((n * p.height + py - p.pad_top) * p.width + px - p.pad_left) * p.channels;
             let tap = ky * p.kw + kx;
             if ((p.flags & IN_VEC) != 0u) {
                 let x = ld4_input((pix + oc0) >> 2u);
-                let w = vec4<f32>(ld_weight(oc0 * taps + tap), ld_weight((oc0 + 1u) * taps + tap),
-                    ld_weight((oc0 + 2u) * taps + tap), ld_weight((oc0 + 3u) * taps + tap));
+                let wb = p.w_off + tap;
+                let w = vec4<f32>(ld_weight(wb + oc0 * taps), ld_weight(wb + (oc0 + 1u) * taps),
+                    ld_weight(wb + (oc0 + 2u) * taps), ld_weight(wb + (oc0 + 3u) * taps));
                 acc = fma(x, w, acc);
             } else {
                 for (var j = 0u; j < 4u; j++) {
                     let oc = oc0 + j;
                     if (oc < p.out_c) {
-                        acc[j] = fma(ld_input(pix + oc / p.mult), ld_weight(oc * taps + tap), acc[j]);
+                        acc[j] = fma(ld_input(pix + oc / p.mult), ld_weight(p.w_off + oc * taps + tap), acc[j]);
                     }
                 }
             }
@@ -132,12 +139,12 @@ fn conv_nhwc(item: u32) {
     if ((p.flags & HAS_BIAS) != 0u) {
         for (var j = 0u; j < 4u; j++) {
             if (oc0 + j < p.out_c) {
-                acc[j] = acc[j] + ld_bias(oc0 + j);
+                acc[j] = acc[j] + ld_bias(p.b_off + oc0 + j);
             }
         }
     }
     acc = apply_act4(acc, p.act);
-    let o = ((n * p.out_h + oy) * p.out_w + ox) * p.out_c + oc0;
+    let o = p.o_off + ((n * p.out_h + oy) * p.out_w + ox) * p.out_c + oc0;
     if ((p.flags & OUT_VEC) != 0u) {
         st4_out(o >> 2u, acc);
     } else {

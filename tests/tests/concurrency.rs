@@ -104,14 +104,29 @@ fn repeated_ops_are_bit_identical() {
                 ok("upload", dev.tensor_from_f32(shape, dtype, &v))
             };
             let (a, b, bias, img, w) = (t(&[3, 33, 47]), t(&[47, 65]), t(&[65]), t(&[2, 7, 9, 3]), t(&[6, 1, 3, 3]));
+            let (a2, c) = (t(&[33, 47]), t(&[3, 33, 65]));
             let opts = MatmulOptions { bias: Some(&bias), activation: Activation::Gelu, ..MatmulOptions::default() };
             let conv =
                 Conv2dOptions { layout: Layout::Nhwc, stride: [2, 1], padding: [1, 0, 1, 1], ..Default::default() };
+            let residual = MatmulOptions { c: Some(&c), beta: -0.5, trans_b: true, ..MatmulOptions::default() };
+            let nchw = Conv2dOptions { layout: Layout::Nchw, padding: [1; 4], ..Default::default() };
+            // Every op: the fused matmul (with bias, and with a residual and B transposed), the
+            // conv in both layouts, the activation out of and in place, the copy and the naive
+            // matmul where the backend has one.
             let run = || -> Vec<Vec<u8>> {
                 let y = ok("matmul", dev.matmul(&a, &b, &opts));
+                let bt = ok("reshape", b.reshape(&[65, 47]));
+                let r = ok("matmul with C", dev.matmul(&a, &bt, &residual));
                 let z = ok("conv", dev.depthwise_conv2d(&img, &w, None, &conv));
+                let img2 = ok("reshape", img.reshape(&[2, 3, 7, 9]));
+                let z2 = ok("conv nchw", dev.depthwise_conv2d(&img2, &w, None, &nchw));
                 let g = ok("activation", dev.activation(&a, None, Activation::GeluTanh));
-                [y, z, g].iter().map(|t| ok("download", t.to_bytes())).collect()
+                let ip = ok("copy target", dev.zeros(a.shape(), dtype));
+                ok("copy", dev.copy(&a, &ip));
+                ok("in place", dev.activation_in_place(&ip, None, Activation::Relu6));
+                let mut all = vec![y, r, z, z2, g, ip];
+                all.extend(ok("naive matmul", dev.naive_matmul(&a2, &b)));
+                all.iter().map(|t| ok("download", t.to_bytes())).collect()
             };
             let first = run();
             for i in 1..10 {

@@ -19,6 +19,15 @@
 //! activations are [`Activation::apply_f32`], the formula every backend implements; NaN and
 //! ±Inf propagate (no fast-math anywhere).
 //!
+//! NaN and Inf, the promise (tested in `tests/tests/nan_inf.rs`): an output that depends on a
+//! NaN is NaN; an infinity goes through the matmul and conv as IEEE arithmetic says and
+//! through an activation as [`Activation::apply_f32`] says (NaN stays NaN in every
+//! activation); outputs that do not depend on a non-finite input are exactly what they are
+//! without it. Subnormals are kept (no flush to zero).
+//!
+//! Out of memory: every allocation (tensors, scratch blocks) is a `try_reserve`, and a failure
+//! is [`Error::OutOfMemory`], never an abort.
+//!
 //! Locking: each buffer sits behind its own `RwLock`. An op takes all its locks at once, in one
 //! global order (the buffers' addresses), read locks for inputs and the write lock for the
 //! output, each buffer once. Two ops can then never wait on each other in a cycle (the classic

@@ -662,6 +662,12 @@ pub struct ConvParams {
     pub act: u32,
     /// Invocations that do work (groups of 4 outputs).
     pub items: u32,
+    /// Element offsets inside the bindings of input, weight, bias and output (0 unless a
+    /// split convolution binds windows of its buffers).
+    pub in_off: u32,
+    pub w_off: u32,
+    pub b_off: u32,
+    pub o_off: u32,
 }
 
 /// Flags of [`ActivationParams::flags`] (`activation.wgsl`).

@@ -607,10 +607,109 @@ fn from_raw_device_and_the_binding_limit() {
         assert_eq!(&got[..len], &src.to_f32_vec().unwrap()[..], "{dtype}");
         assert_eq!(got[len], 3.0, "{dtype}");
     }
-    let a = dev.zeros(&[16, 32], DType::F32).unwrap();
-    let b = dev.zeros(&[32, 2], DType::F32).unwrap();
+    // A matmul operand over the limit is split by blocks; a non-transposed B whose single
+    // column block is still over it cannot be split and is refused with a typed error that
+    // says so.
+    let a = dev.zeros(&[2, 150], DType::F32).unwrap();
+    let b = dev.zeros(&[150, 2], DType::F32).unwrap();
     let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("transposed")), "{err:?}");
+    split_matmuls(&dev);
+    split_convs(&dev);
+}
+
+/// Depthwise convolutions over a 1 KiB binding limit (`dev`), in every dtype, against the
+/// reference: split by batches, by channel planes (NCHW) and by output rows (one output
+/// channel in NCHW, one image in NHWC) with padding, stride, dilation, multiplier and bias;
+/// a row block wholly in the padding; and one output row over the limit, refused.
+fn split_convs(dev: &Device) {
+    let mut seed = 7000;
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        let mut cases = Vec::new();
+        // Batches: 8 images of 2 x 6 x 7 (over the limit in every dtype), a few per block.
+        let mut d = conv_desc(Layout::Nchw, 2, 1, (6, 7), (3, 3));
+        d.batch = 8;
+        d.has_bias = true;
+        cases.push(d);
+        // Channel planes: 9 channels of 6 x 6, multiplier 2.
+        let mut d = conv_desc(Layout::Nchw, 9, 2, (6, 6), (3, 3));
+        d.pad_top = 1;
+        d.pad_left = 1;
+        d.pad_right = 1;
+        d.pad_bottom = 1;
+        d.activation = Activation::Relu6;
+        d.has_bias = true;
+        cases.push(d);
+        // Output rows: of one channel of 20 x 21 planes (NCHW), of one image (NHWC); stride 2, dilation, asymmetric padding.
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            // (An NHWC row block reads 5 input rows here: 11 pixels of 2 channels keep them
+            // inside the limit.)
+            let (c, w) = if layout == Layout::Nhwc { (2, 11) } else { (2, 21) };
+            let mut d = conv_desc(layout, c, 1, (20, w), (3, 3));
+            d.stride_h = 2;
+            d.dilation_h = 2;
+            d.pad_top = 2;
+            d.pad_bottom = 1;
+            d.pad_left = 1;
+            d.activation = Activation::Gelu;
+            d.has_bias = true;
+            cases.push(d);
+            // Padding so large that the first and last row blocks see only padding.
+            let mut d = conv_desc(layout, c, 2, (18, 9), (2, 3));
+            d.pad_top = 9;
+            d.pad_bottom = 9;
+            cases.push(d);
+        }
+        for d in &cases {
+            run_conv_case(dev, dtype, d, seed);
+            seed += 3;
+        }
+    }
+    // NHWC rows of 300 pixels x 4 channels: one output row is over 1 KiB.
+    let x = dev.zeros(&[1, 2, 300, 4], DType::F32).unwrap();
+    let w = dev.zeros(&[4, 1, 1, 1], DType::F32).unwrap();
+    let opts = crate::Conv2dOptions { layout: Layout::Nhwc, ..Default::default() };
+    let err = dev.depthwise_conv2d(&x, &w, None, &opts).unwrap_err();
+    assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("output row")), "{err:?}");
+}
+
+/// Matmuls over a 1 KiB binding limit (`dev`), split into blocks of batches, rows and
+/// columns with windows at aligned offsets, in every dtype, against the reference: batches
+/// with broadcast B, strided views with odd offsets, bias and C, both transposes, K = 0.
+fn split_matmuls(dev: &Device) {
+    let before = backend(dev).submission_count();
+    let mut seed = 5000;
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for (ta, tb) in [(false, false), (true, true), (false, true), (true, false)] {
+            // 3 batches of 40 x 24 x 30: every operand (2.4-4.8 KB in f32) is over the limit.
+            // A transposed A (K x M) splits by rows only down to K rows of it, a non-transposed
+            // B likewise by columns: there K stays small enough for one such block to fit.
+            let k = if !ta && tb { 30 } else { 4 };
+            let mut case = dense_case(3, 40, 24, k, ta, tb);
+            case.desc.bias_offset = Some(3);
+            case.bias = true;
+            let d = &mut case.desc;
+            d.c = Some(MatrixView { offset: 1, ld: d.n + 1, batch_stride: d.m * (d.n + 1) });
+            d.out = MatrixView { offset: 5, ld: d.n + 2, batch_stride: d.m * (d.n + 2) + 3 };
+            d.alpha = 0.5;
+            d.beta = -1.25;
+            d.activation = Activation::Gelu;
+            run_matmul_case(dev, dtype, &case, seed);
+            seed += 1;
+        }
+        // B broadcast to every batch, M = 2 (the small-M kernel), an offset A.
+        let mut case = dense_case(5, 2, 70, 9, false, true);
+        case.desc.b.batch_stride = 0;
+        case.desc.a = MatrixView { offset: 7, ld: 11, batch_stride: 23 };
+        run_matmul_case(dev, dtype, &case, seed);
+        // K = 0: only the epilogue, over windows of C and the output.
+        let mut case = dense_case(2, 30, 20, 0, false, false);
+        case.desc.c = Some(MatrixView::dense(30, 20));
+        case.desc.beta = 2.0;
+        run_matmul_case(dev, dtype, &case, seed + 1);
+        seed += 2;
+    }
+    assert!(backend(dev).submission_count() > before);
 }
 
 /// An engine device that allows only 8 workgroups per grid dimension, so batch splitting and
@@ -631,7 +730,7 @@ fn narrow_grid_device() -> Option<Device> {
 }
 
 #[test]
-fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
+fn grid_limits_split_batches_rows_and_columns_fold_1d_grids_and_refuse_the_rest() {
     let Some(dev) = narrow_grid_device() else {
         eprintln!("SKIP grid test: no adapter, or it did not take the lower grid limit");
         return;
@@ -654,27 +753,73 @@ fn grid_limits_split_batches_fold_1d_grids_and_refuse_the_rest() {
     d.pad_left = 1;
     run_conv_case(&dev, DType::F16, &d, 902);
     // M = 1 takes the small-M kernel, 256 columns per workgroup: N = 256 * 8 + 1 needs 9
-    // column blocks, more than the grid dimension holds.
-    let b = dev.zeros(&[1, (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1], DType::F32).unwrap();
-    let a = dev.zeros(&[1, 1], DType::F32).unwrap();
-    let err = dev.matmul(&a, &b, &crate::MatmulOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
+    // column blocks, more than the grid dimension holds, so it runs as two launches over
+    // column windows. M = 300 with the 16 x 128 tile needs 19 row blocks: three launches.
+    let n = (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1;
+    run_matmul_case(&dev, DType::F32, &dense_case(1, 1, n, 3, false, false), 904);
+    run_matmul_case(&dev, DType::F16, &dense_case(2, 300, 5, 3, false, true), 905);
     // 64 * 4 * 8 * 8 + 1 elements need 65 workgroups: more than an 8 x 8 grid.
     let x = dev.zeros(&[64 * 4 * 64 + 1], DType::F32).unwrap();
     let err = dev.activation(&x, None, Activation::Relu).unwrap_err();
     assert!(matches!(err, Error::Overflow { .. }), "{err:?}");
 }
 
+/// After the device is destroyed every call returns `DeviceLost` (the waits poll with a
+/// timeout, so nothing hangs); a new device made afterwards works.
 #[test]
-fn a_destroyed_device_gives_errors_not_panics() {
+fn a_destroyed_device_gives_device_lost_and_a_new_device_works() {
     let Some(dev) = own_device("device-lost test") else { return };
     let x = dev.tensor_from_f32(&[8], DType::F32, &values(8, 1)).unwrap();
+    // Work pending at the time of the loss.
+    dev.activation_in_place(&x, None, Activation::Relu).unwrap();
     backend(&dev).device.destroy();
-    let r = dev
-        .activation_in_place(&x, None, Activation::Relu)
-        .and_then(|_| dev.synchronize())
-        .and_then(|_| x.to_f32_vec());
-    assert!(r.is_err(), "{r:?}");
+    let lost = |r: &crate::Result<()>| matches!(r, Err(Error::DeviceLost { .. }));
+    let r = dev.activation_in_place(&x, None, Activation::Relu).and_then(|_| dev.synchronize());
+    assert!(lost(&r), "{r:?}");
+    let r = x.to_f32_vec().map(|_| ());
+    assert!(lost(&r), "{r:?}");
+    let r = dev.zeros(&[4], DType::F32).map(|_| ());
+    assert!(lost(&r), "{r:?}");
+    let r = dev.matmul(&x.reshape(&[2, 4]).unwrap(), &x.reshape(&[4, 2]).unwrap(), &Default::default()).map(|_| ());
+    assert!(lost(&r), "{r:?}");
+    drop(x);
+    drop(dev);
+    let Some(fresh) = own_device("device-lost test (second device)") else { return };
+    for in_place in [false, true] {
+        run_activation_case(&fresh, DType::F32, 35, Some(5), Activation::Gelu, in_place);
+    }
+    run_matmul_case(&fresh, DType::F32, &dense_case(2, 5, 6, 7, false, true), 77);
+}
+
+/// Normal runs raise no uncaptured wgpu error: every op, dtype and path on a device of its
+/// own, then the handler's count is read. An error raised outside tilekit's error scopes is
+/// counted by the handler and returned by the next op as a typed error, not a panic.
+#[test]
+fn uncaptured_errors_are_counted_zero_in_normal_runs_and_routed_into_errors() {
+    let Some(dev) = own_device("uncaptured-error test") else { return };
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        run_matmul_case(&dev, dtype, &dense_case(2, 9, 10, 11, false, false), 60);
+        run_matmul_case(&dev, dtype, &dense_case(1, 2, 10, 11, true, true), 61);
+        run_conv_case(&dev, dtype, &conv_desc(Layout::Nchw, 3, 2, (6, 7), (3, 3)), 62);
+        run_conv_case(&dev, dtype, &conv_desc(Layout::Nhwc, 4, 1, (5, 5), (3, 3)), 63);
+        run_activation_case(&dev, dtype, 20, Some(4), Activation::GeluTanh, true);
+        run_activation_case(&dev, dtype, 20, None, Activation::Relu6, false);
+    }
+    dev.synchronize().unwrap();
+    let errors = &backend(&dev).errors;
+    assert_eq!(errors.count.load(Ordering::Relaxed), 0, "{:?}", errors.unreported.lock().unwrap());
+    // A buffer that may not be both mappable for reading and storage, made outside any scope.
+    let _bad = backend(&dev).device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("invalid on purpose"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    assert_eq!(errors.count.load(Ordering::Relaxed), 1);
+    let r = dev.zeros(&[4], DType::F32);
+    assert!(matches!(r, Err(Error::Backend { .. })), "{r:?}");
+    // Reported once: the device goes on working.
+    run_activation_case(&dev, DType::F32, 9, None, Activation::Relu, false);
 }
 
 /// Every module of the catalogue parses and validates with naga (wgpu's own copy), with or
