@@ -20,6 +20,10 @@
 //! - **Errors** become [`Error`] values: out of memory, "unsupported PTX version" (naming the
 //!   minimum driver), and the sticky errors after which the context is unusable
 //!   ([`Error::DeviceLost`]).
+//! - **NaN and Inf** (the intended promise, the same as the CPU backend's; not yet checked on a
+//!   GPU): an output that depends on a NaN is NaN, infinities follow IEEE arithmetic and
+//!   `Activation::apply_f32`. The PTX is compiled without fast math, so denormals are not
+//!   flushed (erf-GELU of −Inf relies on that to give −Inf).
 
 use super::BackendOps;
 use crate::{BackendKind, Error, Result};
