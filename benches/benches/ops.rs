@@ -95,26 +95,7 @@ fn depthwise_conv(c: &mut Criterion) {
                 println!("SKIP depthwise_conv2d on {}: the op failed", dev.kind());
                 continue;
             };
-            let desc = tilekit::Conv2dDesc {
-                batch: n,
-                channels: ch,
-                height: hw,
-                width: hw,
-                multiplier: 1,
-                kernel_h: 3,
-                kernel_w: 3,
-                stride_h: 1,
-                stride_w: 1,
-                pad_top: 1,
-                pad_bottom: 1,
-                pad_left: 1,
-                pad_right: 1,
-                dilation_h: 1,
-                dilation_w: 1,
-                layout,
-                has_bias: true,
-                activation: Activation::Relu6,
-            };
+            let desc = tilekit::Conv2dDesc::mobilenet_v2_block(n, ch, hw, 1, layout);
             let mut want = vec![0.0; out.len()];
             reference::depthwise_conv2d(&desc, &f64s(&x), &f64s(&w), Some(&f64s(&bias)), &mut want);
             let run = || dev.depthwise_conv2d_into(&tx, &tw, Some(&tb), &opts, &out).map(|()| out.clone());

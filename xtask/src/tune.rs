@@ -54,26 +54,7 @@ fn matmul(m: usize, n: usize, k: usize, bias: bool, activation: Activation) -> S
 
 /// MobileNetV2's depthwise block: 3×3, padding 1, bias, ReLU6 (as in the bench).
 fn conv(batch: usize, channels: usize, size: usize, stride: usize, layout: Layout) -> Shape {
-    Shape::Conv(Conv2dDesc {
-        batch,
-        channels,
-        height: size,
-        width: size,
-        multiplier: 1,
-        kernel_h: 3,
-        kernel_w: 3,
-        stride_h: stride,
-        stride_w: stride,
-        pad_top: 1,
-        pad_bottom: 1,
-        pad_left: 1,
-        pad_right: 1,
-        dilation_h: 1,
-        dilation_w: 1,
-        layout,
-        has_bias: true,
-        activation: Activation::Relu6,
-    })
+    Shape::Conv(Conv2dDesc::mobilenet_v2_block(batch, channels, size, stride, layout))
 }
 
 /// The bench's shapes per suite, at the bench's scale for this device.

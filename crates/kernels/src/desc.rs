@@ -218,6 +218,32 @@ pub struct Conv2dDesc {
 }
 
 impl Conv2dDesc {
+    /// MobileNetV2's depthwise block, the workload the bench, the tuner and the criterion
+    /// benches share: a 3×3 filter, padding 1 on every side, multiplier 1, dilation 1, a bias
+    /// and ReLU6, on a square `size × size` input.
+    pub fn mobilenet_v2_block(batch: usize, channels: usize, size: usize, stride: usize, layout: Layout) -> Conv2dDesc {
+        Conv2dDesc {
+            batch,
+            channels,
+            height: size,
+            width: size,
+            multiplier: 1,
+            kernel_h: 3,
+            kernel_w: 3,
+            stride_h: stride,
+            stride_w: stride,
+            pad_top: 1,
+            pad_bottom: 1,
+            pad_left: 1,
+            pad_right: 1,
+            dilation_h: 1,
+            dilation_w: 1,
+            layout,
+            has_bias: true,
+            activation: Activation::Relu6,
+        }
+    }
+
     /// Output height, or `None` when the (dilated) filter does not fit or a parameter is 0.
     pub fn out_h(&self) -> Option<usize> {
         out_extent(self.height, self.pad_top, self.pad_bottom, self.kernel_h, self.dilation_h, self.stride_h)

@@ -193,26 +193,7 @@ pub fn matmul_desc(m: usize, n: usize, k: usize, bias: bool, activation: Activat
 
 /// MobileNetV2's depthwise block: 3×3, padding 1, bias, ReLU6.
 pub fn conv_desc(batch: usize, channels: usize, size: usize, stride: usize, layout: Layout) -> Conv2dDesc {
-    Conv2dDesc {
-        batch,
-        channels,
-        height: size,
-        width: size,
-        multiplier: 1,
-        kernel_h: 3,
-        kernel_w: 3,
-        stride_h: stride,
-        stride_w: stride,
-        pad_top: 1,
-        pad_bottom: 1,
-        pad_left: 1,
-        pad_right: 1,
-        dilation_h: 1,
-        dilation_w: 1,
-        layout,
-        has_bias: true,
-        activation: Activation::Relu6,
-    }
+    Conv2dDesc::mobilenet_v2_block(batch, channels, size, stride, layout)
 }
 
 #[cfg(test)]

@@ -178,26 +178,7 @@ fn explicit_tune_reports_every_candidate() {
     let Some(dev) = wgpu_device() else { return };
     let path = temp_path("explicit");
     dev.set_tune_cache_path(Some(path.clone()));
-    let desc = crate::Conv2dDesc {
-        batch: 1,
-        channels: 8,
-        height: 9,
-        width: 9,
-        multiplier: 1,
-        kernel_h: 3,
-        kernel_w: 3,
-        stride_h: 1,
-        stride_w: 1,
-        pad_top: 1,
-        pad_bottom: 1,
-        pad_left: 1,
-        pad_right: 1,
-        dilation_h: 1,
-        dilation_w: 1,
-        layout: crate::Layout::Nchw,
-        has_bias: true,
-        activation: crate::Activation::Relu6,
-    };
+    let desc = crate::Conv2dDesc::mobilenet_v2_block(1, 8, 9, 1, crate::Layout::Nchw);
     let report = dev.tune_depthwise_conv2d(&desc, DType::F32).unwrap();
     assert_eq!(report.candidates.len(), candidates().len());
     assert!(report.candidates.iter().any(|(l, _)| *l == report.winner));
