@@ -1680,29 +1680,8 @@ impl BackendOps for WgpuBackend {
             })?;
             self.submit(&mut pending, Some(copy))?
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.scoped(0, || {
-            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            })
-        })?;
-        self.wait(index)?;
-        // The wait above ran the callback unless the map failed outright.
-        match rx.recv_timeout(WAIT_TIMEOUT) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(Error::Backend { backend: KIND, message: format!("mapping failed: {e}") }),
-            Err(_) => {
-                return Err(Error::Backend { backend: KIND, message: "the download never completed".into() });
-            }
-        }
-        let out = {
-            let view = staging
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| Error::Backend { backend: KIND, message: format!("mapping failed: {e}") })?;
-            view[..bytes.min(view.len())].to_vec()
-        };
-        staging.unmap();
+        let mut out = self.read_staging(&staging, index)?;
+        out.truncate(bytes);
         Ok(out)
     }
 
