@@ -8,7 +8,9 @@
 //! - the kernel catalogue ([`catalogue`]): the WGSL (and, later, CUDA) sources embedded from
 //!   `shaders/`, their entry points, launch shapes and `#[repr(C)]` parameter blocks;
 //! - the CPU reference implementations ([`reference`]): naive loops with `f64` accumulation,
-//!   the oracle the tests and the bench compare every backend with.
+//!   the oracle the tests and the bench compare every backend with;
+//! - llama.cpp's quantized block formats ([`quant`]: layouts, dequantization, the reference
+//!   quantizers).
 //!
 //! It depends on no GPU runtime, so an engine that owns its own device can take the kernel
 //! sources and parameter layouts from here and launch them itself.
@@ -17,6 +19,7 @@ pub mod activation;
 pub mod catalogue;
 pub mod desc;
 pub mod dtype;
+pub mod quant;
 pub mod reference;
 
 pub use activation::Activation;
