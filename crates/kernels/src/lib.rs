@@ -10,7 +10,7 @@
 //! - the CPU reference implementations ([`reference`]): naive loops with `f64` accumulation,
 //!   the oracle the tests and the bench compare every backend with;
 //! - llama.cpp's quantized block formats ([`quant`]: layouts, dequantization, the reference
-//!   quantizers).
+//!   quantizers) and a memory-mapped GGUF reader ([`gguf`]).
 //!
 //! It depends on no GPU runtime, so an engine that owns its own device can take the kernel
 //! sources and parameter layouts from here and launch them itself.
@@ -19,6 +19,7 @@ pub mod activation;
 pub mod catalogue;
 pub mod desc;
 pub mod dtype;
+pub mod gguf;
 pub mod quant;
 pub mod reference;
 
