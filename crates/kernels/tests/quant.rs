@@ -254,6 +254,36 @@ proptest! {
         }
     }
 
+    /// Each dequantized element is one correctly rounded operation on exact values: the product
+    /// q · d equals its f64 value, and Q4_1's q · d + m is the same with a fused multiply-add.
+    #[test]
+    fn dequantization_rounds_once(d in any::<u16>(), m in any::<u16>(), qs in prop::collection::vec(any::<u8>(), 32)) {
+        let (df, mf) = (f16_to_f32(d.to_le_bytes()), f16_to_f32(m.to_le_bytes()));
+        prop_assume!(df.is_finite() && mf.is_finite());
+        let mut q8 = d.to_le_bytes().to_vec();
+        q8.extend(&qs);
+        let y = dequantize(GgmlType::Q8_0, &q8, &[32]).expect("one block");
+        for j in 0..32 {
+            prop_assert_eq!(y[j].to_bits(), ((qs[j] as i8 as f64 * df as f64) as f32).to_bits());
+        }
+        let mut q4 = d.to_le_bytes().to_vec();
+        q4.extend(&qs[..16]);
+        let y = dequantize(GgmlType::Q4_0, &q4, &[32]).expect("one block");
+        for j in 0..16 {
+            let (lo, hi) = ((qs[j] & 0xF) as f64 - 8.0, (qs[j] >> 4) as f64 - 8.0);
+            prop_assert_eq!(y[j].to_bits(), ((lo * df as f64) as f32).to_bits());
+            prop_assert_eq!(y[j + 16].to_bits(), ((hi * df as f64) as f32).to_bits());
+        }
+        let mut q41 = d.to_le_bytes().to_vec();
+        q41.extend(m.to_le_bytes());
+        q41.extend(&qs[..16]);
+        let y = dequantize(GgmlType::Q4_1, &q41, &[32]).expect("one block");
+        for j in 0..16 {
+            let (lo, hi) = (f32::from(qs[j] & 0xF), f32::from(qs[j] >> 4));
+            prop_assert!(same(y[j], lo.mul_add(df, mf)) && same(y[j + 16], hi.mul_add(df, mf)));
+        }
+    }
+
     /// Dequantization never panics on any bytes, and is a pure function of them.
     #[test]
     fn any_bytes_dequantize(bytes in prop::collection::vec(any::<u8>(), 210 * 2)) {

@@ -23,8 +23,10 @@
 //! `quantize_row_{q8_0,q4_0,q4_1}_ref` step for step. `crates/kernels/tests/quant.rs` checks
 //! both bit for bit against fixtures made with `gguf.quants`, llama.cpp's own numpy port of
 //! those functions (`tests/fixtures/make_quant_fixtures.py`), including subnormal, extreme and
-//! non-finite f16 scales. (A C build that contracts `a * b + c` into fused multiply-adds can
-//! differ from both in the last bit.)
+//! non-finite f16 scales. Each element is rounded at most once: the intermediate products (an
+//! 11-bit f16 significand times integers of at most 8 bits) are exact in `f32`, so the result
+//! does not depend on evaluation order or on fused multiply-adds — `tests/quant.rs` checks
+//! this for Q8_0, Q4_0 and Q4_1 against an `f64` evaluation and `mul_add`.
 //!
 //! Where the reference has no useful answer tilekit returns an error instead:
 //! quantizing a NaN or an infinity ([`QuantError::NonFinite`]), or a block whose scale (or
