@@ -50,3 +50,5 @@ pub use tune::{TuneMode, TuneReport};
 
 /// The kernel catalogue and CPU reference, re-exported for engines and tests.
 pub use tilekit_kernels as kernels;
+/// GGUF quantized block formats (host dequantize / quantize) and the GGUF file reader.
+pub use tilekit_kernels::{gguf, quant};
