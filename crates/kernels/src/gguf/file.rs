@@ -70,14 +70,13 @@ impl GgufFile {
 
     fn new(bytes: Backing) -> Result<GgufFile, GgufError> {
         let h = parse(&bytes)?;
-        let metadata_index = h.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         let tensors = h.tensors.into_iter().map(TensorInfo::from).collect();
         Ok(GgufFile {
             bytes,
             version: h.version,
             alignment: h.alignment,
             metadata: h.metadata,
-            metadata_index,
+            metadata_index: h.metadata_index,
             tensors,
             by_name: h.by_name,
             data_offset: h.data_offset,

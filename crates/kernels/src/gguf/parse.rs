@@ -28,6 +28,7 @@ pub(super) struct Header {
     pub version: u32,
     pub alignment: u64,
     pub metadata: Vec<(String, MetadataValue)>,
+    pub metadata_index: HashMap<String, usize>,
     pub tensors: Vec<RawTensorInfo>,
     pub by_name: HashMap<String, usize>,
     pub data_offset: u64,
@@ -252,7 +253,7 @@ pub(super) fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         }
     }
 
-    Ok(Header { version, alignment, metadata, tensors, by_name, data_offset })
+    Ok(Header { version, alignment, metadata, metadata_index: keys, tensors, by_name, data_offset })
 }
 
 /// `count` capped by how many entries of at least `min_size` bytes `remaining` bytes can hold.
