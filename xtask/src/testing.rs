@@ -5,7 +5,9 @@
 //! 2. Prints the backend probe and which backends the suite will run on.
 //! 3. Runs `cargo test --workspace --no-fail-fast` (extra arguments forwarded) with
 //!    `TILEKIT_SKIP_LOG` pointing at a file where the test harness appends `SKIP <backend>:
-//!    <reason>` lines, and prints a summary: tests per binary, skips, backends that ran.
+//!    <reason>` lines and `TILEKIT_TUNE_CACHE` at an empty tune cache of this run's own (and
+//!    `TILEKIT_TUNE` unset: the default configs, whatever the shell says), and
+//!    prints a summary: tests per binary, skips, backends that ran, every failed test by name.
 //!
 //! A missing driver or GPU is a visible skip, never a crash of this command.
 
@@ -37,15 +39,25 @@ pub fn run(args: Args) -> Result<()> {
     ensure_vulkan(args.no_install);
     let exercised = probe();
 
-    let skip_log = project_root().join("target").join("xtask").join("skip-log.txt");
-    if let Some(dir) = skip_log.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    // Files of this run only (named by process id): a second suite running at the same time
+    // in the same checkout must neither reset this one's skip log nor share its tune cache.
+    let dir = project_root().join("target").join("xtask");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let skip_log = dir.join(format!("skip-log-{}.txt", std::process::id()));
     std::fs::write(&skip_log, "").with_context(|| format!("resetting {}", skip_log.display()))?;
+    // The suite's devices run in the default (cached) tune mode; without this they would read,
+    // and prune stale entries from, the user's own cache (~/.cache/tilekit/tune.json), which
+    // other processes (`cargo xtask tune`, benches, other checkouts) write at any time. An
+    // empty cache of its own makes every test launch the default configs.
+    let tune_cache = dir.join(format!("tune-cache-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&tune_cache);
 
     println!("\n== cargo test --workspace --no-fail-fast {}", args.cargo_args.join(" "));
-    let (status, results) = run_cargo_test(&args.cargo_args, &skip_log)?;
+    let ran = run_cargo_test(&args.cargo_args, &skip_log, &tune_cache);
     let skips = std::fs::read_to_string(&skip_log).unwrap_or_default();
+    let _ = std::fs::remove_file(&skip_log);
+    let _ = std::fs::remove_file(&tune_cache);
+    let (status, results) = ran?;
     let failed = summarise(&results, &skips, &exercised, start);
 
     if failed > 0 {
@@ -157,7 +169,11 @@ struct BinaryResult {
 }
 
 /// Runs `cargo test`, echoing its output, and collects the `test result:` lines.
-fn run_cargo_test(extra: &[String], skip_log: &Path) -> Result<(std::process::ExitStatus, Vec<BinaryResult>)> {
+fn run_cargo_test(
+    extra: &[String],
+    skip_log: &Path,
+    tune_cache: &Path,
+) -> Result<(std::process::ExitStatus, Vec<BinaryResult>)> {
     // One pipe for stdout and stderr keeps cargo's `Running ...` lines (stderr) in order with
     // the test binaries' `test result:` lines (stdout).
     let (reader, writer) = std::io::pipe().context("creating a pipe")?;
@@ -165,6 +181,8 @@ fn run_cargo_test(extra: &[String], skip_log: &Path) -> Result<(std::process::Ex
     cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env("TILEKIT_SKIP_LOG", skip_log)
+        .env("TILEKIT_TUNE_CACHE", tune_cache)
+        .env_remove("TILEKIT_TUNE")
         .stdout(writer.try_clone().context("duplicating a pipe")?)
         .stderr(writer);
     let mut child = cmd.spawn().context("starting cargo test")?;
