@@ -17,7 +17,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use std::time::Duration;
 use tilekit::kernels::reference;
 use tilekit::{Activation, ActivationDesc, Conv2dOptions, DType, Device, Layout, MatmulDesc, Tensor};
-use tilekit_benches::{devices, inputs, matches, tolerance};
+use tilekit_benches::{devices, inputs, matches};
 
 const DTYPE: DType = DType::F32;
 
@@ -30,10 +30,19 @@ fn upload(dev: &Device, shape: &[usize], data: &[f32]) -> Option<Tensor> {
     dev.tensor_from_f32(shape, DTYPE, data).map_err(|e| println!("SKIP {}: upload failed: {e}", dev.kind())).ok()
 }
 
+/// What a check needs besides the reference: the activation, the reduction length and a bound
+/// on every output's `Σ|terms|` (see [`matches`]).
+struct Rule {
+    activation: Activation,
+    k: usize,
+    magnitude: f64,
+}
+
 /// Runs `op` once and checks it against `want`; prints and returns false when it does not match.
-fn checked(name: &str, dev: &Device, op: &dyn Fn() -> tilekit::Result<Tensor>, want: &[f64]) -> bool {
+fn checked(name: &str, dev: &Device, op: &dyn Fn() -> tilekit::Result<Tensor>, want: &[f64], rule: Rule) -> bool {
     let got = op().and_then(|t| t.to_f32_vec());
-    match got.map_err(|e| e.to_string()).and_then(|g| matches(&g, want, tolerance(DTYPE))) {
+    let Rule { activation, k, magnitude } = rule;
+    match got.map_err(|e| e.to_string()).and_then(|g| matches(&g, want, DTYPE, activation, k, magnitude)) {
         Ok(()) => true,
         Err(e) => {
             println!("SKIP {name} on {}: output does not match the reference ({e})", dev.kind());
@@ -54,7 +63,8 @@ fn matmul(c: &mut Criterion) {
             let mut want = vec![0.0; s * s];
             reference::matmul(&desc, &f64s(&a), &f64s(&b), None, None, &mut want);
             let run = || dev.matmul_into(&desc, &ta, &tb, None, None, &out).map(|()| out.clone());
-            if !checked("matmul", &dev, &run, &want) {
+            // Inputs in [-1, 1): Σ|a||b| < K.
+            if !checked("matmul", &dev, &run, &want, Rule { activation: Activation::None, k: s, magnitude: s as f64 }) {
                 continue;
             }
             group.throughput(Throughput::ElementsAndBytes {
@@ -99,7 +109,9 @@ fn depthwise_conv(c: &mut Criterion) {
             let mut want = vec![0.0; out.len()];
             reference::depthwise_conv2d(&desc, &f64s(&x), &f64s(&w), Some(&f64s(&bias)), &mut want);
             let run = || dev.depthwise_conv2d_into(&tx, &tw, Some(&tb), &opts, &out).map(|()| out.clone());
-            if !checked("depthwise_conv2d", &dev, &run, &want) {
+            // Nine taps and a bias, all in [-1, 1).
+            let rule = Rule { activation: Activation::Relu6, k: 9, magnitude: 10.0 };
+            if !checked("depthwise_conv2d", &dev, &run, &want, rule) {
                 continue;
             }
             let traffic = (2 * x.len() + w.len() + bias.len()) * DTYPE.size_bytes();
@@ -135,7 +147,8 @@ fn activation(c: &mut Criterion) {
             let mut want = vec![0.0; rows * cols];
             reference::activation(&desc, &f64s(&x), Some(&f64s(&bias)), &mut want);
             let run = || dev.activation_into(&tx, Some(&tb), act, &out).map(|()| out.clone());
-            if !checked("activation", &dev, &run, &want) {
+            // x and the bias in [-1, 1).
+            if !checked("activation", &dev, &run, &want, Rule { activation: act, k: 0, magnitude: 2.0 }) {
                 continue;
             }
             // Read x and bias, write out: bytes only, the op is memory-bound.

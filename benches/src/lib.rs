@@ -4,7 +4,8 @@
 //! The crate also compiles the README's code example as a doc test, so the example there
 //! cannot drift from the API.
 
-use tilekit::{DType, Device, WgpuOptions};
+use tilekit::{Activation, DType, Device, WgpuOptions};
+use tilekit_kernels::tolerance;
 
 /// The devices the benches run on: the CPU backend always, and wgpu on whatever adapter is
 /// there (lavapipe on CI). A missing wgpu adapter is reported with a printed skip line.
@@ -28,28 +29,29 @@ pub fn inputs(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Compares a kernel's output with the f64 reference: every element within `tol` times the
-/// reference's magnitude scale (`1 + |want|`). A loose check on purpose — the test suite holds
-/// the exact tolerance rule; this only keeps a broken kernel from being timed.
-pub fn matches(got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {
+/// Compares a kernel's output with the f64 reference under tilekit's tolerance model
+/// ([`tilekit_kernels::tolerance`]), in the form that needs no pre-activation values:
+/// `magnitude` must bound `Σ|terms|` of every output (the bench inputs are in `[-1, 1)`, so `K`
+/// for a matmul, the taps plus one for a conv with bias, 2 for an activation with bias), `k` is
+/// the reduction length (0 for an elementwise op).
+pub fn matches(
+    got: &[f32],
+    want: &[f64],
+    dtype: DType,
+    activation: Activation,
+    k: usize,
+    magnitude: f64,
+) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!("{} outputs, expected {}", got.len(), want.len()));
     }
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (f64::from(g) - w).abs();
-        // NaN fails: the comparison is false.
-        let within = err <= tol * (1.0 + w.abs());
-        if !within {
-            return Err(format!("output {i}: got {g}, want {w}"));
+        let bound = tolerance::bound_from_magnitude(dtype, activation, k, magnitude, w);
+        if !tolerance::accepts(dtype, g, w, bound) {
+            return Err(format!("output {i}: got {g}, want {w} (bound {bound:.3e})"));
         }
     }
     Ok(())
-}
-
-/// The check tolerance for outputs stored in `dtype` (a few units in the last place of the
-/// storage, plus f32 accumulation over a few hundred terms).
-pub fn tolerance(dtype: DType) -> f64 {
-    4.0 * dtype.unit_roundoff() + 1e-5
 }
 
 /// The README's examples, compiled and run as doc tests.

@@ -11,7 +11,8 @@
 //!   which compute the `f64` reference once per dtype, run every backend, compare with the
 //!   tolerance model and check guard words around matmul outputs.
 
-pub mod tolerance;
+/// The tolerance model, stated once in `tilekit-kernels` ([`tilekit_kernels::tolerance`]).
+pub use tilekit::kernels::tolerance;
 
 use std::collections::HashSet;
 use std::io::Write;

@@ -5,7 +5,9 @@
 //! 2. Prints the backend probe and which backends the suite will run on.
 //! 3. Runs `cargo test --workspace --no-fail-fast` (extra arguments forwarded) with
 //!    `TILEKIT_SKIP_LOG` pointing at a file where the test harness appends `SKIP <backend>:
-//!    <reason>` lines, and prints a summary: tests per binary, skips, backends that ran.
+//!    <reason>` lines and `TILEKIT_TUNE_CACHE` at an empty tune cache of this run's own (and
+//!    `TILEKIT_TUNE` unset: the default configs, whatever the shell says), and
+//!    prints a summary: tests per binary, skips, backends that ran, every failed test by name.
 //!
 //! A missing driver or GPU is a visible skip, never a crash of this command.
 
@@ -37,15 +39,25 @@ pub fn run(args: Args) -> Result<()> {
     ensure_vulkan(args.no_install);
     let exercised = probe();
 
-    let skip_log = project_root().join("target").join("xtask").join("skip-log.txt");
-    if let Some(dir) = skip_log.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    // Files of this run only (named by process id): a second suite running at the same time
+    // in the same checkout must neither reset this one's skip log nor share its tune cache.
+    let dir = project_root().join("target").join("xtask");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let skip_log = dir.join(format!("skip-log-{}.txt", std::process::id()));
     std::fs::write(&skip_log, "").with_context(|| format!("resetting {}", skip_log.display()))?;
+    // The suite's devices run in the default (cached) tune mode; without this they would read,
+    // and prune stale entries from, the user's own cache (~/.cache/tilekit/tune.json), which
+    // other processes (`cargo xtask tune`, benches, other checkouts) write at any time. An
+    // empty cache of its own makes every test launch the default configs.
+    let tune_cache = dir.join(format!("tune-cache-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&tune_cache);
 
     println!("\n== cargo test --workspace --no-fail-fast {}", args.cargo_args.join(" "));
-    let (status, results) = run_cargo_test(&args.cargo_args, &skip_log)?;
+    let ran = run_cargo_test(&args.cargo_args, &skip_log, &tune_cache);
     let skips = std::fs::read_to_string(&skip_log).unwrap_or_default();
+    let _ = std::fs::remove_file(&skip_log);
+    let _ = std::fs::remove_file(&tune_cache);
+    let (status, results) = ran?;
     let failed = summarise(&results, &skips, &exercised, start);
 
     if failed > 0 {
@@ -145,17 +157,23 @@ fn probe() -> Vec<String> {
     exercised
 }
 
-/// Counts of one test binary.
+/// Counts of one test binary, and the names of its failed tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct BinaryResult {
     name: String,
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// The tests libtest reported as `test NAME ... FAILED`.
+    failures: Vec<String>,
 }
 
 /// Runs `cargo test`, echoing its output, and collects the `test result:` lines.
-fn run_cargo_test(extra: &[String], skip_log: &Path) -> Result<(std::process::ExitStatus, Vec<BinaryResult>)> {
+fn run_cargo_test(
+    extra: &[String],
+    skip_log: &Path,
+    tune_cache: &Path,
+) -> Result<(std::process::ExitStatus, Vec<BinaryResult>)> {
     // One pipe for stdout and stderr keeps cargo's `Running ...` lines (stderr) in order with
     // the test binaries' `test result:` lines (stdout).
     let (reader, writer) = std::io::pipe().context("creating a pipe")?;
@@ -163,6 +181,8 @@ fn run_cargo_test(extra: &[String], skip_log: &Path) -> Result<(std::process::Ex
     cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env("TILEKIT_SKIP_LOG", skip_log)
+        .env("TILEKIT_TUNE_CACHE", tune_cache)
+        .env_remove("TILEKIT_TUNE")
         .stdout(writer.try_clone().context("duplicating a pipe")?)
         .stderr(writer);
     let mut child = cmd.spawn().context("starting cargo test")?;
@@ -179,13 +199,15 @@ fn run_cargo_test(extra: &[String], skip_log: &Path) -> Result<(std::process::Ex
         parser.line(&line);
     }
     let status = child.wait().context("waiting for cargo test")?;
-    Ok((status, parser.results))
+    Ok((status, parser.finish()))
 }
 
-/// Turns cargo test's output into per-binary counts.
+/// Turns cargo test's output into per-binary counts and failed test names.
 #[derive(Debug, Default)]
 struct ResultParser {
     current: Option<String>,
+    /// Failed tests of the current binary, before its `test result:` line.
+    failures: Vec<String>,
     results: Vec<BinaryResult>,
 }
 
@@ -193,11 +215,19 @@ impl ResultParser {
     fn line(&mut self, line: &str) {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("Running ") {
+            self.binary_ended_without_result();
             self.current = Some(binary_name(rest));
         } else if let Some(rest) = t.strip_prefix("Doc-tests ") {
+            self.binary_ended_without_result();
             self.current = Some(format!("doc-tests {}", rest.trim()));
+        } else if let Some(name) = t.strip_prefix("test ").and_then(|r| r.strip_suffix(" ... FAILED")) {
+            self.failures.push(name.trim().to_string());
         } else if let Some(rest) = t.strip_prefix("test result: ") {
-            let mut r = BinaryResult { name: self.current.take().unwrap_or_else(|| "?".into()), ..Default::default() };
+            let mut r = BinaryResult {
+                name: self.current.take().unwrap_or_else(|| "?".into()),
+                failures: std::mem::take(&mut self.failures),
+                ..Default::default()
+            };
             for part in rest.split(';') {
                 let mut words = part.split_whitespace().rev();
                 let (Some(label), Some(count)) = (words.next(), words.next()) else { continue };
@@ -211,6 +241,22 @@ impl ResultParser {
             }
             self.results.push(r);
         }
+    }
+
+    /// A binary that reported failed tests but no `test result:` line (it crashed or was
+    /// killed): its failures still count.
+    fn binary_ended_without_result(&mut self) {
+        if !self.failures.is_empty() {
+            let name = format!("{} (no result line)", self.current.take().unwrap_or_else(|| "?".into()));
+            let failures = std::mem::take(&mut self.failures);
+            self.results.push(BinaryResult { name, failed: failures.len() as u64, failures, ..Default::default() });
+        }
+    }
+
+    /// The results, including a last binary that ended without a result line.
+    fn finish(mut self) -> Vec<BinaryResult> {
+        self.binary_ended_without_result();
+        self.results
     }
 }
 
@@ -270,6 +316,19 @@ fn summarise(results: &[BinaryResult], skips: &str, exercised: &[String], start:
         println!("  backends with skipped cases: {}", skipped.join(", "));
     }
     println!("  time: {:.0} s", start.elapsed().as_secs_f64());
+    // Every failed test by name, so a red log says which ones without scrolling.
+    let failures: Vec<(&str, &str)> =
+        results.iter().flat_map(|r| r.failures.iter().map(move |f| (r.name.as_str(), f.as_str()))).collect();
+    if !failures.is_empty() {
+        println!("  failed tests:");
+        for (binary, test) in &failures {
+            println!("    FAILED {test}  ({binary})");
+        }
+    }
+    let unnamed = failed.saturating_sub(failures.len() as u64);
+    if unnamed > 0 {
+        println!("  ({unnamed} failed test(s) without a `test ... FAILED` line; see the output above)");
+    }
     // The plain closing line CI systems read: tests run, failed, and skip lines counted.
     println!("tests: {passed} passed, {failed} failed, {total} skipped");
     failed
@@ -287,15 +346,40 @@ mod tests {
             "running 3 tests",
             "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
             "     Running tests/ops.rs (target/debug/deps/ops-fedcba9876543210)",
+            "test ops::matmul_edges ... FAILED",
+            "test ops::activation ... ok",
+            "test load::memory_is_flat ... FAILED",
             "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.5s",
             "   Doc-tests tilekit",
             "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.3s",
         ] {
             p.line(line);
         }
-        let names: Vec<&str> = p.results.iter().map(|r| r.name.as_str()).collect();
+        let results = p.finish();
+        let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["tilekit unittests src/lib.rs", "ops tests/ops.rs", "doc-tests tilekit"]);
-        assert_eq!((p.results[0].passed, p.results[0].ignored), (3, 1));
-        assert_eq!((p.results[1].passed, p.results[1].failed), (10, 2));
+        assert_eq!((results[0].passed, results[0].ignored), (3, 1));
+        assert_eq!((results[1].passed, results[1].failed), (10, 2));
+        assert_eq!(results[1].failures, ["ops::matmul_edges", "load::memory_is_flat"]);
+        assert!(results[0].failures.is_empty() && results[2].failures.is_empty());
+    }
+
+    #[test]
+    fn a_binary_without_a_result_line_keeps_its_failures() {
+        let mut p = ResultParser::default();
+        for line in [
+            "     Running tests/a.rs (target/debug/deps/a-0123456789abcdef)",
+            "test one ... FAILED",
+            "error: test failed, to rerun pass `--test a`",
+            "     Running tests/b.rs (target/debug/deps/b-0123456789abcdef)",
+            "test result: ok. 4 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s",
+        ] {
+            p.line(line);
+        }
+        let results = p.finish();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].name, "a tests/a.rs (no result line)");
+        assert_eq!((results[0].failed, results[0].failures.clone()), (1, vec!["one".to_string()]));
+        assert_eq!(results[1].passed, 4);
     }
 }

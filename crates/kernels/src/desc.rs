@@ -33,9 +33,11 @@ pub struct MatrixView {
 }
 
 impl MatrixView {
-    /// A dense `rows × cols` matrix per batch, batches packed one after another.
+    /// A dense `rows × cols` matrix per batch, batches packed one after another. A
+    /// `rows · cols` past `usize` saturates (never panics): such a view fails
+    /// [`MatrixView::required_len`] for a second batch, as no buffer can hold it anyway.
     pub fn dense(rows: usize, cols: usize) -> MatrixView {
-        MatrixView { offset: 0, ld: cols, batch_stride: rows * cols }
+        MatrixView { offset: 0, ld: cols, batch_stride: rows.saturating_mul(cols) }
     }
 
     /// The one-past-last element index the view touches for `batch` matrices of
@@ -254,9 +256,39 @@ impl Conv2dDesc {
         out_extent(self.width, self.pad_left, self.pad_right, self.kernel_w, self.dilation_w, self.stride_w)
     }
 
-    /// Output channels (`channels · multiplier`).
+    /// Output channels (`channels · multiplier`), or `None` when the product overflows.
+    pub fn checked_out_channels(&self) -> Option<usize> {
+        self.channels.checked_mul(self.multiplier)
+    }
+
+    /// Output channels (`channels · multiplier`) of a descriptor that passed
+    /// [`Conv2dDesc::checked_lens`]. Never panics: on overflow it saturates to `usize::MAX`,
+    /// which no buffer can match (the checked forms are the ones to validate with).
     pub fn out_channels(&self) -> usize {
-        self.channels * self.multiplier
+        self.channels.saturating_mul(self.multiplier)
+    }
+
+    /// The output shape in the desc's layout, or `None` when the output is empty (the filter
+    /// does not fit, a stride or dilation is 0) or the output channels overflow.
+    pub fn checked_output_shape(&self) -> Option<[usize; 4]> {
+        let (oh, ow, oc) = (self.out_h()?, self.out_w()?, self.checked_out_channels()?);
+        Some(match self.layout {
+            Layout::Nchw => [self.batch, oc, oh, ow],
+            Layout::Nhwc => [self.batch, oh, ow, oc],
+        })
+    }
+
+    /// Element counts `(input, weight, output)`, or `None` when the output is empty or any
+    /// count (or the output channels) overflows `usize`. A descriptor with `Some` here has
+    /// every element index of [`Conv2dDesc::input_index`] and [`Conv2dDesc::output_index`]
+    /// in range: this is the check to validate a raw descriptor with.
+    pub fn checked_lens(&self) -> Option<(usize, usize, usize)> {
+        let prod = |dims: [usize; 4]| dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let oc = self.checked_out_channels()?;
+        let input = prod(self.input_shape())?;
+        let weight = prod([oc, 1, self.kernel_h, self.kernel_w])?;
+        let output = prod(self.checked_output_shape()?)?;
+        Some((input, weight, output))
     }
 
     /// Input element index of `(n, c, y, x)` in the desc's layout.
@@ -309,7 +341,8 @@ impl Conv2dDesc {
                 [n, c, h, w]
             }
         };
-        2.0 * (n * c * h * w) as f64 * (self.kernel_h * self.kernel_w) as f64
+        // In f64: a raw descriptor's counts may not fit `usize`, and this must not panic.
+        2.0 * n as f64 * c as f64 * h as f64 * w as f64 * self.kernel_h as f64 * self.kernel_w as f64
     }
 }
 
@@ -350,6 +383,33 @@ mod tests {
         assert_eq!(out_extent(5, 0, 0, 3, 2, 1), Some(1));
         assert_eq!(out_extent(4, 0, 0, 3, 2, 1), None);
         assert_eq!(out_extent(4, 0, 0, 3, 1, 0), None);
+    }
+
+    /// Descriptor arithmetic on sizes past `usize` gives `None` from the checked forms and
+    /// never panics (these tests run with overflow checks on).
+    #[test]
+    fn conv_arithmetic_is_checked() {
+        let mut d = Conv2dDesc::mobilenet_v2_block(1, usize::MAX / 2, 4, 1, Layout::Nhwc);
+        d.multiplier = 3;
+        assert_eq!(d.checked_out_channels(), None);
+        assert_eq!(d.checked_output_shape(), None);
+        assert_eq!(d.checked_lens(), None);
+        assert_eq!(d.out_channels(), usize::MAX);
+        assert_eq!(d.weight_shape()[0], usize::MAX);
+        assert!(d.flops() > 1e19);
+        // Channels fit, the element counts do not.
+        let big = Conv2dDesc::mobilenet_v2_block(1 << 20, 1 << 20, 1 << 12, 1, Layout::Nchw);
+        assert_eq!(big.checked_out_channels(), Some(1 << 20));
+        assert_eq!(big.checked_lens(), None);
+        let ok = Conv2dDesc::mobilenet_v2_block(2, 8, 5, 2, Layout::Nchw);
+        assert_eq!(ok.checked_output_shape(), Some(ok.output_shape()));
+        assert_eq!(ok.checked_lens(), Some((2 * 8 * 25, 8 * 9, 2 * 8 * 9)));
+        // An empty output.
+        let mut empty = ok;
+        empty.stride_h = 0;
+        assert_eq!(empty.checked_lens(), None);
+        assert_eq!(MatrixView::dense(usize::MAX, 2).batch_stride, usize::MAX);
+        assert_eq!(MatmulDesc::new(usize::MAX, usize::MAX, 3).flops(), 2.0 * 3.0 * (usize::MAX as f64).powi(2));
     }
 
     #[test]

@@ -5,12 +5,15 @@
 //!   formulas every backend implements;
 //! - the operation descriptors ([`MatmulDesc`], [`Conv2dDesc`], [`ActivationDesc`]): plain data
 //!   that says which elements an op reads and writes;
-//! - the kernel catalogue ([`catalogue`]): the WGSL (and, later, CUDA) sources embedded from
-//!   `shaders/`, their entry points, launch shapes and `#[repr(C)]` parameter blocks;
+//! - the kernel catalogue ([`catalogue`]): the WGSL sources and the CUDA sources with their
+//!   PTX, embedded from `shaders/`, their entry points, launch shapes and `#[repr(C)]`
+//!   parameter blocks;
 //! - the CPU reference implementations ([`reference`]): naive loops with `f64` accumulation,
 //!   the oracle the tests and the bench compare every backend with;
 //! - llama.cpp's quantized block formats ([`quant`]: layouts, dequantization, the reference
 //!   quantizers) and a memory-mapped GGUF reader ([`gguf`]).
+//! - the tolerance model ([`tolerance`]): how far a correct kernel may be from the reference,
+//!   the one rule every comparison uses.
 //!
 //! It depends on no GPU runtime, so an engine that owns its own device can take the kernel
 //! sources and parameter layouts from here and launch them itself.
@@ -22,6 +25,7 @@ pub mod dtype;
 pub mod gguf;
 pub mod quant;
 pub mod reference;
+pub mod tolerance;
 
 pub use activation::Activation;
 pub use desc::{ActivationDesc, Conv2dDesc, Layout, MatmulDesc, MatrixView, Precision};

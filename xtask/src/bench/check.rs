@@ -1,25 +1,28 @@
-//! The correctness check the bench runs before it times anything: the op's output against
-//! tilekit's naive f64 CPU reference (`tilekit_kernels::reference`).
+//! The correctness check the bench runs before it times anything, in two runs of the op:
 //!
-//! Large matmuls are checked on sampled rows (the reference costs `N·K` per row, the whole
-//! product `M·N·K`), every other case on every output.
-//!
-//! The bound per output is the tolerance model of the test suite (`tests/src/tolerance.rs`,
-//! which explains each term), restated here so the bench does not depend on the test package:
-//!
-//! ```text
-//! e_pre = 4·2⁻²⁴·|p| + 2·(K + 2)·2⁻²⁴·S        S = Σ|terms| (the magnitude of the sum)
-//! e_act = L(act)·e_pre + 2⁻²⁴·|r| + gelu_error_bound(p, r)   (L = 1.13 for GELU, else 1)
-//! bound = atol(dtype) + e_act + u(dtype)·(|r| + e_act)
-//! ```
-//!
-//! It is a worst-case bound: a wrong index or a missed tile edge is off by far more.
+//! 1. **Exact inputs** ([`Host::exact`]): small integers scaled by powers of two, on which every
+//!    product and partial sum is exact in `f32`, so a correct kernel's pre-activation values
+//!    are exact whatever its summation order. Outputs without a GELU must equal the exact
+//!    value rounded once to the storage dtype, bit for bit (as values: +0 and −0 are equal);
+//!    GELU outputs must be within the activation's own bound of `gelu(exact)` (the tolerance
+//!    model with its accumulation term zero, `tilekit_kernels::tolerance`). Every output is
+//!    checked, at every size. This is the check that sees one wrong index: at K = 4096 with
+//!    inputs in [−1, 1] the worst-case bound is about 0.5 per output while dropping one
+//!    product moves an output by about 0.25 on average, but here any change is a change.
+//!    The exact matmul product comes from the `gemm` crate in `f32` (exact on these inputs, in
+//!    any order), conv and activation from tilekit's naive f64 reference.
+//! 2. **The timed inputs** (random in [−1, 1], [`Host::new`]): the output against the naive
+//!    f64 CPU reference (`tilekit_kernels::reference`) within the tolerance model's worst-case
+//!    bound (`tilekit_kernels::tolerance::bound`), so the data that is timed gives finite,
+//!    sane results too. Large matmuls are checked on sampled rows here (the reference costs
+//!    `N·K` per row).
 
 use super::cases::{Case, conv_desc, matmul_desc};
-use super::workload::Host;
+use super::workload::{Bound, Host};
+use anyhow::{Result, bail};
 use serde::Serialize;
-use tilekit::kernels::{activation::gelu_error_bound, reference};
-use tilekit::{Activation, ActivationDesc, DType, MatrixView};
+use tilekit::kernels::{reference, tolerance};
+use tilekit::{Activation, ActivationDesc, DType, Device, MatrixView};
 
 /// What the check found.
 #[derive(Debug, Clone, Serialize)]
@@ -132,40 +135,171 @@ fn compare(
     dtype: DType,
     against: String,
 ) -> CheckResult {
-    let slope = match activation {
-        Activation::Gelu | Activation::GeluTanh => 1.13,
-        _ => 1.0,
-    };
-    let acc_u = DType::F32.unit_roundoff();
-    let store_u = dtype.unit_roundoff();
-    // Below the normal range relative rounding does not hold: half an f16 subnormal step, and
-    // f32's smallest normal for backends that flush f32 subnormals (WGSL may).
-    let atol = if dtype == DType::F16 { 2f64.powi(-25) } else { 2f64.powi(-126) };
     let mut res = CheckResult { ok: true, against, max_abs_err: 0.0, worst_err_over_bound: 0.0, first_failure: None };
     for ((&i, &p), &m) in idx.iter().zip(pre).zip(mag) {
         let want = activation.apply_f64(p);
         let Some(&g) = got.get(i) else {
             return failed("the output is shorter than expected");
         };
-        let act_err = match activation {
-            Activation::Gelu | Activation::GeluTanh => gelu_error_bound(p, want),
-            _ => 0.0,
-        };
-        let e_pre = 4.0 * acc_u * p.abs() + 2.0 * (terms as f64 + 2.0) * acc_u * m;
-        let e_act = slope * e_pre + acc_u * want.abs() + act_err;
-        let bound = atol + e_act + store_u * (want.abs() + e_act);
-        let err = (f64::from(g) - want).abs();
-        let ratio = if err.is_nan() { f64::INFINITY } else { err / bound };
-        res.max_abs_err = res.max_abs_err.max(if err.is_nan() { f64::INFINITY } else { err });
-        res.worst_err_over_bound = res.worst_err_over_bound.max(ratio);
-        // A NaN output fails: `err <= bound` is false for NaN.
-        let within = err <= bound;
-        if !within && res.first_failure.is_none() {
-            res.ok = false;
-            res.first_failure = Some(format!("output {i}: got {g}, want {want:.9e} (bound {bound:.3e})"));
+        let bound = tolerance::bound(dtype, activation, terms, m, p, want);
+        // A NaN output fails (accepts wants a NaN only where the reference is NaN).
+        let within = tolerance::accepts(dtype, g, want, bound);
+        note(&mut res, i, g, want, bound, within);
+    }
+    res
+}
+
+/// Records one compared output in `res`.
+fn note(res: &mut CheckResult, i: usize, got: f32, want: f64, bound: f64, within: bool) {
+    let err = (f64::from(got) - want).abs();
+    let err = if err.is_nan() { f64::INFINITY } else { err };
+    // An accepted output counts at most 1 (an accepted f16 overflow has an infinite error), a
+    // rejected one at least 1 (a bound of 0 gives infinity).
+    let ratio = if err == 0.0 { 0.0 } else { err / bound };
+    let ratio = if within { ratio.min(1.0) } else { ratio.max(1.0) };
+    res.max_abs_err = res.max_abs_err.max(err);
+    res.worst_err_over_bound = res.worst_err_over_bound.max(ratio);
+    if !within {
+        res.ok = false;
+        if res.first_failure.is_none() {
+            res.first_failure = Some(format!("output {i}: got {got}, want {want:.9e} (bound {bound:.3e})"));
+        }
+    }
+}
+
+/// The activation a case applies.
+fn activation_of(case: &Case) -> Activation {
+    match *case {
+        Case::Matmul { activation, .. } | Case::Activation { activation, .. } => activation,
+        Case::Conv { batch, channels, size, stride, layout } => {
+            conv_desc(batch, channels, size, stride, layout).activation
+        }
+    }
+}
+
+/// The exact pre-activation values of `case` on [`Host::exact`]'s inputs, every output.
+fn exact_pre(case: &Case, host: &Host) -> Result<Vec<f64>> {
+    let f64s = |i: usize| -> Vec<f64> { host.inputs[i].1.iter().map(|&v| f64::from(v)).collect() };
+    match *case {
+        Case::Matmul { m, n, k, .. } => {
+            let ((_, a), (_, b)) = (&host.inputs[0], &host.inputs[1]);
+            if a.len() != m * k || b.len() != k * n {
+                bail!("matmul operands of the wrong length");
+            }
+            let mut c = vec![0.0f32; m * n];
+            // SAFETY: `a` is m×k, `b` is k×n and `c` is m×n, all row-major (column stride 1,
+            // row stride = columns), checked above; gemm reads and writes only inside them, and
+            // `c` does not alias the inputs. `read_dst = false`, so `c` is only written.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(0),
+                );
+            }
+            let bias = host.inputs.get(2).map(|(_, v)| v.as_slice());
+            Ok(c.iter().enumerate().map(|(i, &v)| f64::from(v) + bias.map_or(0.0, |b| f64::from(b[i % n]))).collect())
+        }
+        Case::Conv { batch, channels, size, stride, layout } => {
+            let mut desc = conv_desc(batch, channels, size, stride, layout);
+            desc.activation = Activation::None;
+            let mut pre = vec![0.0; host.out_shape.iter().product()];
+            reference::depthwise_conv2d(&desc, &f64s(0), &f64s(1), Some(&f64s(2)), &mut pre);
+            Ok(pre)
+        }
+        Case::Activation { cols, .. } => {
+            let x = f64s(0);
+            let bias = (host.inputs.len() > 1).then(|| f64s(1));
+            let desc =
+                ActivationDesc { len: x.len(), bias_len: bias.as_ref().map(|_| cols), activation: Activation::None };
+            let mut pre = vec![0.0; x.len()];
+            reference::activation(&desc, &x, bias.as_deref(), &mut pre);
+            Ok(pre)
+        }
+    }
+}
+
+/// Compares `got` (the op's output on [`Host::exact`]'s inputs, widened to f32) with the exact
+/// result: bit for bit where the activation is exact (none, ReLU, ReLU6), within the GELU
+/// formulas' own bound otherwise. Every output.
+pub fn check_exact(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult {
+    if !Host::exact_is_exact(case) {
+        return failed("the exact inputs are not exact for this case (K too large)");
+    }
+    let pre = match exact_pre(case, host) {
+        Ok(p) => p,
+        Err(e) => return failed(&format!("{e:#}")),
+    };
+    if got.len() != pre.len() {
+        return failed("the output has the wrong length");
+    }
+    let activation = activation_of(case);
+    let exact_fn = matches!(activation, Activation::None | Activation::Relu | Activation::Relu6);
+    let against = if exact_fn {
+        format!("all {} outputs bit for bit on exact inputs", got.len())
+    } else {
+        format!("all {} outputs on exact inputs, within the {activation} bound", got.len())
+    };
+    let mut res = CheckResult { ok: true, against, max_abs_err: 0.0, worst_err_over_bound: 0.0, first_failure: None };
+    for (i, (&g, &p)) in got.iter().zip(&pre).enumerate() {
+        let r = activation.apply_f64(p);
+        if exact_fn {
+            // `p` is exact in f32 and these activations are exact functions of it: the one
+            // rounding left is to the storage dtype.
+            let want = dtype.round_f32(r as f32);
+            note(&mut res, i, g, f64::from(want), 0.0, g == want);
+        } else {
+            // No accumulation error (k = 0, magnitude 0): only the epilogue and the activation.
+            let bound = tolerance::bound(dtype, activation, 0, 0.0, p, r);
+            note(&mut res, i, g, r, bound, tolerance::accepts(dtype, g, r, bound));
         }
     }
     res
+}
+
+/// Both halves of the check (see the module docs): the op on exact inputs (a second upload,
+/// freed before timing), then `timed`, the case on the inputs that will be timed. The result
+/// fails if either does.
+pub fn check_case(dev: &Device, case: &Case, dtype: DType, timed: &Bound, host: &Host) -> Result<CheckResult> {
+    let exact_host = Host::exact(case, dtype);
+    let exact = {
+        let bound = Bound::new(dev, case, dtype, &exact_host)?;
+        bound.run_synced()?;
+        check_exact(case, dtype, &exact_host, &bound.output()?)
+    };
+    timed.run_synced()?;
+    let random = check(case, dtype, host, &timed.output()?);
+    Ok(merge(exact, random))
+}
+
+/// One result from the exact and the timed-input check.
+fn merge(exact: CheckResult, timed: CheckResult) -> CheckResult {
+    CheckResult {
+        ok: exact.ok && timed.ok,
+        against: format!("{}; timed inputs: {}", exact.against, timed.against),
+        max_abs_err: timed.max_abs_err.max(exact.max_abs_err),
+        worst_err_over_bound: timed.worst_err_over_bound.max(exact.worst_err_over_bound),
+        first_failure: exact
+            .first_failure
+            .map(|f| format!("exact inputs: {f}"))
+            .or(timed.first_failure.map(|f| format!("timed inputs: {f}"))),
+    }
 }
 
 #[cfg(test)]
@@ -184,7 +318,7 @@ mod tests {
             let host = Host::new(&case, dtype);
             // The CPU backend's output is a correct one.
             let dev = tilekit::Device::cpu();
-            let bound = super::super::workload::Bound::new(&dev, &case, dtype, &host).expect("upload");
+            let bound = Bound::new(&dev, &case, dtype, &host).expect("upload");
             bound.run_synced().expect("run");
             let mut out = bound.output().expect("download");
             let r = check(&case, dtype, &host, &out);
@@ -193,6 +327,96 @@ mod tests {
             assert!(!check(&case, dtype, &host, &out).ok, "{case:?} perturbed");
             out[2] = f32::NAN;
             assert!(!check(&case, dtype, &host, &out).ok, "{case:?} NaN");
+        }
+    }
+
+    /// The CPU backend's output on the exact inputs passes the exact check, for every kind of
+    /// case and dtype; one output moved by one step of the exact grid fails it.
+    #[test]
+    fn exact_check_accepts_correct_outputs_and_rejects_one_step_off() {
+        for (case, dtype) in [
+            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu }, DType::F32),
+            (Case::Matmul { m: 5, n: 6, k: 300, bias: true, activation: Activation::None }, DType::F16),
+            (Case::Matmul { m: 17, n: 4, k: 64, bias: false, activation: Activation::None }, DType::Bf16),
+            (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
+            (Case::Conv { batch: 2, channels: 4, size: 5, stride: 1, layout: Layout::Nchw }, DType::F16),
+            (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
+            (Case::Activation { rows: 4, cols: 8, bias: false, activation: Activation::Gelu }, DType::F32),
+        ] {
+            let host = Host::exact(&case, dtype);
+            let mut out = cpu_output(&case, dtype, &host);
+            let r = check_exact(&case, dtype, &host, &out);
+            assert!(r.ok, "{case:?} {dtype}: {r:?}");
+            // The smallest move of a result that is not rounded away: one step of the grid at
+            // an output small enough to hold it in every dtype (plus one to stay off ReLU6's
+            // flat parts).
+            let i = out.iter().position(|v| v.abs() < 1.0).expect("a small output");
+            out[i] += 1.0 / 64.0;
+            assert!(!check_exact(&case, dtype, &host, &out).ok, "{case:?} {dtype}: one step off passed");
+        }
+    }
+
+    fn cpu_output(case: &Case, dtype: DType, host: &Host) -> Vec<f32> {
+        let dev = tilekit::Device::cpu();
+        let bound = Bound::new(&dev, case, dtype, host).expect("upload");
+        bound.run_synced().expect("run");
+        bound.output().expect("download")
+    }
+
+    /// The issue the exact check exists for: at the bench's sizes one wrong index — one product
+    /// dropped from one output, or one step of K reading the next row of B — fails the check,
+    /// at 1×4096×4096 and 1024³. On the random inputs in [−1, 1] the worst-case bound of an
+    /// output at K = 4096 is wider than the average product (1/4), so there it cannot.
+    #[test]
+    fn one_wrong_index_fails_the_check_at_bench_sizes() {
+        let random =
+            Host::new(&Case::Matmul { m: 1, n: 4096, k: 4096, bias: false, activation: Activation::None }, DType::F32);
+        let (a, b) = (&random.inputs[0].1, &random.inputs[1].1);
+        let s: f64 = (0..4096).map(|p| f64::from(a[p].abs()) * f64::from(b[p * 4096].abs())).sum();
+        let p: f64 = (0..4096).map(|p| f64::from(a[p]) * f64::from(b[p * 4096])).sum();
+        let wide = tolerance::bound(DType::F32, Activation::None, 4096, s, p, p);
+        assert!(wide > 0.25, "the worst-case bound at K = 4096 is {wide}");
+
+        for (m, n, k) in [(1, 4096, 4096), (1024, 1024, 1024)] {
+            let case = Case::Matmul { m, n, k, bias: false, activation: Activation::None };
+            let host = Host::exact(&case, DType::F32);
+            let (a, b) = (&host.inputs[0].1, &host.inputs[1].1);
+            let good = cpu_output(&case, DType::F32, &host);
+            let r = check_exact(&case, DType::F32, &host, &good);
+            assert!(r.ok, "{m}x{n}x{k}: the correct output fails: {r:?}");
+
+            // One product missing from one output (the middle one).
+            let (i, j) = (m / 2, n / 2);
+            let p = (0..k).find(|&p| a[i * k + p] * b[p * n + j] != 0.0).expect("a non-zero product");
+            let mut dropped = good.clone();
+            dropped[i * n + j] -= a[i * k + p] * b[p * n + j];
+            let r = check_exact(&case, DType::F32, &host, &dropped);
+            assert!(!r.ok, "{m}x{n}x{k}: a dropped product passed");
+            assert!(r.first_failure.as_deref().is_some_and(|f| f.contains(&format!("output {}", i * n + j))), "{r:?}");
+
+            // An off-by-one in K: one step `p` reads B's row `p + 1` (mod K) instead of row `p`
+            // (the last step where row 0 of A is non-zero, so the fault is visible in row 0).
+            let p = (0..k).rev().find(|&p| a[p] != 0.0).expect("a non-zero element in A's row 0");
+            let q = (p + 1) % k;
+            let mut shifted = good.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    shifted[i * n + j] += a[i * k + p] * (b[q * n + j] - b[p * n + j]);
+                }
+            }
+            assert!(shifted != good, "the injected fault changes the output");
+            assert!(!check_exact(&case, DType::F32, &host, &shifted).ok, "{m}x{n}x{k}: an off-by-one passed");
+        }
+    }
+
+    #[test]
+    fn every_bench_case_has_exact_inputs() {
+        for quick in [true, false] {
+            for gpu in [true, false] {
+                for e in super::super::cases::entries(super::super::cases::Scale { quick, gpu }) {
+                    assert!(Host::exact_is_exact(&e.case), "{:?}", e.case);
+                }
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: tilekit's speed, checked and compared.
 //!
 //! For each case of each suite (see [`cases`]) on each chosen backend and dtype:
-//! 1. upload deterministic inputs and run the op once; compare it with the naive f64 CPU
-//!    reference ([`check`]); a wrong result is reported and never timed;
+//! 1. run the op once on inputs where its arithmetic is exact and compare every output with
+//!    the exact result, then once on the deterministic inputs it is timed on and compare with
+//!    the naive f64 CPU reference ([`check`]); a wrong result is reported and never timed;
 //! 2. time it (warm-up, then at least 20 runs — 5 in `--quick` on a software adapter — each
 //!    ending in a device synchronisation): median, min and max wall time;
 //! 3. time the references in the same run on the same inputs: the `gemm` crate (f32 on the CPU),
@@ -351,10 +352,10 @@ fn measure_case(
         }
     };
 
-    // Correctness first: a wrong kernel is reported, not timed.
-    let out = bound.run_synced().and_then(|()| bound.output());
-    match out {
-        Ok(out) => row.check = Some(check::check(case, dtype, &host, &out)),
+    // Correctness first, on exact inputs and on the timed ones: a wrong kernel is reported,
+    // not timed.
+    match check::check_case(dev, case, dtype, &bound, &host) {
+        Ok(c) => row.check = Some(c),
         Err(e) => {
             row.error = Some(format!("{e:#}"));
             return row;

@@ -10,6 +10,12 @@ use tilekit::{Conv2dOptions, DType, Device, Tensor};
 struct Lcg(u64);
 
 impl Lcg {
+    /// A uniform integer in `[-max, max]`.
+    fn int(&mut self, max: u32) -> i32 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 33) % (2 * u64::from(max) + 1)) as i32 - max as i32
+    }
+
     /// Uniform in `[-scale, scale)`.
     fn next(&mut self, scale: f32) -> f32 {
         self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
@@ -63,6 +69,67 @@ impl Host {
                 Host { inputs, out_shape: vec![rows, cols] }
             }
         }
+    }
+}
+
+/// Grid of the exact inputs' products (and of the biases added to them): `2⁻⁶`.
+pub const EXACT_GRID: f64 = 1.0 / 64.0;
+
+impl Host {
+    /// Inputs on which the op's arithmetic is exact in `f32`, for the correctness check: small
+    /// integers scaled by powers of two. Matmul and conv operands are `i/8` with `|i| <= 8`
+    /// (exact in f32, f16 and bf16), so every product is a multiple of 2⁻⁶ of magnitude at
+    /// most 1, and biases are `i/64` with `|i| <= 64`. Every partial sum is then a multiple of
+    /// 2⁻⁶ below `K + 1` in magnitude, which `f32` holds exactly while `K < 2¹⁸` (every bench
+    /// case; see [`Host::exact_is_exact`]), whatever the summation order. The results stay
+    /// within f16's range (|result| <= K + 1 <= 65504). Activation inputs are `i/64` in [-5, 5]
+    /// with biases `i/64` in [-1, 1] (rounded to the storage dtype, still multiples of 2⁻⁶), so
+    /// `x + bias` is exact too. The only rounding left is the activation's own and the one
+    /// rounding to the storage dtype.
+    pub fn exact(case: &Case, dtype: DType) -> Host {
+        let mut rng = Lcg(0xe8ac_7c4e);
+        let mut ints = |shape: Vec<usize>, max: u32, scale: f32| {
+            let n = shape.iter().product();
+            let data = (0..n).map(|_| dtype.round_f32(rng.int(max) as f32 * scale)).collect();
+            (shape, data)
+        };
+        match *case {
+            Case::Matmul { m, n, k, bias, .. } => {
+                let mut inputs = vec![ints(vec![m, k], 8, 0.125), ints(vec![k, n], 8, 0.125)];
+                if bias {
+                    inputs.push(ints(vec![n], 64, 1.0 / 64.0));
+                }
+                Host { inputs, out_shape: vec![m, n] }
+            }
+            Case::Conv { batch, channels, size, stride, layout } => {
+                let d = conv_desc(batch, channels, size, stride, layout);
+                let inputs = vec![
+                    ints(d.input_shape().to_vec(), 8, 0.125),
+                    ints(d.weight_shape().to_vec(), 8, 0.125),
+                    ints(vec![d.out_channels()], 64, 1.0 / 64.0),
+                ];
+                Host { inputs, out_shape: d.output_shape().to_vec() }
+            }
+            Case::Activation { rows, cols, bias, .. } => {
+                let mut inputs = vec![ints(vec![rows, cols], 320, 1.0 / 64.0)];
+                if bias {
+                    inputs.push(ints(vec![cols], 64, 1.0 / 64.0));
+                }
+                Host { inputs, out_shape: vec![rows, cols] }
+            }
+        }
+    }
+
+    /// Whether [`Host::exact`]'s inputs make every partial sum of `case` exact in `f32`: the
+    /// sums are multiples of 2⁻⁶ of magnitude at most `K + 1` (taps + 1 for a conv), which
+    /// need `log2(K + 1) + 6` of f32's 24 significant bits.
+    pub fn exact_is_exact(case: &Case) -> bool {
+        let terms = match *case {
+            Case::Matmul { k, .. } => k,
+            Case::Conv { .. } => 9,
+            Case::Activation { .. } => 1,
+        };
+        ((terms as f64 + 1.0) / EXACT_GRID) < f64::from(1u32 << 24)
     }
 }
 

@@ -186,10 +186,7 @@ impl Device {
             });
         }
         // The output's element count must be representable.
-        desc.output_shape()
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::Overflow { op: OP, what: "the output element count".into() })?;
+        desc.checked_lens().ok_or_else(|| Error::Overflow { op: OP, what: "the output element count".into() })?;
         Ok(desc)
     }
 }

@@ -1,12 +1,14 @@
-//! The tolerance model: one rule, stated once, used by every differential test.
+//! The tolerance model: one rule, stated once, used by every comparison with the reference
+//! (the differential tests, the wgpu backend's unit tests, the criterion benches, `cargo xtask
+//! bench`'s check and the CUDA device checks).
 //!
 //! # The reference
-//! The reference is `tilekit_kernels::reference`, evaluated in `f64` on the inputs *as they are
+//! The reference is [`crate::reference`], evaluated in `f64` on the inputs *as they are
 //! stored* (each input is rounded to the storage dtype on the host with [`DType::round_f32`],
 //! which rounds to nearest even; never through `half`'s `from_f64`, which truncates first). So
 //! the only differences a correct kernel may show are the roundings of its own `f32`
 //! arithmetic and the one rounding of the result to the storage dtype. Under the bf16-compute
-//! policy ([`tilekit::Precision::Bf16`]) the reference rounds the product inputs to bf16 itself,
+//! policy ([`crate::Precision::Bf16`]) the reference rounds the product inputs to bf16 itself,
 //! exactly as the kernels must; products of two bf16 values are exact in `f32` (8 + 8 significant
 //! bits), so the same bound applies.
 //!
@@ -34,8 +36,8 @@
 //! - `L(act)`: the Lipschitz constant of the activation, which carries the pre-activation error
 //!   through it: 1 for none/relu/relu6; 1.13 for both GELU forms (the largest slope of
 //!   `x·Φ(x)` is 1.129 at x ≈ 2.42, and the tanh form stays within 1.13 as well).
-//! - `gelu_error_bound`: the documented accuracy promise of the `f32` GELU formulas
-//!   (`tilekit_kernels::activation`), added for the GELU forms only; `U_ACC·|r|` is the
+//! - [`gelu_error_bound`]: the documented accuracy promise of the `f32` GELU formulas
+//!   ([`crate::activation`]), added for the GELU forms only; `U_ACC·|r|` is the
 //!   rounding of the activation's `f32` result.
 //! - `u(dtype)`: the unit roundoff of the storage dtype (2⁻²⁴, 2⁻¹¹, 2⁻⁸), the one rounding to
 //!   nearest even when the result is stored. `(|r| + e_act)` bounds the magnitude of the value
@@ -49,8 +51,19 @@
 //! pushed outwards by the bound, overflows the storage dtype (f16 results above 65504 become
 //! ±Inf, as IEEE rounding says); otherwise results must be finite and within the bound.
 
-use tilekit::{Activation, DType};
-use tilekit_kernels::activation::gelu_error_bound;
+//! # Using it
+//! - [`bound`] and [`accepts`]: one output against the exact reference, knowing its exact
+//!   pre-activation value `p` and its magnitude `S`.
+//! - [`bound_from_magnitude`]: the same rule where only `S` is at hand: `|p| <= S` always, and
+//!   every term grows with `|p|`, so `S` stands in for it. With [`Activation::Gelu`] it bounds
+//!   every activation (GELU's terms are the largest), for callers that do not know which ran.
+//! - Two implementations that each meet the rule (a kernel against the CPU backend, against
+//!   cuBLAS) differ by at most the sum of their two bounds.
+//! - Where every product and partial sum is exact in `f32` (small integers scaled by powers of
+//!   two), the accumulation term is zero: pass `k = 0` and `magnitude = 0`.
+
+use crate::activation::gelu_error_bound;
+use crate::{Activation, DType};
 
 /// Unit roundoff of the `f32` accumulator (2⁻²⁴).
 pub const U_ACC: f64 = 5.960_464_477_539_063e-8;
@@ -87,6 +100,14 @@ pub fn bound(dtype: DType, act: Activation, k: usize, magnitude: f64, pre: f64, 
         e_act += gelu_error_bound(pre, reference);
     }
     atol(dtype) + e_act + dtype.unit_roundoff() * (reference.abs() + e_act)
+}
+
+/// [`bound`] with the magnitude standing in for the pre-activation value (`|pre| <= magnitude`),
+/// for callers that have the output and its magnitude but not the value before the activation;
+/// see "Using it" in the module docs. Never smaller than [`bound`] for any `pre` with
+/// `|pre| <= magnitude`.
+pub fn bound_from_magnitude(dtype: DType, act: Activation, k: usize, magnitude: f64, reference: f64) -> f64 {
+    bound(dtype, act, k, magnitude, magnitude, reference)
 }
 
 /// Whether `got` (a stored result widened to `f32`) is acceptable for the exact value
@@ -131,5 +152,31 @@ mod tests {
         let b2 = bound(DType::F32, Activation::None, 1000, 1.0, 1.0, 1.0);
         assert!(b2 > b1);
         assert!(bound(DType::Bf16, Activation::None, 10, 1.0, 1.0, 1.0) > 2f64.powi(-8));
+    }
+
+    #[test]
+    fn the_rule_has_the_documented_value() {
+        // f32, no activation, K = 4096, S = 1024, p = r = 1: the accumulation term dominates.
+        let u = 2f64.powi(-24);
+        let e_pre = 4.0 * u + 2.0 * 4098.0 * u * 1024.0;
+        let e_act = e_pre + u;
+        let want = 2f64.powi(-126) + e_act + u * (1.0 + e_act);
+        assert_eq!(bound(DType::F32, Activation::None, 4096, 1024.0, 1.0, 1.0), want);
+    }
+
+    #[test]
+    fn the_magnitude_form_covers_every_pre_activation_value_and_activation() {
+        for dtype in DType::ALL {
+            for act in Activation::ALL {
+                for (k, s) in [(0usize, 0.5f64), (3, 2.0), (4096, 1024.0)] {
+                    for pre in [-s, -s / 3.0, 0.0, s / 7.0, s] {
+                        let r = act.apply_f64(pre);
+                        let loosest = bound_from_magnitude(dtype, Activation::Gelu, k, s, r);
+                        assert!(bound_from_magnitude(dtype, act, k, s, r) >= bound(dtype, act, k, s, pre, r));
+                        assert!(loosest >= bound(dtype, act, k, s, pre, r), "{dtype} {act} {pre}");
+                    }
+                }
+            }
+        }
     }
 }
