@@ -18,8 +18,8 @@
 use super::cases::{Case, conv_desc, matmul_desc};
 use super::workload::Host;
 use serde::Serialize;
-use tilekit::kernels::{activation::gelu_error_bound, reference};
 use tilekit::{Activation, ActivationDesc, DType, MatrixView};
+use tilekit_kernels::{activation::gelu_error_bound, reference};
 
 /// What the check found.
 #[derive(Debug, Clone, Serialize)]
