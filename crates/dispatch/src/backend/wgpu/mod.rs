@@ -17,7 +17,7 @@
 //!   stay within the per-dimension workgroup limit; activations and copies over the
 //!   storage-binding limit run in chunks bound as buffer windows; a matmul over it (or over
 //!   `u32` indices, or over the grid limit in M or N) runs as blocks of batches, rows and
-//!   columns, each binding windows of its operands (`split_matmul`); a depthwise convolution
+//!   columns, each binding windows of its operands (`split_matmul`, `split.rs`); a depthwise convolution
 //!   over it runs as blocks of images, channel planes (NCHW) and output rows (`split_conv`).
 //!   What cannot be split (one row of a transposed A or one column of an untransposed B over
 //!   the limit, one output row of a convolution over it) is refused with [`Error::Overflow`]
@@ -34,7 +34,8 @@
 //!   internal), so errors come back from the op that caused them as [`Error`] values; a device
 //!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
 //!   panics), and a lost device turns every later call into [`Error::DeviceLost`].
-//! - Tuning (`crate::tune`): the matmul and the depthwise convolution take their [`Spec`]
+//! - Tuning (`tuning.rs`, cache in `cache.rs`; behaviour documented on `crate::tune`): the
+//!   matmul and the depthwise convolution take their [`Spec`]
 //!   from the autotuner: the default when tuning is off or nothing is cached, else a validated
 //!   cached winner, else (mode `on`) the winner of timing every candidate on the op's operands.
 //! - Profiling (`crate::profile`): while a profile is open, every compute pass writes
