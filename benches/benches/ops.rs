@@ -15,9 +15,9 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::Duration;
-use tilekit::kernels::reference;
 use tilekit::{Activation, ActivationDesc, Conv2dOptions, DType, Device, Layout, MatmulDesc, Tensor};
 use tilekit_benches::{devices, inputs, matches};
+use tilekit_kernels::reference;
 
 const DTYPE: DType = DType::F32;
 

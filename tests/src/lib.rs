@@ -18,11 +18,11 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
-use tilekit::kernels::reference;
 use tilekit::{
     Activation, ActivationDesc, Conv2dDesc, Conv2dOptions, DType, Device, Error, Layout, MatmulDesc, MatrixView,
     Tensor, WgpuOptions,
 };
+use tilekit_kernels::reference;
 
 /// One device under test, with the label the messages use.
 #[derive(Debug)]

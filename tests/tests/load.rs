@@ -1,6 +1,8 @@
 //! A long-lived server issues ops for days: a loop of 10,000 small ops (every op kind,
 //! allocating and in-place) must keep the process's memory flat on every backend present,
-//! and still give the same answer at the end as at the start.
+//! and still give the same answer at the end as at the start. Two measures: the host's resident
+//! memory, and tilekit's own count of live device buffers (`Device::live_buffer_bytes`), which
+//! must return exactly to its baseline.
 
 use tilekit::{Activation, Conv2dOptions, DType, Device, Layout, MatmulDesc, MatmulOptions, Tensor};
 use tilekit_tests::{Rng, backends};
@@ -89,12 +91,16 @@ fn ten_thousand_ops_keep_memory_flat() {
         // The packed-f16 device runs the 16-bit path; the others f32.
         let dtype = if be.label == "wgpu-packed-f16" { DType::F16 } else { DType::F32 };
         let dev = &be.device;
+        let live_at_start = dev.live_buffer_bytes();
         let work = Work::new(dev, dtype);
         for i in 0..WARM_UP {
             work.op(dev, i);
         }
         ok("synchronize", dev.synchronize());
         let first = work.results();
+        // tilekit's own device memory: the work tensors, nothing left over from the warm-up.
+        let live_before = dev.live_buffer_bytes();
+        assert!(live_before > live_at_start, "{}: the work tensors are counted", be.label);
         let Some(before) = rss() else {
             tilekit_tests::skip("load test", "no /proc/self/statm to read memory from");
             return;
@@ -118,5 +124,10 @@ fn ten_thousand_ops_keep_memory_flat() {
         );
         assert!(growth <= MAX_GROWTH, "{}: memory grew by {} KiB over {OPS} ops", be.label, growth >> 10);
         assert!(work.results() == first, "{}: the results changed over the loop", be.label);
+        let live_after = dev.live_buffer_bytes();
+        eprintln!("{}: live tensor buffers {live_before} B -> {live_after} B", be.label);
+        assert_eq!(live_after, live_before, "{}: tensor buffers leaked over {OPS} ops", be.label);
+        drop(work);
+        assert_eq!(dev.live_buffer_bytes(), live_at_start, "{}: dropping the tensors frees them", be.label);
     }
 }

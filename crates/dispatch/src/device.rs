@@ -1,6 +1,6 @@
 //! [`Device`]: one backend, chosen at run time, and the probe that chooses it.
 
-use crate::backend::{Backend, BackendOps, Storage, cpu, cuda, wgpu as wgpu_backend};
+use crate::backend::{Backend, BackendOps, Storage, cpu, cuda, wgpu as wgpu_backend, with_backend};
 use crate::{Error, Result, Tensor};
 use std::fmt;
 use std::sync::Arc;
@@ -124,6 +124,8 @@ pub(crate) struct DeviceInner {
     pub(crate) report: ProbeReport,
     /// The open profile, if any (`crate::profile`).
     pub(crate) profiler: crate::profile::Profiler,
+    /// Bytes of live tensor buffers ([`Device::live_buffer_bytes`]).
+    pub(crate) live_bytes: AtomicU64,
 }
 
 /// A compute device: one backend, shared cheaply (`Clone` is an `Arc` clone). `Send + Sync`:
@@ -141,7 +143,15 @@ impl fmt::Debug for Device {
 
 impl Device {
     fn from_backend(backend: Backend, report: ProbeReport) -> Device {
-        Device { inner: Arc::new(DeviceInner { id: next_id(), backend, report, profiler: Default::default() }) }
+        Device {
+            inner: Arc::new(DeviceInner {
+                id: next_id(),
+                backend,
+                report,
+                profiler: Default::default(),
+                live_bytes: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Chooses a backend: `TILEKIT_BACKEND` (`cpu`, `wgpu`, `cuda`, `auto`) when set; else CUDA
@@ -321,41 +331,27 @@ impl Device {
 
     /// The backend this device runs on.
     pub fn kind(&self) -> BackendKind {
-        match &self.inner.backend {
-            Backend::Cpu(_) => BackendKind::Cpu,
-            Backend::Wgpu(_) => BackendKind::Wgpu,
-            Backend::Cuda(_) => BackendKind::Cuda,
-        }
+        with_backend!(self, be => kind_of(be))
     }
 
     /// A one-line description (adapter name, driver, threads).
     pub fn description(&self) -> String {
-        match &self.inner.backend {
-            Backend::Cpu(b) => b.description(),
-            Backend::Wgpu(b) => b.description(),
-            Backend::Cuda(b) => b.description(),
-        }
+        with_backend!(self, be => be.description())
     }
 
     /// Whether this device is a software rasteriser pretending to be a GPU (lavapipe).
     pub fn is_software(&self) -> bool {
-        match &self.inner.backend {
-            Backend::Wgpu(b) => b.is_software(),
-            _ => false,
-        }
+        with_backend!(self, be => be.is_software())
     }
 
     /// Whether ops in `dtype` can run on this device; the error says why not.
     pub fn check_dtype(&self, dtype: DType) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Cpu(b) => b.check_dtype("alloc", dtype),
-            Backend::Wgpu(b) => b.check_dtype("alloc", dtype),
-            Backend::Cuda(b) => b.check_dtype("alloc", dtype),
-        }
+        with_backend!(self, be => be.check_dtype("alloc", dtype))
     }
 
     /// The `wgpu::Device` and `wgpu::Queue` this device runs on (`None` on other backends), for
     /// engines that record their own passes around tilekit's ops. See [`Tensor::wgpu_buffer`].
+    /// (A wgpu-only accessor: the one place outside `with_backend!` that names a backend.)
     pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
         match &self.inner.backend {
             Backend::Wgpu(b) => Some(b.raw()),
@@ -368,46 +364,53 @@ impl Device {
     /// the same queue calls this first. The CPU runs ops at once and CUDA orders them on its
     /// stream, so there it does nothing.
     pub fn flush(&self) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Wgpu(b) => b.flush(),
-            _ => Ok(()),
-        }
+        with_backend!(self, be => be.flush())
     }
 
     /// Waits until every queued op has finished.
     pub fn synchronize(&self) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Cpu(b) => b.synchronize(),
-            Backend::Wgpu(b) => b.synchronize(),
-            Backend::Cuda(b) => b.synchronize(),
-        }
+        with_backend!(self, be => be.synchronize())
     }
 
+    /// Bytes of device memory held by this device's live tensor buffers (every tensor made on
+    /// it and not yet dropped, counted once per buffer however many tensors share it): a
+    /// diagnostic for leak checks. It counts the elements asked for, not the backend's
+    /// padding or its internal temporaries (uniform blocks, staging buffers, pools).
+    pub fn live_buffer_bytes(&self) -> u64 {
+        self.inner.live_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A zero-filled buffer of `len` elements.
     pub(crate) fn alloc_storage(&self, dtype: DType, len: usize) -> Result<Storage> {
-        match &self.inner.backend {
-            Backend::Cpu(b) => b.alloc_zeroed(dtype, len).map(Storage::Cpu),
-            Backend::Wgpu(b) => b.alloc_zeroed(dtype, len).map(Storage::Wgpu),
-            Backend::Cuda(b) => b.alloc_zeroed(dtype, len).map(Storage::Cuda),
-        }
+        with_backend!(self, be => be.alloc_zeroed(dtype, len).map(wrap_of(be)))
+    }
+
+    /// A buffer of `len` elements an op is about to write in full (contents unspecified until
+    /// then; see `BackendOps::alloc_output`).
+    pub(crate) fn alloc_output_storage(&self, dtype: DType, len: usize) -> Result<Storage> {
+        with_backend!(self, be => be.alloc_output(dtype, len).map(wrap_of(be)))
     }
 
     pub(crate) fn upload_storage(&self, dtype: DType, bytes: &[u8]) -> Result<Storage> {
-        match &self.inner.backend {
-            Backend::Cpu(b) => b.upload(dtype, bytes).map(Storage::Cpu),
-            Backend::Wgpu(b) => b.upload(dtype, bytes).map(Storage::Wgpu),
-            Backend::Cuda(b) => b.upload(dtype, bytes).map(Storage::Cuda),
-        }
+        with_backend!(self, be => be.upload(dtype, bytes).map(wrap_of(be)))
     }
 
     pub(crate) fn download_storage(&self, t: &Tensor) -> Result<Vec<u8>> {
-        let s = &t.buffer.storage;
-        match (&self.inner.backend, s) {
-            (Backend::Cpu(b), Storage::Cpu(s)) => b.download(s, t.dtype()),
-            (Backend::Wgpu(b), Storage::Wgpu(s)) => b.download(s, t.dtype()),
-            (Backend::Cuda(b), Storage::Cuda(s)) => b.download(s, t.dtype()),
-            _ => Err(Error::DeviceMismatch { op: "download", tensor: "tensor" }),
-        }
+        with_backend!(self, be => download(be, t))
     }
+}
+
+fn kind_of<B: BackendOps>(_: &B) -> BackendKind {
+    B::KIND
+}
+
+fn wrap_of<B: BackendOps>(_: &B) -> fn(B::Storage) -> Storage {
+    B::wrap
+}
+
+fn download<B: BackendOps>(be: &B, t: &Tensor) -> Result<Vec<u8>> {
+    let s = B::storage_of(&t.buffer.storage).ok_or(Error::DeviceMismatch { op: "download", tensor: "tensor" })?;
+    be.download(s, t.dtype())
 }
 
 // The public face promises `Send + Sync`; this fails to compile if a backend breaks it.

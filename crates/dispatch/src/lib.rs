@@ -48,7 +48,15 @@ pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
 pub use tune::{TuneMode, TuneReport};
 
-/// The kernel catalogue and CPU reference, re-exported for engines and tests.
-pub use tilekit_kernels as kernels;
+/// The kernel catalogue, descriptors and activation formulas of `tilekit-kernels`, re-exported
+/// for engines. Its CPU reference (`tilekit_kernels::reference`) is deliberately not here: it
+/// asserts its arguments and panics on a bad descriptor, which the promise above rules out for
+/// what `tilekit` exports; tests and benches depend on `tilekit-kernels` for it.
+pub mod kernels {
+    pub use tilekit_kernels::{
+        Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision, activation,
+        catalogue, desc, dtype, tolerance,
+    };
+}
 /// GGUF quantized block formats (host dequantize / quantize) and the GGUF file reader.
 pub use tilekit_kernels::{gguf, quant};

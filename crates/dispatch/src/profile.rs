@@ -26,7 +26,7 @@
 //! Launches are attributed to the op that recorded them when ops come from one thread; ops
 //! issued concurrently from several threads may have their launches attributed to each other.
 
-use crate::backend::Backend;
+use crate::backend::{BackendOps, with_backend};
 use crate::{BackendKind, Device, Error, Result};
 use serde_json::{Value, json};
 use std::sync::Mutex;
@@ -252,6 +252,17 @@ impl OpInfo {
     }
 }
 
+/// One kernel launch a backend listed while a profile was open (`BackendOps::profile_take`).
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchInfo {
+    /// Module name and spec label.
+    pub(crate) kernel: String,
+    pub(crate) grid: [u32; 3],
+    pub(crate) workgroup: [u32; 3],
+    /// Query set and first of its two query slots (start, end); `None` without timestamps.
+    pub(crate) query: Option<(usize, u32)>,
+}
+
 /// A record whose device time is resolved when the profile ends.
 #[derive(Debug)]
 struct Pending {
@@ -279,9 +290,7 @@ impl Device {
     pub fn profile_begin(&self) -> Result<()> {
         let p = &self.inner.profiler;
         p.pending.lock().map_err(|_| poisoned())?.clear();
-        if let Backend::Wgpu(b) = &self.inner.backend {
-            b.profile_start()?;
-        }
+        with_backend!(self, be => be.profile_start())?;
         p.active.store(true, Ordering::Release);
         Ok(())
     }
@@ -292,10 +301,7 @@ impl Device {
         let p = &self.inner.profiler;
         let was_active = p.active.swap(false, Ordering::AcqRel);
         let pending = std::mem::take(&mut *p.pending.lock().map_err(|_| poisoned())?);
-        let stamps = match &self.inner.backend {
-            Backend::Wgpu(b) if was_active => b.profile_finish()?,
-            _ => Vec::new(),
-        };
+        let stamps = if was_active { with_backend!(self, be => be.profile_finish())? } else { Vec::new() };
         let origin_host = pending.iter().map(|q| q.host_start).min();
         let stamp = |(set, slot): (usize, u32)| {
             let s = stamps.get(set)?;
@@ -355,13 +361,13 @@ impl Device {
             duration_us: 0.0,
             timing: Timing::Wall,
         };
+        let ran = f();
+        let launches = with_backend!(self, be => be.profile_take());
+        ran?;
         let mut new = Vec::new();
-        match &self.inner.backend {
-            Backend::Wgpu(b) => {
-                let ran = f();
-                let launches = b.profile_take();
-                ran?;
-                let wall = if b.has_timestamps() {
+        match launches {
+            Some(launches) => {
+                let wall = if with_backend!(self, be => be.has_timestamps()) {
                     0.0
                 } else {
                     // No timestamps: wait, so the host time covers the op's kernels.
@@ -379,12 +385,11 @@ impl Device {
                     new.push(Pending { record: r, query: l.query, host_start });
                 }
             }
-            Backend::Cpu(_) | Backend::Cuda(_) => {
-                f()?;
-                // CUDA is asynchronous: wait so the wall time covers the kernels.
-                if matches!(self.inner.backend, Backend::Cuda(_)) {
-                    self.synchronize()?;
-                }
+            None => {
+                // A backend that lists no launches: one record per op. Asynchronous backends
+                // (CUDA) are waited for so the wall time covers the kernels; on the CPU the
+                // wait returns at once.
+                self.synchronize()?;
                 let mut r = base(info.op.to_string(), 1.0);
                 r.duration_us = host_start.elapsed().as_secs_f64() * 1e6;
                 new.push(Pending { record: r, query: None, host_start });

@@ -6,6 +6,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tilekit_kernels::DType;
 
 /// A host element type tilekit stores natively: `f32`, `half::f16` or `half::bf16`.
@@ -37,6 +38,19 @@ pub(crate) struct Buffer {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
     pub(crate) storage: Storage,
+}
+
+impl Buffer {
+    /// Bytes of the elements it holds (what [`Device::live_buffer_bytes`] counts).
+    fn counted_bytes(&self) -> u64 {
+        (self.len as u64).saturating_mul(self.dtype.size_bytes() as u64)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.device.inner.live_bytes.fetch_sub(self.counted_bytes(), Ordering::Relaxed);
+    }
 }
 
 /// A dense, row-major tensor on a [`Device`]: a shape over a flat buffer of one dtype.
@@ -161,6 +175,7 @@ impl Tensor {
 impl Device {
     fn wrap(&self, dtype: DType, len: usize, storage: Storage, shape: &[usize]) -> Tensor {
         let buffer = Buffer { device: self.clone(), dtype, len, storage };
+        self.inner.live_bytes.fetch_add(buffer.counted_bytes(), Ordering::Relaxed);
         Tensor { buffer: Arc::new(buffer), shape: shape.to_vec() }
     }
 
@@ -203,5 +218,40 @@ impl Device {
         self.check_dtype(dtype)?;
         let storage = self.alloc_storage(dtype, len)?;
         Ok(self.wrap(dtype, len, storage, shape))
+    }
+
+    /// A tensor for an op's output that the op writes in full before anything reads it: its
+    /// contents until then are unspecified (see `BackendOps::alloc_output`).
+    pub(crate) fn output_tensor(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let len = element_count(shape)?;
+        self.check_dtype(dtype)?;
+        let storage = self.alloc_output_storage(dtype, len)?;
+        Ok(self.wrap(dtype, len, storage, shape))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::{Activation, DType, Device, MatmulOptions};
+
+    #[test]
+    fn live_buffer_bytes_count_each_buffer_once_until_it_is_dropped() {
+        let dev = Device::cpu();
+        assert_eq!(dev.live_buffer_bytes(), 0);
+        let a = dev.tensor_from_f32(&[2, 3], DType::F32, &[1.0; 6]).unwrap();
+        let b = dev.zeros(&[3, 5], DType::Bf16).unwrap();
+        assert_eq!(dev.live_buffer_bytes(), 6 * 4 + 15 * 2);
+        // Clones and reshapes share the buffer.
+        let a2 = a.clone().reshape(&[3, 2]).unwrap();
+        assert_eq!(dev.live_buffer_bytes(), 6 * 4 + 15 * 2);
+        drop(b);
+        let y = dev.matmul(&a, &a2, &MatmulOptions::default()).unwrap();
+        let z = dev.activation(&y, None, Activation::Relu).unwrap();
+        assert_eq!(dev.live_buffer_bytes(), (6 + 4 + 4) * 4);
+        drop((a, a2, y, z));
+        assert_eq!(dev.live_buffer_bytes(), 0);
+        // Another device keeps its own count.
+        assert_eq!(Device::cpu().live_buffer_bytes(), 0);
     }
 }

@@ -1,7 +1,7 @@
 //! Autotuning of the wgpu matmul and depthwise convolution, with a persistent cache.
 //!
 //! # What is tuned
-//! Each tunable kernel has a list of candidate [`Spec`]s in the kernel catalogue
+//! Each tunable kernel has a list of candidate `Spec`s in the kernel catalogue
 //! (`tilekit_kernels::catalogue::wgsl::{matmul_candidates, conv_candidates}`): matmul tiles
 //! (64×64, 64×32, 32×64, 128×32, 32×128 blocks, BK 8 or 16), 16-row tiles for 4 < M <= 16,
 //! workgroup sizes of the small-M kernel and of the convolution. The first candidate is always
@@ -38,14 +38,10 @@
 //!   (or [`Device::tune_matmul`]) or ship one.
 //! - `on`: a miss is tuned on first use, on the op's own operands, and written to the cache.
 
-use crate::backend::Backend;
-use crate::{Device, Error, Result};
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use tilekit_kernels::catalogue::wgsl::{Kernel, MatmulTile, Spec};
+use crate::backend::{BackendOps, with_backend};
+use crate::ops::storage;
+use crate::{Device, Error, Result, Tensor};
+use std::path::PathBuf;
 use tilekit_kernels::{Conv2dDesc, DType, MatmulDesc};
 
 /// When the autotuner times candidates and whether it reads its cache.
@@ -76,7 +72,7 @@ impl TuneMode {
         std::env::var("TILEKIT_TUNE").ok().and_then(|v| TuneMode::parse(&v)).unwrap_or_default()
     }
 
-    fn to_u8(self) -> u8 {
+    pub(crate) fn to_u8(self) -> u8 {
         match self {
             TuneMode::Off => 0,
             TuneMode::Cached => 1,
@@ -84,7 +80,7 @@ impl TuneMode {
         }
     }
 
-    fn from_u8(v: u8) -> TuneMode {
+    pub(crate) fn from_u8(v: u8) -> TuneMode {
         match v {
             0 => TuneMode::Off,
             2 => TuneMode::On,
@@ -104,122 +100,6 @@ pub fn default_cache_path() -> Option<PathBuf> {
     Some(base.join("tilekit").join("tune.json"))
 }
 
-/// A tuned configuration as stored: the tunable fields of a [`Spec`] (the small-M row count
-/// follows from M and is not stored).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TunedConfig {
-    /// `WG_X` of the tiled matmul.
-    pub wg_x: u32,
-    /// `WG_Y` of the tiled matmul.
-    pub wg_y: u32,
-    /// `BK` of the tiled matmul.
-    pub bk: u32,
-    /// Workgroup size of the small-M matmul or the convolution.
-    pub wg: u32,
-}
-
-impl TunedConfig {
-    /// The tunable fields of `spec` as `kernel` uses them.
-    pub fn of(kernel: Kernel, spec: Spec) -> TunedConfig {
-        let s = spec.normalised(kernel);
-        TunedConfig { wg_x: s.tile.wg_x, wg_y: s.tile.wg_y, bk: s.tile.bk, wg: s.wg }
-    }
-
-    /// The spec with these fields, `rows` for the small-M kernel.
-    pub fn spec(self, kernel: Kernel, rows: u32) -> Spec {
-        Spec { tile: MatmulTile { wg_x: self.wg_x, wg_y: self.wg_y, bk: self.bk }, rows, wg: self.wg }
-            .normalised(kernel)
-    }
-}
-
-/// One cached result.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CacheEntry {
-    /// The winner.
-    pub config: TunedConfig,
-    /// `catalogue::wgsl::source_hash` of the kernel it was tuned with, in hex.
-    pub kernel_hash: String,
-    /// The winner's time, µs per run.
-    pub micros: f64,
-    /// The default config's time, µs per run (for "tuned vs default").
-    pub default_micros: f64,
-    /// Seconds since the Unix epoch when it was tuned.
-    pub tuned_at: u64,
-}
-
-/// The cache file's contents.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CacheFile {
-    /// Format version; a file of another version is ignored (and replaced on the next write).
-    pub version: u32,
-    /// Entries by key (see the module documentation).
-    pub entries: BTreeMap<String, CacheEntry>,
-}
-
-/// The current cache format.
-pub const CACHE_VERSION: u32 = 1;
-
-impl CacheFile {
-    /// Reads `path`; a missing, unreadable, corrupt or other-version file reads as empty
-    /// (it is only a cache: the next write replaces it).
-    pub fn load(path: &Path) -> CacheFile {
-        let empty = CacheFile { version: CACHE_VERSION, entries: BTreeMap::new() };
-        match std::fs::read(path) {
-            Ok(bytes) => match serde_json::from_slice::<CacheFile>(&bytes) {
-                Ok(f) if f.version == CACHE_VERSION => f,
-                _ => empty,
-            },
-            Err(_) => empty,
-        }
-    }
-
-    /// Merges `updates` into the file at `path` and removes `removals` (a removal applies only
-    /// while the file still holds that same stale entry), atomically: the file is re-read,
-    /// changed, written to a temporary file in the same folder and renamed over the old one.
-    pub fn merge_into(
-        path: &Path,
-        updates: &BTreeMap<String, CacheEntry>,
-        removals: &[(String, CacheEntry)],
-    ) -> Result<()> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let io = |what: &str, e: std::io::Error| Error::Backend {
-            backend: crate::BackendKind::Wgpu,
-            message: format!("tune cache {}: {what}: {e}", path.display()),
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| io("creating its folder", e))?;
-        }
-        let mut file = CacheFile::load(path);
-        for (key, stale) in removals {
-            if file.entries.get(key) == Some(stale) {
-                file.entries.remove(key);
-            }
-        }
-        for (key, entry) in updates {
-            file.entries.insert(key.clone(), entry.clone());
-        }
-        let text = serde_json::to_vec_pretty(&file).map_err(|e| io("serialising", e.into()))?;
-        let name = path.file_name().map_or_else(|| "tune.json".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = path.with_file_name(format!(
-            ".{name}.{}.{}.tmp",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written = (|| {
-            use std::io::Write as _;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io("writing", e));
-        }
-        Ok(())
-    }
-}
-
 /// What tuning one key found.
 #[derive(Clone, Debug)]
 pub struct TuneReport {
@@ -235,255 +115,110 @@ pub struct TuneReport {
     pub default_micros: f64,
 }
 
-/// Hex of a kernel hash as stored.
-pub(crate) fn hash_hex(h: u64) -> String {
-    format!("{h:016x}")
-}
-
-fn bucket(v: usize) -> usize {
-    v.max(1).checked_next_power_of_two().unwrap_or(usize::MAX)
-}
-
-/// The op, layout and shape-bucket part of a matmul key.
-pub(crate) fn matmul_key_tail(desc: &MatmulDesc) -> String {
-    format!(
-        "matmul|t{}{}|b{}m{}n{}k{}",
-        desc.trans_a as u8,
-        desc.trans_b as u8,
-        bucket(desc.batch),
-        bucket(desc.m),
-        bucket(desc.n),
-        bucket(desc.k)
-    )
-}
-
-/// The op, layout and shape-bucket part of a depthwise-conv key.
-pub(crate) fn conv_key_tail(desc: &Conv2dDesc) -> String {
-    let oh = desc.out_h().unwrap_or(0);
-    let ow = desc.out_w().unwrap_or(0);
-    format!(
-        "depthwise_conv2d|{}|k{}x{}s{}x{}m{}|n{}c{}hw{}",
-        desc.layout.name(),
-        desc.kernel_h,
-        desc.kernel_w,
-        desc.stride_h,
-        desc.stride_w,
-        desc.multiplier.min(2),
-        bucket(desc.batch),
-        bucket(desc.out_channels()),
-        bucket(oh.saturating_mul(ow))
-    )
-}
-
-/// The autotuner state of one wgpu device.
-#[derive(Debug)]
-pub(crate) struct Tuner {
-    mode: AtomicU8,
-    path: Mutex<Option<PathBuf>>,
-    state: Mutex<TunerState>,
-}
-
-#[derive(Debug, Default)]
-struct TunerState {
-    /// The file as read at first use (`None` until then).
-    file: Option<CacheFile>,
-    /// Validated decisions by key, so each key is looked up once per process.
-    memo: HashMap<String, TunedConfig>,
-}
-
-impl Tuner {
-    pub(crate) fn new(mode: TuneMode, path: Option<PathBuf>) -> Tuner {
-        Tuner { mode: AtomicU8::new(mode.to_u8()), path: Mutex::new(path), state: Mutex::new(TunerState::default()) }
-    }
-
-    pub(crate) fn from_env() -> Tuner {
-        Tuner::new(TuneMode::from_env(), default_cache_path())
-    }
-
-    pub(crate) fn mode(&self) -> TuneMode {
-        TuneMode::from_u8(self.mode.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn set_mode(&self, mode: TuneMode) {
-        self.mode.store(mode.to_u8(), Ordering::Relaxed);
-        // Decisions made under the old mode (defaults remembered for misses) no longer hold.
-        if let Ok(mut s) = self.state.lock() {
-            s.memo.clear();
-        }
-    }
-
-    pub(crate) fn path(&self) -> Option<PathBuf> {
-        self.path.lock().ok().and_then(|p| p.clone())
-    }
-
-    /// Points the tuner at another file and forgets what it read.
-    pub(crate) fn set_path(&self, path: Option<PathBuf>) {
-        if let Ok(mut p) = self.path.lock() {
-            *p = path;
-        }
-        if let Ok(mut s) = self.state.lock() {
-            *s = TunerState::default();
-        }
-    }
-
-    /// The validated decision for `key`: the memo, else the file's entry when its hash
-    /// matches `hash`, its config is one of `candidates` and `fits` it. An entry failing a
-    /// check is dropped from the memory copy and from the file (best effort).
-    pub(crate) fn lookup(
-        &self,
-        key: &str,
-        hash: impl FnOnce() -> String,
-        kernel: Kernel,
-        candidates: &[Spec],
-        fits: impl Fn(Spec) -> bool,
-    ) -> Option<TunedConfig> {
-        let path = self.path();
-        let mut state = self.state.lock().ok()?;
-        if let Some(c) = state.memo.get(key) {
-            return Some(*c);
-        }
-        if state.file.is_none() {
-            state.file = Some(path.as_deref().map(CacheFile::load).unwrap_or_default());
-        }
-        let entry = state.file.as_ref().and_then(|f| f.entries.get(key)).cloned()?;
-        let valid = entry.kernel_hash == hash()
-            && candidates.iter().any(|&c| TunedConfig::of(kernel, c) == entry.config)
-            && fits(entry.config.spec(kernel, candidates.first().map_or(4, |c| c.rows)));
-        if valid {
-            state.memo.insert(key.to_string(), entry.config);
-            return Some(entry.config);
-        }
-        if let Some(f) = state.file.as_mut() {
-            f.entries.remove(key);
-        }
-        drop(state);
-        if let Some(p) = path {
-            // Dropping the stale entry on disk is only tidying: a failure changes nothing.
-            let _ = CacheFile::merge_into(&p, &BTreeMap::new(), &[(key.to_string(), entry)]);
-        }
-        None
-    }
-
-    /// Records a decision in memory (also for "no entry": the default, so the file is not
-    /// consulted again for this key).
-    pub(crate) fn remember(&self, key: &str, config: TunedConfig) {
-        if let Ok(mut s) = self.state.lock() {
-            s.memo.insert(key.to_string(), config);
-        }
-    }
-
-    /// Stores a tuned result in memory and in the file.
-    pub(crate) fn store(&self, key: &str, entry: CacheEntry) -> Result<()> {
-        if let Ok(mut s) = self.state.lock() {
-            s.memo.insert(key.to_string(), entry.config);
-            if let Some(f) = s.file.as_mut() {
-                f.entries.insert(key.to_string(), entry.clone());
-            }
-        }
-        match self.path() {
-            Some(p) => CacheFile::merge_into(&p, &BTreeMap::from([(key.to_string(), entry)]), &[]),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Seconds since the Unix epoch.
-pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn wgpu_storage<'t>(op: &'static str, t: &'t crate::Tensor) -> Result<&'t crate::backend::wgpu::WgpuStorage> {
-    match &t.buffer.storage {
-        crate::backend::Storage::Wgpu(s) => Ok(s),
-        #[allow(unreachable_patterns)]
-        _ => Err(Error::DeviceMismatch { op, tensor: "operand" }),
-    }
-}
-
-fn untunable(device: &Device) -> Error {
-    Error::Backend {
-        backend: device.kind(),
-        message: "autotuning covers the wgpu kernels only; this backend has no tile configurations".into(),
-    }
-}
-
 impl Device {
     /// The autotuner's mode (always [`TuneMode::Off`] on backends without tunable kernels).
     pub fn tune_mode(&self) -> TuneMode {
-        match &self.inner.backend {
-            Backend::Wgpu(b) => b.tuner().mode(),
-            _ => TuneMode::Off,
-        }
+        with_backend!(self, be => be.tune_mode())
     }
 
     /// Sets the autotuner's mode for this device (overrides `TILEKIT_TUNE`).
     pub fn set_tune_mode(&self, mode: TuneMode) {
-        if let Backend::Wgpu(b) = &self.inner.backend {
-            b.tuner().set_mode(mode);
-        }
+        with_backend!(self, be => be.set_tune_mode(mode))
     }
 
     /// The tune cache file this device reads and writes.
     pub fn tune_cache_path(&self) -> Option<PathBuf> {
-        match &self.inner.backend {
-            Backend::Wgpu(b) => b.tuner().path(),
-            _ => None,
-        }
+        with_backend!(self, be => be.tune_cache_path())
     }
 
     /// Points this device's autotuner at another cache file (overrides `TILEKIT_TUNE_CACHE`);
     /// `None` keeps results in memory only.
     pub fn set_tune_cache_path(&self, path: Option<PathBuf>) {
-        if let Backend::Wgpu(b) = &self.inner.backend {
-            b.tuner().set_path(path);
-        }
+        with_backend!(self, be => be.set_tune_cache_path(path))
     }
 
     /// Times every candidate config for `desc` in `dtype` on zero-filled operands, stores
-    /// the winner in the cache (whatever the mode) and reports the timings.
+    /// the winner in the cache (whatever the mode) and reports the timings. Other threads'
+    /// ops on this device meanwhile run as the mode says; they are not tuned by this call.
     pub fn tune_matmul(&self, desc: &MatmulDesc, dtype: DType) -> Result<TuneReport> {
-        let Backend::Wgpu(_) = &self.inner.backend else { return Err(untunable(self)) };
+        const OP: &str = "tune_matmul";
+        with_backend!(self, be => be.check_tunable())?;
         let len = |v: crate::MatrixView, rows: usize, cols: usize, what: &'static str| {
             v.required_len(desc.batch, rows, cols)
-                .ok_or_else(|| Error::Overflow { op: "tune_matmul", what: format!("the extent of {what}") })
+                .ok_or_else(|| Error::Overflow { op: OP, what: format!("the extent of {what}") })
         };
         let (ar, ac) = desc.a_stored();
         let (br, bc) = desc.b_stored();
         let a = self.zeros(&[len(desc.a, ar, ac, "a")?.max(1)], dtype)?;
         let b = self.zeros(&[len(desc.b, br, bc, "b")?.max(1)], dtype)?;
         let out = self.zeros(&[len(desc.out, desc.m, desc.n, "out")?.max(1)], dtype)?;
-        let bias = desc.bias_offset.map(|o| self.zeros(&[o + desc.n], dtype)).transpose()?;
+        let bias_len = desc
+            .bias_offset
+            .map(|o| o.checked_add(desc.n).ok_or_else(|| Error::Overflow { op: OP, what: "the extent of bias".into() }))
+            .transpose()?;
+        let bias = bias_len.map(|l| self.zeros(&[l], dtype)).transpose()?;
         let c = desc.c.map(|v| len(v, desc.m, desc.n, "c").and_then(|l| self.zeros(&[l.max(1)], dtype))).transpose()?;
         self.validate_matmul(desc, &a, &b, bias.as_ref(), c.as_ref(), Some(&out))?;
         if desc.batch == 0 || desc.m == 0 || desc.n == 0 {
-            return Err(Error::InvalidParameter { op: "tune_matmul", param: "desc", reason: "empty output".into() });
+            return Err(Error::InvalidParameter { op: OP, param: "desc", reason: "empty output".into() });
         }
-        let Backend::Wgpu(be) = &self.inner.backend else { return Err(untunable(self)) };
-        let s = |t| wgpu_storage("tune_matmul", t);
-        let bias_s = bias.as_ref().map(s).transpose()?;
-        let c_s = c.as_ref().map(s).transpose()?;
-        be.tune_matmul_now(desc, dtype, s(&a)?, s(&b)?, bias_s, c_s, s(&out)?)
+        with_backend!(self, be => tune_matmul_on(be, desc, dtype, [&a, &b, &out], bias.as_ref(), c.as_ref()))
     }
 
     /// Times every candidate config for `desc` in `dtype` on zero-filled tensors, stores the
-    /// winner in the cache (whatever the mode) and reports the timings.
+    /// winner in the cache (whatever the mode) and reports the timings. `desc` is validated
+    /// as [`Device::depthwise_conv2d`] validates the descriptor it builds.
     pub fn tune_depthwise_conv2d(&self, desc: &Conv2dDesc, dtype: DType) -> Result<TuneReport> {
-        let Backend::Wgpu(be) = &self.inner.backend else { return Err(untunable(self)) };
+        const OP: &str = "tune_depthwise_conv2d";
+        with_backend!(self, be => be.check_tunable())?;
+        crate::ops::validate_conv_desc(OP, desc)?;
         let input = self.zeros(&desc.input_shape(), dtype)?;
         let weight = self.zeros(&desc.weight_shape(), dtype)?;
         let out = self.zeros(&desc.output_shape(), dtype)?;
         let bias = desc.has_bias.then(|| self.zeros(&[desc.out_channels()], dtype)).transpose()?;
         if out.is_empty() {
-            return Err(Error::InvalidParameter {
-                op: "tune_depthwise_conv2d",
-                param: "desc",
-                reason: "empty output".into(),
-            });
+            return Err(Error::InvalidParameter { op: OP, param: "desc", reason: "empty output".into() });
         }
-        let s = |t| wgpu_storage("tune_depthwise_conv2d", t);
-        let bias_s = bias.as_ref().map(s).transpose()?;
-        be.tune_conv_now(desc, dtype, s(&input)?, s(&weight)?, bias_s, s(&out)?)
+        with_backend!(self, be => tune_conv_on(be, desc, dtype, [&input, &weight, &out], bias.as_ref()))
     }
+}
+
+fn tune_matmul_on<B: BackendOps>(
+    be: &B,
+    desc: &MatmulDesc,
+    dtype: DType,
+    [a, b, out]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+    c: Option<&Tensor>,
+) -> Result<TuneReport> {
+    const OP: &str = "tune_matmul";
+    be.tune_matmul(
+        desc,
+        dtype,
+        storage::<B>(OP, "a", a)?,
+        storage::<B>(OP, "b", b)?,
+        bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
+        c.map(|t| storage::<B>(OP, "c", t)).transpose()?,
+        storage::<B>(OP, "out", out)?,
+    )
+}
+
+fn tune_conv_on<B: BackendOps>(
+    be: &B,
+    desc: &Conv2dDesc,
+    dtype: DType,
+    [input, weight, out]: [&Tensor; 3],
+    bias: Option<&Tensor>,
+) -> Result<TuneReport> {
+    const OP: &str = "tune_depthwise_conv2d";
+    be.tune_depthwise_conv2d(
+        desc,
+        dtype,
+        storage::<B>(OP, "input", input)?,
+        storage::<B>(OP, "weight", weight)?,
+        bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
+        storage::<B>(OP, "out", out)?,
+    )
 }
 
 #[cfg(test)]

@@ -21,8 +21,8 @@ use super::cases::{Case, conv_desc, matmul_desc};
 use super::workload::{Bound, Host};
 use anyhow::{Result, bail};
 use serde::Serialize;
-use tilekit::kernels::{reference, tolerance};
 use tilekit::{Activation, ActivationDesc, DType, Device, MatrixView};
+use tilekit_kernels::{reference, tolerance};
 
 /// What the check found.
 #[derive(Debug, Clone, Serialize)]

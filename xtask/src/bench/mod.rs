@@ -556,7 +556,7 @@ fn time_gemm(host: &Host, plan: Plan) -> Result<Stats> {
 fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
     let inputs: Vec<Vec<f64>> = host.inputs.iter().map(|(_, d)| d.iter().map(|&v| f64::from(v)).collect()).collect();
     let mut out = vec![0.0f64; host.out_shape.iter().product()];
-    let kernels = tilekit::kernels::reference::matmul;
+    let kernels = tilekit_kernels::reference::matmul;
     match *case {
         Case::Matmul { m, n, k, bias, activation } => {
             let desc = cases::matmul_desc(m, n, k, bias, activation);
@@ -568,20 +568,14 @@ fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
         Case::Conv { batch, channels, size, stride, layout } => {
             let desc = cases::conv_desc(batch, channels, size, stride, layout);
             measure::time(plan, || {
-                tilekit::kernels::reference::depthwise_conv2d(
-                    &desc,
-                    &inputs[0],
-                    &inputs[1],
-                    Some(&inputs[2]),
-                    &mut out,
-                );
+                tilekit_kernels::reference::depthwise_conv2d(&desc, &inputs[0], &inputs[1], Some(&inputs[2]), &mut out);
                 Ok(())
             })
         }
         Case::Activation { cols, bias, activation, .. } => {
             let desc = tilekit::ActivationDesc { len: out.len(), bias_len: bias.then_some(cols), activation };
             measure::time(plan, || {
-                tilekit::kernels::reference::activation(&desc, &inputs[0], inputs.get(1).map(Vec::as_slice), &mut out);
+                tilekit_kernels::reference::activation(&desc, &inputs[0], inputs.get(1).map(Vec::as_slice), &mut out);
                 Ok(())
             })
         }

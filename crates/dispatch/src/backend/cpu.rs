@@ -259,14 +259,31 @@ impl<'a> Locks<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct CpuBackend;
 
-impl CpuBackend {
-    pub(crate) fn description(&self) -> String {
-        format!("native CPU, {} threads (gemm crate + rayon)", rayon::current_num_threads())
-    }
-}
-
 impl BackendOps for CpuBackend {
     type Storage = CpuStorage;
+    const KIND: BackendKind = BackendKind::Cpu;
+
+    fn wrap(storage: CpuStorage) -> super::Storage {
+        super::Storage::Cpu(storage)
+    }
+
+    fn description(&self) -> String {
+        format!("native CPU, {} threads (gemm crate + rayon)", rayon::current_num_threads())
+    }
+
+    /// Zeroed memory from the allocator's zeroing path (`calloc`): large buffers come as fresh
+    /// pages the OS maps zeroed on first touch, so no pass writes zeros the op then overwrites.
+    fn alloc_output(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
+        let bytes = len
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
+        let oom = |_| Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
+        Ok(CpuStorage::new(match dtype {
+            DType::F32 => CpuData::F32(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
+            DType::F16 => CpuData::F16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
+            DType::Bf16 => CpuData::Bf16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
+        }))
+    }
 
     fn storage_of(storage: &super::Storage) -> Option<&Self::Storage> {
         match storage {

@@ -268,18 +268,6 @@ impl CudaBackend {
         })
     }
 
-    pub(crate) fn description(&self) -> String {
-        format!(
-            "{} (CUDA device {}, sm_{}{}, {} SMs, driver API {})",
-            self.name,
-            self.ctx.ordinal(),
-            self.cc.0,
-            self.cc.1,
-            self.sms,
-            version_string(self.driver_api)
-        )
-    }
-
     /// The function handle of `kernel`, loading its module on first use.
     fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
         if let Some(f) = lock(&self.functions).get(kernel.entry) {
@@ -462,6 +450,40 @@ impl CudaBackend {
 
 impl BackendOps for CudaBackend {
     type Storage = CudaStorage;
+    const KIND: BackendKind = KIND;
+
+    fn wrap(storage: CudaStorage) -> super::Storage {
+        super::Storage::Cuda(storage)
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "{} (CUDA device {}, sm_{}{}, {} SMs, driver API {})",
+            self.name,
+            self.ctx.ordinal(),
+            self.cc.0,
+            self.cc.1,
+            self.sms,
+            version_string(self.driver_api)
+        )
+    }
+
+    /// Device memory without the memset: the op writes every element before anything reads
+    /// the buffer, and device memory is never host memory the process could read unset.
+    fn alloc_output(&self, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let bytes = len
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
+        let alloc = bytes.max(16).div_ceil(16) * 16;
+        // SAFETY: the memory is unset; `alloc_output` is called only for outputs an op writes
+        // in full before they are read (`Device::output_tensor`), and device memory is only
+        // ever read back by copies, never dereferenced on the host.
+        let buf = unsafe { self.stream.alloc::<u8>(alloc) }.map_err(|e| match map_err("alloc", e) {
+            Error::OutOfMemory { backend, .. } => Error::OutOfMemory { backend, bytes: alloc as u64 },
+            other => other,
+        })?;
+        Ok(CudaStorage { buf, bytes })
+    }
 
     fn storage_of(storage: &super::Storage) -> Option<&Self::Storage> {
         match storage {
@@ -633,6 +655,7 @@ impl BackendOps for CudaBackend {
         self.launch(cat::COPY, (blocks, 1, 1), (cat::THREADS, 1, 1), p)
     }
 
+    #[cfg(feature = "bench-refs")]
     fn naive_matmul(
         &self,
         desc: &MatmulDesc,

@@ -1,17 +1,31 @@
 //! The backends behind [`crate::Device`].
 //!
 //! Each backend is one module implementing [`BackendOps`] over its own storage type. The
-//! public face matches on [`Backend`] once per op (in `device.rs`); adding a backend means a
-//! new module and a new arm, nothing else. Ops reach a backend already validated: shapes,
-//! views, dtypes, aliasing and devices have been checked, so a backend only reports what it
-//! alone can know (out of memory, a lost device, an unsupported dtype).
+//! public face reaches a backend only through [`with_backend!`], the one `match` over
+//! [`Backend`], which calls code generic over `B: BackendOps`; what a backend has nothing to
+//! do for (flushing, tuning, profiling launches) has a default method. Adding a backend means
+//! a new module, an arm in [`Backend`], [`Storage`] and `with_backend!`, its
+//! [`crate::BackendKind`], and a probe entry (`device.rs`). Ops reach a backend already
+//! validated: shapes, views, dtypes, aliasing and devices have been checked, so a backend only
+//! reports what it alone can know (out of memory, a lost device, an unsupported dtype).
 
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod wgpu;
 
-use crate::{BackendKind, Result};
+use crate::profile::LaunchInfo;
+use crate::tune::{TuneMode, TuneReport};
+use crate::{BackendKind, Error, Result};
+use std::path::PathBuf;
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
+
+/// The error of a tuning call on a backend without tunable kernels.
+pub(crate) fn nothing_to_tune(backend: BackendKind) -> Error {
+    Error::Backend {
+        backend,
+        message: "autotuning covers the wgpu kernels only; this backend has no tile configurations".into(),
+    }
+}
 
 /// What every backend implements. `Storage` is the backend's buffer handle; outputs are
 /// written through shared references (the storage has interior mutability or is a GPU
@@ -19,13 +33,30 @@ use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
 pub(crate) trait BackendOps {
     /// The backend's buffer type.
     type Storage;
+    /// Which backend this is.
+    const KIND: BackendKind;
 
     /// This backend's storage inside the public enum, or `None` if it is another backend's.
     fn storage_of(storage: &Storage) -> Option<&Self::Storage>;
+    /// This backend's storage wrapped in the public enum.
+    fn wrap(storage: Self::Storage) -> Storage;
+    /// A one-line description (adapter name, driver, threads).
+    fn description(&self) -> String;
+    /// Whether this is a software rasteriser pretending to be a GPU (lavapipe).
+    fn is_software(&self) -> bool {
+        false
+    }
     /// Whether ops in `dtype` can run here; `Err` says why not.
     fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<()>;
     /// A zero-filled buffer of `len` elements.
     fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<Self::Storage>;
+    /// A buffer of `len` elements for an op's output that the op writes in full: its contents
+    /// before the op are unspecified (but never memory the process must not read; a backend
+    /// whose zero-fill is free or that cannot skip it returns zeros). Used only where every
+    /// element is written before anything can read it.
+    fn alloc_output(&self, dtype: DType, len: usize) -> Result<Self::Storage> {
+        self.alloc_zeroed(dtype, len)
+    }
     /// A buffer holding `bytes`, the little-endian encoding of `bytes.len() / size` elements.
     fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<Self::Storage>;
     /// The buffer's contents as little-endian bytes. Waits for queued work.
@@ -65,7 +96,9 @@ pub(crate) trait BackendOps {
     /// memory-bound kernels with.
     fn copy(&self, dtype: DType, src: &Self::Storage, dst: &Self::Storage, len: usize) -> Result<()>;
     /// A deliberately naive matmul (one output per invocation, no tiling, no epilogue): a
-    /// reference point for the bench. Backends without one return `Ok(false)`.
+    /// reference point for the bench, behind the `bench-refs` feature. Backends without one
+    /// return `Ok(false)`.
+    #[cfg(feature = "bench-refs")]
     fn naive_matmul(
         &self,
         _desc: &MatmulDesc,
@@ -76,12 +109,82 @@ pub(crate) trait BackendOps {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// Hands recorded work to the device without waiting for it. Backends that run ops at
+    /// once (CPU) or order them on one stream (CUDA) have nothing to do.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
     /// Waits until all queued work has finished.
     fn synchronize(&self) -> Result<()>;
+
+    /// The autotuner's mode ([`TuneMode::Off`] where nothing is tunable).
+    fn tune_mode(&self) -> TuneMode {
+        TuneMode::Off
+    }
+    /// Sets the autotuner's mode (ignored where nothing is tunable).
+    fn set_tune_mode(&self, _mode: TuneMode) {}
+    /// The tune cache file this backend reads and writes.
+    fn tune_cache_path(&self) -> Option<PathBuf> {
+        None
+    }
+    /// Points the autotuner at another cache file (ignored where nothing is tunable).
+    fn set_tune_cache_path(&self, _path: Option<PathBuf>) {}
+    /// `Ok` where this backend has tunable kernels; else [`nothing_to_tune`].
+    fn check_tunable(&self) -> Result<()> {
+        Err(nothing_to_tune(Self::KIND))
+    }
+    /// Times every candidate config of the matmul `desc` on these operands, stores the winner
+    /// and reports. The request travels with this call: ops other threads issue meanwhile
+    /// are chosen as their own mode says.
+    #[allow(clippy::too_many_arguments)]
+    fn tune_matmul(
+        &self,
+        _desc: &MatmulDesc,
+        _dtype: DType,
+        _a: &Self::Storage,
+        _b: &Self::Storage,
+        _bias: Option<&Self::Storage>,
+        _c: Option<&Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<TuneReport> {
+        Err(nothing_to_tune(Self::KIND))
+    }
+    /// As [`BackendOps::tune_matmul`], for the depthwise convolution.
+    fn tune_depthwise_conv2d(
+        &self,
+        _desc: &Conv2dDesc,
+        _dtype: DType,
+        _input: &Self::Storage,
+        _weight: &Self::Storage,
+        _bias: Option<&Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<TuneReport> {
+        Err(nothing_to_tune(Self::KIND))
+    }
+
+    /// Opens a profile on the backend's side (timestamp queries, a launch list).
+    fn profile_start(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The kernel launches recorded since the last call, or `None` where the backend does not
+    /// list launches (then each op is one record timed on the host).
+    fn profile_take(&self) -> Option<Vec<LaunchInfo>> {
+        None
+    }
+    /// Whether listed launches carry device timestamps (else the host waits after each op).
+    fn has_timestamps(&self) -> bool {
+        false
+    }
+    /// Closes the profile: waits and returns the device timestamps in nanoseconds, by query
+    /// set and slot (empty where there are none).
+    fn profile_finish(&self) -> Result<Vec<Vec<f64>>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Runs `$body` with `$b` bound to the device's backend, whichever it is. The body is
-/// compiled once per backend, so it may call generic code over [`BackendOps`].
+/// compiled once per backend, so it may call generic code over [`BackendOps`]. This is the
+/// one `match` over [`Backend`] outside backend-specific accessors.
 macro_rules! with_backend {
     ($device:expr, $b:ident => $body:expr) => {
         match &$device.inner.backend {
@@ -116,5 +219,78 @@ impl Storage {
             Storage::Wgpu(_) => BackendKind::Wgpu,
             Storage::Cuda(_) => BackendKind::Cuda,
         }
+    }
+}
+
+#[cfg(test)]
+mod tidy {
+    /// The files of the public face. A new file that dispatches on the backend belongs here.
+    const FILES: [(&str, &str); 9] = [
+        ("device.rs", include_str!("../device.rs")),
+        ("profile.rs", include_str!("../profile.rs")),
+        ("tune.rs", include_str!("../tune.rs")),
+        ("tensor.rs", include_str!("../tensor.rs")),
+        ("ops/mod.rs", include_str!("../ops/mod.rs")),
+        ("ops/matmul.rs", include_str!("../ops/matmul.rs")),
+        ("ops/conv.rs", include_str!("../ops/conv.rs")),
+        ("ops/activation.rs", include_str!("../ops/activation.rs")),
+        ("ops/bench_refs.rs", include_str!("../ops/bench_refs.rs")),
+    ];
+
+    /// The wgpu-only accessors (`Device::wgpu_device`, `Tensor::wgpu_buffer`): the only
+    /// patterns on one backend the public face may hold.
+    const ALLOWED: [&str; 2] = ["Backend::Wgpu(b) => Some(b.raw()),", "Storage::Wgpu(s) => Some(s.buffer()),"];
+
+    /// Whether `line` holds a pattern naming one backend (before a match arm's `=>`, right
+    /// after `let`, or inside `matches!`) or reaches into the device's backend directly.
+    pub(super) fn flags(line: &str) -> bool {
+        let line = line.trim();
+        if line.starts_with("//") || ALLOWED.contains(&line) {
+            return false;
+        }
+        let head = line.split("=>").next().unwrap_or("");
+        let is_pattern = ["Backend::", "Storage::"].iter().any(|p| {
+            ["Cpu(", "Wgpu(", "Cuda("].iter().any(|b| {
+                let name = format!("{p}{b}");
+                (line.contains("=>") && head.contains(&name))
+                    || line.contains(&format!("let {name}"))
+                    || (line.contains("matches!(") && line.contains(&name))
+            })
+        });
+        is_pattern || (line.contains("inner.backend") && line != "match &self.inner.backend {")
+    }
+
+    /// "Adding a backend is one module and one arm": outside `with_backend!` the public face
+    /// neither matches on the device's backend nor has a pattern naming one backend, except the
+    /// wgpu-only accessors. (Constructors such as `Backend::Cuda(b)` in the probe are fine.)
+    #[test]
+    fn the_public_face_reaches_backends_only_through_with_backend() {
+        let mut found = Vec::new();
+        for (file, text) in FILES {
+            for (i, line) in text.lines().enumerate() {
+                if flags(line) {
+                    found.push(format!("{file}:{}: {}", i + 1, line.trim()));
+                }
+            }
+            let matches = text.matches("match &self.inner.backend").count();
+            let allowed = usize::from(file == "device.rs");
+            assert!(matches <= allowed, "{file}: {matches} matches on the backend outside with_backend!");
+        }
+        assert!(found.is_empty(), "backend special cases outside with_backend!:\n{}", found.join("\n"));
+    }
+
+    /// The check above sees what it looks for: the old hand-written arms would fail it.
+    #[test]
+    fn the_tidy_check_catches_a_hand_written_arm() {
+        for line in [
+            "Backend::Cuda(b) => b.synchronize(),",
+            "(Backend::Cpu(b), Storage::Cpu(s)) => b.download(s, t.dtype()),",
+            "if let Backend::Wgpu(b) = &self.inner.backend {",
+            "let Backend::Wgpu(be) = &self.inner.backend else { return Err(untunable(self)) };",
+        ] {
+            assert!(!ALLOWED.contains(&line));
+            assert!(super::tidy::flags(line), "{line}");
+        }
+        assert!(!super::tidy::flags("let backend = chosen.unwrap_or(Backend::Cpu(cpu));"));
     }
 }

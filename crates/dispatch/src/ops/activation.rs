@@ -12,7 +12,7 @@ impl Device {
     /// dimension and is broadcast over the others.
     pub fn activation(&self, x: &Tensor, bias: Option<&Tensor>, activation: Activation) -> Result<Tensor> {
         let desc = self.activation_desc(x, bias, activation)?;
-        let out = self.zeros(x.shape(), x.dtype())?;
+        let out = self.output_tensor(x.shape(), x.dtype())?;
         self.run_activation(&desc, x, bias, &out)?;
         Ok(out)
     }

@@ -1,9 +1,11 @@
-//! Reference kernels for the bench: a copy (the bandwidth roof) and a naive matmul. They are
-//! public so `cargo xtask bench` can time them, but they are not part of the op set.
+//! Reference kernels for the bench: a copy (the bandwidth roof, also a real op) and, behind the
+//! non-default `bench-refs` feature, a naive matmul that only `cargo xtask bench` (and the
+//! CUDA device bundle) time; it is not part of the op set and not in what users build.
 
 use super::{check_alias, check_device, check_dtype, storage};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
+#[cfg(feature = "bench-refs")]
 use tilekit_kernels::MatmulDesc;
 
 impl Device {
@@ -32,8 +34,9 @@ impl Device {
         )
     }
 
-    /// A deliberately naive dense `[M, K] · [K, N]` matmul (no tiling, no epilogue), or
+    /// (Feature `bench-refs`.) A deliberately naive dense `[M, K] · [K, N]` matmul (no tiling, no epilogue), or
     /// `Ok(None)` on backends without one. A reference point for the bench, not an op.
+    #[cfg(feature = "bench-refs")]
     pub fn naive_matmul(&self, a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
         const OP: &str = "naive_matmul";
         check_device(OP, self, "a", a)?;
@@ -68,6 +71,7 @@ fn copy<B: BackendOps>(be: &B, src: &Tensor, dst: &Tensor) -> Result<()> {
     be.copy(src.dtype(), storage::<B>("copy", "src", src)?, storage::<B>("copy", "dst", dst)?, src.len())
 }
 
+#[cfg(feature = "bench-refs")]
 fn naive<B: BackendOps>(be: &B, desc: &MatmulDesc, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> {
     const OP: &str = "naive_matmul";
     be.naive_matmul(

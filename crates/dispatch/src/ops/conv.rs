@@ -1,6 +1,6 @@
 //! `depthwise_conv2d`: per-channel 2-D convolution with fused bias and activation.
 
-use super::{check_alias, check_device, check_dtype, storage};
+use super::{check_alias, check_device, check_dtype, storage, validate_conv_desc};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
 use tilekit_kernels::{Activation, Conv2dDesc, Layout};
@@ -47,7 +47,7 @@ impl Device {
         opts: &Conv2dOptions,
     ) -> Result<Tensor> {
         let desc = self.conv_desc(input, weight, bias, opts)?;
-        let out = self.zeros(&desc.output_shape(), input.dtype())?;
+        let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
         self.run_conv(&desc, input, weight, bias, &out)?;
         Ok(out)
     }
@@ -133,18 +133,6 @@ impl Device {
                 actual: weight.shape().to_vec(),
             });
         }
-        if kh == 0 || kw == 0 {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                param: "weight",
-                reason: format!("the filter is {kh}x{kw}"),
-            });
-        }
-        for (param, v) in [("stride", opts.stride), ("dilation", opts.dilation)] {
-            if v.contains(&0) {
-                return Err(Error::InvalidParameter { op: OP, param, reason: format!("{v:?} has a zero") });
-            }
-        }
         let desc = Conv2dDesc {
             batch: n,
             channels: c,
@@ -165,16 +153,7 @@ impl Device {
             has_bias: bias.is_some(),
             activation: opts.activation,
         };
-        if desc.out_h().is_none() || desc.out_w().is_none() {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                param: "padding",
-                reason: format!(
-                    "the output would be empty: a {kh}x{kw} filter dilated by {:?} does not fit the {h}x{w} input padded by {:?}",
-                    opts.dilation, opts.padding
-                ),
-            });
-        }
+        validate_conv_desc(OP, &desc)?;
         if let Some(bias) = bias
             && bias.shape() != [oc]
         {

@@ -137,7 +137,7 @@ impl Device {
         let out_shape = if batched { vec![batch, m, n] } else { vec![m, n] };
         // Validate before allocating, so a bad call costs nothing on the device.
         self.validate_matmul(&desc, a, b, opts.bias, opts.c, None)?;
-        let out = self.zeros(&out_shape, a.dtype())?;
+        let out = self.output_tensor(&out_shape, a.dtype())?;
         self.matmul_into(&desc, a, b, opts.bias, opts.c, &out)?;
         Ok(out)
     }

@@ -11,7 +11,7 @@ pub use matmul::MatmulOptions;
 
 use crate::backend::BackendOps;
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::DType;
+use tilekit_kernels::{Conv2dDesc, DType};
 
 /// Checks that `t` lives on `device`.
 pub(crate) fn check_device(op: &'static str, device: &Device, name: &'static str, t: &Tensor) -> Result<()> {
@@ -63,4 +63,50 @@ pub(crate) fn storage<'t, B: BackendOps>(
     t: &'t Tensor,
 ) -> Result<&'t B::Storage> {
     B::storage_of(&t.buffer.storage).ok_or(Error::DeviceMismatch { op, tensor: name })
+}
+
+/// The checks of a convolution descriptor on its own, shared by [`Device::depthwise_conv2d`]
+/// (after it has built the descriptor from checked shapes) and
+/// [`Device::tune_depthwise_conv2d`] (which takes a caller's descriptor): a non-empty filter,
+/// a channel multiplier of at least 1, no zero stride or dilation, a non-empty output, and
+/// element counts of input, weight and output that fit `usize`.
+pub(crate) fn validate_conv_desc(op: &'static str, desc: &Conv2dDesc) -> Result<()> {
+    let (kh, kw) = (desc.kernel_h, desc.kernel_w);
+    if kh == 0 || kw == 0 {
+        return Err(Error::InvalidParameter { op, param: "weight", reason: format!("the filter is {kh}x{kw}") });
+    }
+    if desc.multiplier == 0 {
+        return Err(Error::InvalidParameter { op, param: "multiplier", reason: "the channel multiplier is 0".into() });
+    }
+    let stride = [desc.stride_h, desc.stride_w];
+    let dilation = [desc.dilation_h, desc.dilation_w];
+    for (param, v) in [("stride", stride), ("dilation", dilation)] {
+        if v.contains(&0) {
+            return Err(Error::InvalidParameter { op, param, reason: format!("{v:?} has a zero") });
+        }
+    }
+    let count = |dims: [Option<usize>; 4]| dims.into_iter().try_fold(1usize, |a, d| a.checked_mul(d?));
+    let (n, c, h, w) = (desc.batch, desc.channels, desc.height, desc.width);
+    let out_c = c.checked_mul(desc.multiplier);
+    if count([Some(n), Some(c), Some(h), Some(w)]).is_none() {
+        return Err(Error::Overflow { op, what: "the input element count".into() });
+    }
+    if count([out_c, Some(1), Some(kh), Some(kw)]).is_none() {
+        return Err(Error::Overflow { op, what: "the weight element count".into() });
+    }
+    let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
+        let padding = [desc.pad_top, desc.pad_bottom, desc.pad_left, desc.pad_right];
+        return Err(Error::InvalidParameter {
+            op,
+            param: "padding",
+            reason: format!(
+                "the output would be empty: a {kh}x{kw} filter dilated by {dilation:?} does not fit the {h}x{w} input padded by {padding:?}"
+            ),
+        });
+    };
+    // The output's element count must be representable.
+    if count([Some(n), out_c, Some(oh), Some(ow)]).is_none() {
+        return Err(Error::Overflow { op, what: "the output element count".into() });
+    }
+    Ok(())
 }

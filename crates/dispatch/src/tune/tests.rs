@@ -1,103 +1,11 @@
-//! Cache round trips, invalidation, concurrent writers and the device-level modes. No test
-//! asserts on a timing.
+//! The device-level tuning calls: modes, the cache through ops, explicit tunes, and tune
+//! requests that travel with their call (two threads). No test asserts on a timing.
 
 use super::*;
-use crate::{Device, MatmulOptions, WgpuOptions};
-
-/// A fresh path under the system temp folder.
-fn temp_path(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tilekit-tune-test-{}-{tag}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir.join("nested").join("tune.json")
-}
-
-fn entry(wg: u32, hash: &str) -> CacheEntry {
-    CacheEntry {
-        config: TunedConfig::of(Kernel::DepthwiseConv2d, Spec { wg, ..Spec::DEFAULT }),
-        kernel_hash: hash.into(),
-        micros: 10.0,
-        default_micros: 12.0,
-        tuned_at: 1,
-    }
-}
-
-fn candidates() -> Vec<Spec> {
-    tilekit_kernels::catalogue::wgsl::conv_candidates()
-}
-
-#[test]
-fn cache_round_trips_through_a_file() {
-    let path = temp_path("roundtrip");
-    let updates = BTreeMap::from([("k1".to_string(), entry(128, "aa")), ("k2".to_string(), entry(256, "bb"))]);
-    CacheFile::merge_into(&path, &updates, &[]).unwrap();
-    let back = CacheFile::load(&path);
-    assert_eq!(back.version, CACHE_VERSION);
-    assert_eq!(back.entries, updates);
-    // A new tuner (a restart) finds it.
-    let t = Tuner::new(TuneMode::Cached, Some(path.clone()));
-    let got = t.lookup("k1", || "aa".into(), Kernel::DepthwiseConv2d, &candidates(), |_| true);
-    assert_eq!(got, Some(entry(128, "aa").config));
-    // A corrupt file reads as empty and is replaced by the next write.
-    std::fs::write(&path, b"{ not json").unwrap();
-    assert!(CacheFile::load(&path).entries.is_empty());
-    CacheFile::merge_into(&path, &BTreeMap::from([("k3".to_string(), entry(64, "cc"))]), &[]).unwrap();
-    assert_eq!(CacheFile::load(&path).entries.len(), 1);
-}
-
-#[test]
-fn a_changed_kernel_hash_drops_the_entry() {
-    let path = temp_path("hash");
-    CacheFile::merge_into(&path, &BTreeMap::from([("k".to_string(), entry(128, "old"))]), &[]).unwrap();
-    let t = Tuner::new(TuneMode::Cached, Some(path.clone()));
-    assert_eq!(t.lookup("k", || "new".into(), Kernel::DepthwiseConv2d, &candidates(), |_| true), None);
-    assert!(!CacheFile::load(&path).entries.contains_key("k"), "the stale entry is removed from the file");
-}
-
-#[test]
-fn a_config_over_the_limits_or_outside_the_candidates_is_dropped() {
-    let path = temp_path("limits");
-    let updates = BTreeMap::from([("big".to_string(), entry(256, "h")), ("alien".to_string(), entry(96, "h"))]);
-    CacheFile::merge_into(&path, &updates, &[]).unwrap();
-    let t = Tuner::new(TuneMode::Cached, Some(path.clone()));
-    // A device that now allows at most 128 invocations.
-    let fits = |s: Spec| s.wg <= 128;
-    assert_eq!(t.lookup("big", || "h".into(), Kernel::DepthwiseConv2d, &candidates(), fits), None);
-    // 96 is not a candidate (any more).
-    assert_eq!(t.lookup("alien", || "h".into(), Kernel::DepthwiseConv2d, &candidates(), |_| true), None);
-    assert!(CacheFile::load(&path).entries.is_empty());
-}
-
-#[test]
-fn concurrent_writers_leave_valid_json() {
-    let path = temp_path("concurrent");
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let path = path.clone();
-            std::thread::spawn(move || {
-                for i in 0..25 {
-                    let key = format!("t{t}-{i}");
-                    CacheFile::merge_into(&path, &BTreeMap::from([(key, entry(64, "h"))]), &[]).unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let text = std::fs::read_to_string(&path).unwrap();
-    let file: CacheFile = serde_json::from_str(&text).expect("the file is valid JSON after concurrent writes");
-    assert!(!file.entries.is_empty());
-    assert!(file.entries.keys().all(|k| k.starts_with('t')));
-    // No temporary file is left behind.
-    let dir = path.parent().unwrap();
-    let leftovers = std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().file_name() != "tune.json").count();
-    assert_eq!(leftovers, 0);
-}
+use crate::backend::wgpu::cache::CacheFile;
+use crate::backend::wgpu::cache::tests::temp_path;
+use crate::{MatmulOptions, WgpuOptions};
+use tilekit_kernels::catalogue::wgsl::Kernel;
 
 #[test]
 fn modes_parse() {
@@ -180,8 +88,79 @@ fn explicit_tune_reports_every_candidate() {
     dev.set_tune_cache_path(Some(path.clone()));
     let desc = crate::Conv2dDesc::mobilenet_v2_block(1, 8, 9, 1, crate::Layout::Nchw);
     let report = dev.tune_depthwise_conv2d(&desc, DType::F32).unwrap();
-    assert_eq!(report.candidates.len(), candidates().len());
+    assert_eq!(report.candidates.len(), tilekit_kernels::catalogue::wgsl::conv_candidates().len());
     assert!(report.candidates.iter().any(|(l, _)| *l == report.winner));
     assert!(CacheFile::load(&path).entries.contains_key(&report.key));
     assert!(Device::cpu().tune_depthwise_conv2d(&desc, DType::F32).is_err());
+}
+
+/// A tune request travels with its call: while two threads tune (a matmul and a convolution),
+/// a third thread's matmuls under `TuneMode::Off` are neither tuned nor cached, and each tuner
+/// gets the report of its own op.
+#[test]
+fn explicit_tunes_leave_other_threads_ops_alone_and_keep_their_own_reports() {
+    let Some(dev) = wgpu_device() else { return };
+    let path = temp_path("threads");
+    dev.set_tune_cache_path(Some(path.clone()));
+    dev.set_tune_mode(TuneMode::Off);
+    // 3 x 40 x 8: the small-M class, key bucket m4n64k8, unlike either tune's.
+    let (a, b, want) = matmul_inputs(&dev, 3, 40, 8);
+    let conv = crate::Conv2dDesc::mobilenet_v2_block(1, 8, 9, 1, crate::Layout::Nhwc);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mm_report, conv_report, others) = std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || n < 3 {
+                let y = dev.matmul(&a, &b, &MatmulOptions::default()).unwrap();
+                assert_eq!(y.to_f32_vec().unwrap(), want);
+                n += 1;
+            }
+            n
+        });
+        let mm = s.spawn(|| dev.tune_matmul(&MatmulDesc::new(20, 24, 8), DType::F32));
+        let cv = s.spawn(|| dev.tune_depthwise_conv2d(&conv, DType::F32));
+        let mm = mm.join().unwrap().unwrap();
+        let cv = cv.join().unwrap().unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (mm, cv, other.join().unwrap())
+    });
+    assert!(others >= 3);
+    assert!(mm_report.key.contains("|matmul|t00|b1m32n32k8"), "{}", mm_report.key);
+    assert!(conv_report.key.contains("|depthwise_conv2d|nhwc"), "{}", conv_report.key);
+    assert_eq!(mm_report.candidates.len(), tilekit_kernels::catalogue::wgsl::matmul_candidates(20).1.len());
+    assert_eq!(conv_report.candidates.len(), tilekit_kernels::catalogue::wgsl::conv_candidates().len());
+    let file = CacheFile::load(&path);
+    let keys: Vec<&String> = file.entries.keys().collect();
+    assert_eq!(keys, {
+        let mut k = vec![&mm_report.key, &conv_report.key];
+        k.sort();
+        k
+    });
+    assert!(keys.iter().all(|k| !k.contains("m4n64k8")), "the untuned thread's op was tuned: {keys:?}");
+}
+
+/// `tune_depthwise_conv2d` validates a caller's descriptor as the op does: typed errors, no
+/// panic, nothing allocated for a descriptor the op would refuse.
+#[test]
+fn tune_depthwise_conv2d_validates_its_descriptor() {
+    let Some(dev) = wgpu_device() else { return };
+    let good = crate::Conv2dDesc::mobilenet_v2_block(1, 8, 9, 1, crate::Layout::Nchw);
+    let cases = [
+        crate::Conv2dDesc { stride_h: 0, ..good },
+        crate::Conv2dDesc { dilation_w: 0, ..good },
+        crate::Conv2dDesc { kernel_h: 0, ..good },
+        crate::Conv2dDesc { multiplier: 0, ..good },
+        crate::Conv2dDesc { kernel_w: 50, ..good },
+    ];
+    for d in cases {
+        let e = dev.tune_depthwise_conv2d(&d, DType::F32).unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { op: "tune_depthwise_conv2d", .. }), "{d:?}: {e:?}");
+    }
+    for d in [
+        crate::Conv2dDesc { multiplier: usize::MAX, ..good },
+        crate::Conv2dDesc { channels: usize::MAX / 2, height: 4, ..good },
+    ] {
+        let e = dev.tune_depthwise_conv2d(&d, DType::F32).unwrap_err();
+        assert!(matches!(e, Error::Overflow { op: "tune_depthwise_conv2d", .. }), "{d:?}: {e:?}");
+    }
 }
