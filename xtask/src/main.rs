@@ -1,6 +1,6 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
 //!
-//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx`,
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`),
 //! `device_check` and `tune`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
 //! a non-zero exit status.
 
@@ -9,6 +9,7 @@ mod device_check;
 mod npy;
 mod ptx;
 mod run;
+mod sass;
 mod testing;
 mod tune;
 mod util;
