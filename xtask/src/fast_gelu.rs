@@ -31,7 +31,8 @@ mod tests {
         let xc = if x.is_nan() { -20.0 } else { xc }; // fmaxf(NaN, −20) is −20
         let u = (0.797_884_6 * xc) * (1.0 + (0.044_715 * xc) * xc);
         let t = (-2.0 * u).clamp(-88.0, 88.0);
-        let e = ex2(t * 1.442_695, s_ex2);
+        // The kernel's 1.44269504f is this f32 (log2 e rounded to f32).
+        let e = ex2(t * std::f32::consts::LOG2_E, s_ex2);
         let q = rcp(1.0 + e, s_rcp);
         if x >= 0.0 { (-(xc * e)).mul_add(q, x) } else { x * q }
     }

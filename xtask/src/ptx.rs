@@ -165,6 +165,9 @@ impl Tools {
     /// Finds the pinned wheels in the cache, installing them there first if missing.
     fn fetch(root: &Path) -> Result<Tools> {
         let tools = Tools::paths(root);
+        if tools.cached() {
+            return Ok(tools);
+        }
         let cache = root.join(".cache/cuda-wheels");
         if !tools.libnvrtc.exists() || !tools.ptxas.exists() {
             pip_install(&cache.join(CACHE_NAME), &[NVRTC_WHEEL, NVCC_WHEEL], &[&tools.libnvrtc, &tools.ptxas])?;
