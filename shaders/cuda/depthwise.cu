@@ -2,34 +2,110 @@
 // reads input channel oc / multiplier through its own kh × kw filter.
 //
 // The op does about 2 FLOP per byte (3×3 filter), so it is memory-bound everywhere; the
-// kernels aim at coalesced loads and at reusing each loaded value several times:
-// - NCHW (`depthwise_conv2d_<dtype>_nchw`): a thread computes 4 consecutive output columns of
+// kernels aim at 16-byte global loads, coalesced across a warp, and at reusing each loaded
+// value several times. `V` is the elements per 16-byte vector: 4 (f32) or 8 (f16, bf16).
+// - NCHW (`depthwise_conv2d_<dtype>_nchw`): a thread computes V consecutive output columns of
 //   one row; neighbouring threads take neighbouring column groups, so a warp reads one
-//   contiguous stretch of each input row per tap, and each filter tap is read once per 4
-//   outputs.
-// - NHWC (`depthwise_conv2d_<dtype>_nhwc`): a thread computes 4 consecutive channels at 2
+//   contiguous stretch of each input row per filter row. With `vec` (3-wide filter, left pad
+//   1, dilation 1, stride 1 or 2, width a multiple of V, aligned input: MobileNet's layers)
+//   a filter row is three aligned 16-byte loads per thread (the window the V outputs and
+//   their neighbours' edges need), kept in registers across the 3 taps; otherwise one scalar
+//   load per tap and output.
+// - NHWC (`depthwise_conv2d_<dtype>_nhwc`): a thread computes V consecutive channels at 2
 //   consecutive output columns; neighbouring threads take neighbouring channel groups, so a
-//   warp reads 128 consecutive channels of one pixel per tap (as one vector per thread when
-//   the multiplier is 1 and the channel count a multiple of 4), and each filter tap is read
-//   once per 2 outputs.
+//   warp reads 32·V consecutive channels of one pixel per tap, as one 16-byte vector per
+//   thread with `vec` (multiplier 1, channels a multiple of V, aligned input and output),
+//   and each filter tap is read once per 2 outputs.
 // Work items are numbered in one dimension and walked with a grid-stride loop, so any tensor
 // size fits the grid limits.
 #include "common.cuh"
 
-// Outputs per thread along x (NCHW) and channels × columns per thread (NHWC).
-#define DW_NCHW_X 4
-#define DW_NHWC_C 4
+// Outputs along x per thread (NCHW), channels per thread (NHWC): one 16-byte vector.
+template <typename T> struct DwVec { static constexpr int V = 16 / sizeof(T); };
+// Output columns per thread (NHWC).
 #define DW_NHWC_X 2
 
-template <typename T> __device__ __forceinline__ void dw_nchw(const ConvParams& p) {
+template <typename T> struct Vec16 { T v[16 / sizeof(T)]; };
+
+// The `vec` NCHW path for a 3-wide filter with left pad 1, dilation 1 and stride SW (1 or 2):
+// outputs ox0..ox0+V-1 read input columns ox0·SW - 1 .. (ox0+V-1)·SW + 1, which lie in the
+// three aligned vectors starting at ox0·SW - V. Every index into the window is a compile-time
+// constant, so the window stays in registers. Width is a multiple of V, so each vector is
+// wholly inside the row or wholly outside (zero padding: its taps are skipped).
+template <typename T, int SW> __device__ __forceinline__ void dw_nchw_vec(const ConvParams& p) {
+    constexpr int V = DwVec<T>::V;
     const T* in = (const T*)p.input;
     const T* wt = (const T*)p.weight;
     T* out = (T*)p.out;
     const int occ = p.channels * p.multiplier;
-    const int xq = (p.ow + DW_NCHW_X - 1) / DW_NCHW_X;
+    const int xq = (p.ow + V - 1) / V;
     for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < p.work; w += (i64)gridDim.x * blockDim.x) {
         i64 r = w;
-        const int ox0 = (int)(r % xq) * DW_NCHW_X;
+        const int ox0 = (int)(r % xq) * V;
+        r /= xq;
+        const int oy = (int)(r % p.oh);
+        r /= p.oh;
+        const int oc = (int)(r % occ);
+        const i64 n = r / occ;
+        const int ic = oc / p.multiplier;
+        const T* plane = in + (n * p.channels + ic) * (i64)p.height * p.width;
+        const T* filt = wt + (i64)oc * p.kh * 3;
+        const int x0 = ox0 * SW - V;
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int ky = 0; ky < p.kh; ky++) {
+            const int iy = oy * p.sh - p.pt + ky * p.dh;
+            if (iy < 0 || iy >= p.height) continue;
+            const T* row = plane + (i64)iy * p.width;
+            float win[3 * V];
+            bool ok[3];
+#pragma unroll
+            for (int v = 0; v < 3; v++) {
+                const int x = x0 + v * V;
+                ok[v] = x >= 0 && x < p.width;
+                __align__(16) Vec16<T> t;
+                *(uint4*)&t = ok[v] ? *(const uint4*)(row + x) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int e = 0; e < V; e++) win[v * V + e] = to_f32(t.v[e]);
+            }
+#pragma unroll
+            for (int kx = 0; kx < 3; kx++) {
+                const float f = to_f32(filt[ky * 3 + kx]);
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    // Input column (ox0 + j)·SW - 1 + kx, at this index of the window.
+                    const int idx = j * SW + kx - 1 + V;
+                    if (ok[idx / V]) acc[j] = fmaf(win[idx], f, acc[j]);
+                }
+            }
+        }
+        const float b = p.has_bias ? to_f32(((const T*)p.bias)[oc]) : 0.0f;
+        T* o = out + ((n * occ + oc) * p.oh + oy) * (i64)p.ow + ox0;
+        __align__(16) Vec16<T> res;
+#pragma unroll
+        for (int j = 0; j < V; j++) res.v[j] = from_f32<T>(activate(p.act, acc[j] + b));
+        if (ox0 + V <= p.ow && ((size_t)o & 15) == 0) {
+            *(uint4*)o = *(const uint4*)&res;
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (ox0 + j < p.ow) o[j] = res.v[j];
+        }
+    }
+}
+
+// Any filter, padding, stride and dilation: one scalar load per tap and output.
+template <typename T> __device__ __forceinline__ void dw_nchw_any(const ConvParams& p) {
+    constexpr int X = DwVec<T>::V;
+    const T* in = (const T*)p.input;
+    const T* wt = (const T*)p.weight;
+    T* out = (T*)p.out;
+    const int occ = p.channels * p.multiplier;
+    const int xq = (p.ow + X - 1) / X;
+    for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < p.work; w += (i64)gridDim.x * blockDim.x) {
+        i64 r = w;
+        const int ox0 = (int)(r % xq) * X;
         r /= xq;
         const int oy = (int)(r % p.oh);
         r /= p.oh;
@@ -38,15 +114,17 @@ template <typename T> __device__ __forceinline__ void dw_nchw(const ConvParams& 
         const int ic = oc / p.multiplier;
         const T* plane = in + (n * p.channels + ic) * (i64)p.height * p.width;
         const T* filt = wt + (i64)oc * p.kh * p.kw;
-        float acc[DW_NCHW_X];
-        for (int j = 0; j < DW_NCHW_X; j++) acc[j] = 0.0f;
+        float acc[X];
+#pragma unroll
+        for (int j = 0; j < X; j++) acc[j] = 0.0f;
         for (int ky = 0; ky < p.kh; ky++) {
             const int iy = oy * p.sh - p.pt + ky * p.dh;
             if (iy < 0 || iy >= p.height) continue;
             const T* row = plane + (i64)iy * p.width;
             for (int kx = 0; kx < p.kw; kx++) {
                 const float f = to_f32(filt[ky * p.kw + kx]);
-                for (int j = 0; j < DW_NCHW_X; j++) {
+#pragma unroll
+                for (int j = 0; j < X; j++) {
                     const int ix = (ox0 + j) * p.sw - p.pl + kx * p.dw;
                     if (ox0 + j < p.ow && ix >= 0 && ix < p.width) acc[j] = fmaf(to_f32(row[ix]), f, acc[j]);
                 }
@@ -54,61 +132,83 @@ template <typename T> __device__ __forceinline__ void dw_nchw(const ConvParams& 
         }
         const float b = p.has_bias ? to_f32(((const T*)p.bias)[oc]) : 0.0f;
         T* o = out + ((n * occ + oc) * p.oh + oy) * (i64)p.ow;
-        for (int j = 0; j < DW_NCHW_X; j++)
+#pragma unroll
+        for (int j = 0; j < X; j++)
             if (ox0 + j < p.ow) o[ox0 + j] = from_f32<T>(activate(p.act, acc[j] + b));
     }
 }
 
+template <typename T> __device__ __forceinline__ void dw_nchw(const ConvParams& p) {
+    if (p.vec && p.sw == 1) dw_nchw_vec<T, 1>(p);
+    else if (p.vec && p.sw == 2) dw_nchw_vec<T, 2>(p);
+    else dw_nchw_any<T>(p);
+}
+
 template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& p) {
+    constexpr int C = DwVec<T>::V;
     const T* in = (const T*)p.input;
     const T* wt = (const T*)p.weight;
     T* out = (T*)p.out;
     const int occ = p.channels * p.multiplier;
-    const int cq = (occ + DW_NHWC_C - 1) / DW_NHWC_C;
+    const int cq = (occ + C - 1) / C;
     const int xq = (p.ow + DW_NHWC_X - 1) / DW_NHWC_X;
     const int taps = p.kh * p.kw;
     for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < p.work; w += (i64)gridDim.x * blockDim.x) {
         i64 r = w;
-        const int oc0 = (int)(r % cq) * DW_NHWC_C;
+        const int oc0 = (int)(r % cq) * C;
         r /= cq;
         const int ox0 = (int)(r % xq) * DW_NHWC_X;
         r /= xq;
         const int oy = (int)(r % p.oh);
         const i64 n = r / p.oh;
-        float acc[DW_NHWC_X][DW_NHWC_C];
+        float acc[DW_NHWC_X][C];
+#pragma unroll
         for (int x = 0; x < DW_NHWC_X; x++)
-            for (int c = 0; c < DW_NHWC_C; c++) acc[x][c] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; c++) acc[x][c] = 0.0f;
         for (int ky = 0; ky < p.kh; ky++) {
             const int iy = oy * p.sh - p.pt + ky * p.dh;
             if (iy < 0 || iy >= p.height) continue;
             for (int kx = 0; kx < p.kw; kx++) {
-                float f[DW_NHWC_C];
-                for (int c = 0; c < DW_NHWC_C; c++)
+                float f[C];
+#pragma unroll
+                for (int c = 0; c < C; c++)
                     f[c] = oc0 + c < occ ? to_f32(wt[(i64)(oc0 + c) * taps + ky * p.kw + kx]) : 0.0f;
+#pragma unroll
                 for (int x = 0; x < DW_NHWC_X; x++) {
                     const int ix = (ox0 + x) * p.sw - p.pl + kx * p.dw;
                     if (ox0 + x >= p.ow || ix < 0 || ix >= p.width) continue;
                     const T* px = in + ((n * p.height + iy) * p.width + ix) * (i64)p.channels;
-                    if (p.vec4) {
-                        // The 4 channels in one 16-byte (f32) or 8-byte (f16, bf16) load.
-                        __align__(16) T v[DW_NHWC_C];
-                        if (sizeof(T) == 4) *(uint4*)v = *(const uint4*)(px + oc0);
-                        else *(uint2*)v = *(const uint2*)(px + oc0);
-                        for (int c = 0; c < DW_NHWC_C; c++) acc[x][c] = fmaf(to_f32(v[c]), f[c], acc[x][c]);
+                    if (p.vec) {
+                        // The C channels in one 16-byte load.
+                        __align__(16) Vec16<T> v;
+                        *(uint4*)&v = *(const uint4*)(px + oc0);
+#pragma unroll
+                        for (int c = 0; c < C; c++) acc[x][c] = fmaf(to_f32(v.v[c]), f[c], acc[x][c]);
                     } else {
-                        for (int c = 0; c < DW_NHWC_C; c++)
+#pragma unroll
+                        for (int c = 0; c < C; c++)
                             if (oc0 + c < occ) acc[x][c] = fmaf(to_f32(px[(oc0 + c) / p.multiplier]), f[c], acc[x][c]);
                     }
                 }
             }
         }
+#pragma unroll
         for (int x = 0; x < DW_NHWC_X; x++) {
             if (ox0 + x >= p.ow) continue;
             T* o = out + ((n * p.oh + oy) * p.ow + ox0 + x) * (i64)occ;
-            for (int c = 0; c < DW_NHWC_C; c++) {
-                if (oc0 + c >= occ) continue;
-                const float b = p.has_bias ? to_f32(((const T*)p.bias)[oc0 + c]) : 0.0f;
-                o[oc0 + c] = from_f32<T>(activate(p.act, acc[x][c] + b));
+            __align__(16) Vec16<T> res;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                const float b = p.has_bias && oc0 + c < occ ? to_f32(((const T*)p.bias)[oc0 + c]) : 0.0f;
+                res.v[c] = from_f32<T>(activate(p.act, acc[x][c] + b));
+            }
+            if (p.vec) {
+                *(uint4*)(o + oc0) = *(const uint4*)&res;
+            } else {
+#pragma unroll
+                for (int c = 0; c < C; c++)
+                    if (oc0 + c < occ) o[oc0 + c] = res.v[c];
             }
         }
     }

@@ -10,22 +10,32 @@
 //   every shared store is a 16-byte vector whatever the transposes; the fragments are then read
 //   with `ldmatrix` (K-contiguous tiles) or `ldmatrix.trans` (M- or N-contiguous tiles).
 //
-// Design: 128×128 block tile, 32-deep K slices, 256 threads as 2 (M) × 4 (N) warps of 64×32;
-// per warp and 16-deep step, 4 `ldmatrix.x4` for A, 2 for B and 16 MMAs; 64 f32 accumulators
-// per thread. Shared memory is double-buffered through registers (the next slice is loaded
-// into registers before the current one is multiplied and stored after it), which lets the
-// same loader round f32 or f16 inputs to bf16 on the way. Rows are padded by 8 elements
-// (16 bytes): with 80- or 272-byte row strides the 8 row addresses of an `ldmatrix` land on 8
-// distinct 16-byte bank groups, so fragment reads are conflict-free.
+// Design: 128×128 block tile, 256 threads as 2 (M) × 4 (N) warps of 64×32; per warp and
+// 16-deep step, 4 `ldmatrix.x4` for A, 2 for B and 16 MMAs; 64 f32 accumulators per thread.
+// The pipelined variants remap blocks to bands of tile rows for L2 reuse (`swizzled_tile`);
+// the staged ones keep the launch order (the remap's registers push them into spills).
+// - Storage multiplied as stored (`matmul_f16_f16_*`, `matmul_bf16_bf16_*`): a 4-stage
+//   `cp.async` pipeline of 16-deep K slices (48 KiB of shared memory): global memory goes
+//   straight to shared memory in 16-byte copies (no register staging), three slices in flight
+//   while the fourth is multiplied, one barrier per slice. Rows are padded by 8 elements: with
+//   48- or 272-byte row strides the 8 row addresses of an `ldmatrix` land on 8 distinct 16-byte
+//   bank groups, so fragment reads are conflict-free.
+// - Rounding policies (`matmul_f32_bf16_*`, `matmul_f16_bf16_*`): the inputs are converted on
+//   their way into shared memory, which `cp.async` cannot do, so shared memory is
+//   double-buffered through registers (32-deep slices; the next slice is loaded into registers
+//   before the current one is multiplied and stored after it); 80- or 272-byte row strides.
 #include "common.cuh"
 
 #define TC_BM 128
 #define TC_BN 128
-#define TC_BK 32
 #define TC_THREADS 256
 #define TC_PAD 8
-// The larger of a K-contiguous tile (128 rows × 40) and an M/N-contiguous one (32 × 136).
-#define TC_TILE (TC_BM * (TC_BK + TC_PAD))
+// The register-staged kernel: 32-deep slices, two buffers.
+#define TC_BK 32
+// The cp.async pipeline: 16-deep slices, four stages (4 × 12 KiB: the 48 KiB of static shared
+// memory, and two blocks per SM on sm_80 and sm_90 with ≤ 128 registers).
+#define TC_BKP 16
+#define TC_STAGES 4
 
 // The 16-bit pattern the tensor cores multiply: the stored value, or its bf16 rounding.
 template <typename TIn, bool BF> __device__ __forceinline__ u16 mma_bits(TIn x);
@@ -71,12 +81,20 @@ template <typename TIn, bool BF> __device__ __forceinline__ void store8(u16* dst
 // One operand's tile geometry. `KC`: K is the contiguous dimension (A as M×K, B as N×K), the
 // tile is 128 rows × 32 (+pad) and fragments are read with plain `ldmatrix`; otherwise the
 // tile is 32 rows of K × 128 (+pad) and fragments are read with `ldmatrix.trans`.
-template <bool KC> struct TileShape {
-    static constexpr int ROWS = KC ? TC_BM : TC_BK;
-    static constexpr int COLS = KC ? TC_BK : TC_BM;
+template <int BK, bool KC> struct TileShape {
+    static constexpr int ROWS = KC ? TC_BM : BK;
+    static constexpr int COLS = KC ? BK : TC_BM;
     static constexpr int STRIDE = COLS + TC_PAD;
     static constexpr int VECS_PER_ROW = COLS / 8;
 };
+// Elements of one operand tile: the larger of the K-contiguous (128 × (BK + 8)) and the
+// M/N-contiguous (BK × 136) shapes.
+template <int BK> struct TileSize {
+    static constexpr int A = TC_BM * (BK + TC_PAD), B = BK * (TC_BM + TC_PAD);
+    static constexpr int N = A > B ? A : B;
+};
+#define TC_TILE TileSize<TC_BK>::N
+#define TC_TILEP TileSize<TC_BKP>::N
 
 // Loads this thread's two vectors of the slice at k0. `outer` is the tile's first row or
 // column along M (or N); `extent` the operand's M (or N).
@@ -85,7 +103,7 @@ __device__ __forceinline__ void load_operand(Vec8<TIn> (&st)[2], const TIn* base
                                              int outer, int k0, bool vec, int tid) {
     for (int i = 0; i < 2; i++) {
         int v = tid + i * TC_THREADS;
-        int r = v / TileShape<KC>::VECS_PER_ROW, c = (v % TileShape<KC>::VECS_PER_ROW) * 8;
+        int r = v / TileShape<TC_BK, KC>::VECS_PER_ROW, c = (v % TileShape<TC_BK, KC>::VECS_PER_ROW) * 8;
         if (KC) st[i] = load8<TIn>(base, ld, extent, kdim, outer + r, k0 + c, vec);
         else st[i] = load8<TIn>(base, ld, kdim, extent, k0 + r, outer + c, vec);
     }
@@ -95,8 +113,30 @@ template <typename TIn, bool BF, bool KC>
 __device__ __forceinline__ void store_operand(u16* tile, const Vec8<TIn> (&st)[2], int tid) {
     for (int i = 0; i < 2; i++) {
         int v = tid + i * TC_THREADS;
-        int r = v / TileShape<KC>::VECS_PER_ROW, c = (v % TileShape<KC>::VECS_PER_ROW) * 8;
-        store8<TIn, BF>(tile + r * TileShape<KC>::STRIDE + c, st[i]);
+        int r = v / TileShape<TC_BK, KC>::VECS_PER_ROW, c = (v % TileShape<TC_BK, KC>::VECS_PER_ROW) * 8;
+        store8<TIn, BF>(tile + r * TileShape<TC_BK, KC>::STRIDE + c, st[i]);
+    }
+}
+
+// Queues this thread's 16-byte piece of the 16-deep slice at k0 of one operand (a 128 × 16
+// or 16 × 128 tile is 256 vectors: one per thread) with `cp.async`. A vector past the edges is
+// zero-filled by the copy; a vector cut by an edge, or an operand whose view is not 16-byte
+// aligned, goes through registers element by element (plain shared store, made visible by the
+// barrier that also publishes the copies).
+template <typename TIn, bool BF, bool KC>
+__device__ __forceinline__ void cp_operand(u16* tile, const TIn* base, i64 ld, int extent, int kdim, int outer,
+                                           int k0, bool vec, int tid) {
+    using S = TileShape<TC_BKP, KC>;
+    const int r = tid / S::VECS_PER_ROW, c = (tid % S::VECS_PER_ROW) * 8;
+    u16* dst = tile + r * S::STRIDE + c;
+    const int row = KC ? outer + r : k0 + r, col = KC ? k0 + c : outer + c;
+    const int rows = KC ? extent : kdim, cols = KC ? kdim : extent;
+    if (row >= rows || col >= cols) {
+        cp_async16(dst, base, false);
+    } else if (vec && col + 7 < cols) {
+        cp_async16(dst, base + (i64)row * ld + col, true);
+    } else {
+        store8<TIn, BF>(dst, load8<TIn>(base, ld, rows, cols, row, col, false));
     }
 }
 
@@ -125,30 +165,91 @@ template <bool BF> __device__ __forceinline__ void mma16816(float (&d)[4], const
     }
 }
 
-template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
-    // A is K-contiguous unless transposed; B is K-contiguous only when transposed.
-    constexpr bool A_KC = !TA;
-    constexpr bool B_KC = TB;
-    // The A and B tiles of both buffers (40 KiB), reused by the epilogue's 33 KiB slab.
-    __shared__ __align__(16) u16 smem[4 * TC_TILE];
+// One 16-deep step of a warp's 64×32 tile: fragments from the A tile `ta` and the B tile `tb`
+// (K offset `ks` inside them), 16 MMAs.
+template <bool BF, bool A_KC, bool B_KC, int SA, int SB>
+__device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, const u16* tb, int ks, int wm, int wn,
+                                         int lane) {
+    // Lane roles in `ldmatrix.x4`: lanes 8j..8j+7 give the row addresses of matrix j.
+    const int lj = lane >> 3, lr = lane & 7;
+    u32 af[4][4], bf[4][2];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++) {
+        const int mb = wm + mt * 16;
+        if (A_KC) {
+            // Matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
+            ldmatrix_x4(af[mt], ta + (mb + lr + (lj & 1) * 8) * SA + ks + (lj >> 1) * 8);
+        } else {
+            // The same four matrices read transposed out of the K-major tile.
+            ldmatrix_x4_trans(af[mt], ta + (ks + lr + (lj >> 1) * 8) * SA + mb + (lj & 1) * 8);
+        }
+    }
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+        const int nb = wn + np * 16;
+        u32 r[4];
+        if (B_KC) {
+            // Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+            ldmatrix_x4(r, tb + (nb + lr + (lj >> 1) * 8) * SB + ks + (lj & 1) * 8);
+        } else {
+            ldmatrix_x4_trans(r, tb + (ks + lr + (lj & 1) * 8) * SB + nb + (lj >> 1) * 8);
+        }
+        bf[2 * np][0] = r[0];
+        bf[2 * np][1] = r[1];
+        bf[2 * np + 1][0] = r[2];
+        bf[2 * np + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) mma16816<BF>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+}
+
+// Inputs multiplied as stored: the 4-stage cp.async pipeline. Stage s of the ring holds the A
+// and B tiles of slice kt ≡ s (mod 4).
+template <typename TIn, bool BF, bool A_KC, bool B_KC>
+__device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
+                                                  const TIn* A, const TIn* B, int m0, int n0, int tid, int wm,
+                                                  int wn, int lane) {
+    const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
+    const int ktiles = (p.k + TC_BKP - 1) / TC_BKP;
+    auto sa = [&](int st) { return smem + st * 2 * TC_TILEP; };
+    auto sb = [&](int st) { return smem + st * 2 * TC_TILEP + TC_TILEP; };
+    auto issue = [&](int kt) {
+        const int st = kt % TC_STAGES;
+        cp_operand<TIn, BF, A_KC>(sa(st), A, p.a_ld, p.m, p.k, m0, kt * TC_BKP, avec, tid);
+        cp_operand<TIn, BF, B_KC>(sb(st), B, p.b_ld, p.n, p.k, n0, kt * TC_BKP, bvec, tid);
+    };
+    // Prologue: the first three slices in flight, one commit group each (empty past the end,
+    // so the group count the waits rely on stays the same).
+#pragma unroll
+    for (int kt = 0; kt < TC_STAGES - 1; kt++) {
+        if (kt < ktiles) issue(kt);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        // This thread's copies of slice kt have landed; after the barrier everyone's have, and
+        // every warp is done with slice kt - 1, whose stage the next copy refills.
+        cp_async_wait<TC_STAGES - 2>();
+        __syncthreads();
+        if (kt + TC_STAGES - 1 < ktiles) issue(kt + TC_STAGES - 1);
+        cp_async_commit();
+        const int st = kt % TC_STAGES;
+        mma_step<BF, A_KC, B_KC, TileShape<TC_BKP, A_KC>::STRIDE, TileShape<TC_BKP, B_KC>::STRIDE>(
+            acc, sa(st), sb(st), 0, wm, wn, lane);
+    }
+    cp_async_wait_all();
+}
+
+// Inputs rounded on the way in: the register-staged double buffer.
+template <typename TIn, bool BF, bool A_KC, bool B_KC>
+__device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
+                                                const TIn* A, const TIn* B, int m0, int n0, int tid, int wm, int wn,
+                                                int lane) {
     u16(*sa)[TC_TILE] = (u16(*)[TC_TILE])smem;
     u16(*sb)[TC_TILE] = (u16(*)[TC_TILE])(smem + 2 * TC_TILE);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    const int m0 = blockIdx.y * TC_BM, n0 = blockIdx.x * TC_BN;
-    // One batch per grid layer; the host splits larger batches into several launches.
-    const i64 bt = blockIdx.z;
-    const TIn* A = (const TIn*)p.a + p.a_off + bt * p.a_bs;
-    const TIn* B = (const TIn*)p.b + p.b_off + bt * p.b_bs;
     const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
     const int ktiles = (p.k + TC_BK - 1) / TC_BK;
-
-    float acc[4][4][4];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++)
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-
     Vec8<TIn> sta[2], stb[2];
     if (ktiles > 0) {
         load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, p.k, m0, 0, avec, tid);
@@ -157,9 +258,6 @@ template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ vo
         store_operand<TIn, BF, B_KC>(sb[0], stb, tid);
     }
     __syncthreads();
-
-    // Lane roles in `ldmatrix.x4`: lanes 8j..8j+7 give the row addresses of matrix j.
-    const int lj = lane >> 3, lr = lane & 7;
     for (int kt = 0; kt < ktiles; kt++) {
         const int buf = kt & 1;
         const bool more = kt + 1 < ktiles;
@@ -167,43 +265,10 @@ template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ vo
             load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, p.k, m0, (kt + 1) * TC_BK, avec, tid);
             load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, p.k, n0, (kt + 1) * TC_BK, bvec, tid);
         }
-        const u16* ta = sa[buf];
-        const u16* tb = sb[buf];
 #pragma unroll
-        for (int ks = 0; ks < TC_BK; ks += 16) {
-            u32 af[4][4], bf[4][2];
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const int mb = wm + mt * 16;
-                if (A_KC) {
-                    // Matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
-                    ldmatrix_x4(af[mt], ta + (mb + lr + (lj & 1) * 8) * TileShape<A_KC>::STRIDE + ks + (lj >> 1) * 8);
-                } else {
-                    // The same four matrices read transposed out of the K-major tile.
-                    ldmatrix_x4_trans(af[mt],
-                                      ta + (ks + lr + (lj >> 1) * 8) * TileShape<A_KC>::STRIDE + mb + (lj & 1) * 8);
-                }
-            }
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                const int nb = wn + np * 16;
-                u32 r[4];
-                if (B_KC) {
-                    // Matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-                    ldmatrix_x4(r, tb + (nb + lr + (lj >> 1) * 8) * TileShape<B_KC>::STRIDE + ks + (lj & 1) * 8);
-                } else {
-                    ldmatrix_x4_trans(r, tb + (ks + lr + (lj & 1) * 8) * TileShape<B_KC>::STRIDE + nb + (lj >> 1) * 8);
-                }
-                bf[2 * np][0] = r[0];
-                bf[2 * np][1] = r[1];
-                bf[2 * np + 1][0] = r[2];
-                bf[2 * np + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma16816<BF>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
-        }
+        for (int ks = 0; ks < TC_BK; ks += 16)
+            mma_step<BF, A_KC, B_KC, TileShape<TC_BK, A_KC>::STRIDE, TileShape<TC_BK, B_KC>::STRIDE>(
+                acc, sa[buf], sb[buf], ks, wm, wn, lane);
         if (more) {
             // The other buffer was last read in the previous iteration, before its closing
             // barrier.
@@ -212,6 +277,39 @@ template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ vo
         }
         __syncthreads();
     }
+}
+
+// `PIPE`: the cp.async pipeline (inputs multiplied as stored), else the staged double buffer.
+template <typename TIn, bool BF, bool TA, bool TB, bool PIPE>
+__device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
+    // A is K-contiguous unless transposed; B is K-contiguous only when transposed.
+    constexpr bool A_KC = !TA;
+    constexpr bool B_KC = TB;
+    // The tiles (48 KiB of pipeline stages or 40 KiB of double buffers), reused by the
+    // epilogue's 33 KiB slab.
+    constexpr int SMEM = PIPE ? TC_STAGES * 2 * TC_TILEP : 4 * TC_TILE;
+    static_assert(SMEM * 2 >= EPI_BYTES, "the epilogue slab fits in the tiles");
+    __shared__ __align__(16) u16 smem[SMEM];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    const int2 tile = PIPE ? swizzled_tile<TILE_BAND>() : make_int2(blockIdx.y, blockIdx.x);
+    const int m0 = tile.x * TC_BM, n0 = tile.y * TC_BN;
+    // One batch per grid layer; the host splits larger batches into several launches.
+    const i64 bt = blockIdx.z;
+    const TIn* A = (const TIn*)p.a + p.a_off + bt * p.a_bs;
+    const TIn* B = (const TIn*)p.b + p.b_off + bt * p.b_bs;
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+
+    if (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, m0, n0, tid, wm, wn, lane);
+    else mainloop_staged<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, m0, n0, tid, wm, wn, lane);
 
     // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1). The two
     // rows of warps park their 64×128 halves in the slab in turn.
@@ -238,21 +336,21 @@ template <typename TIn, bool BF, bool TA, bool TB> __device__ __forceinline__ vo
 // MINB 2 (at most 128 registers a thread) gives 16 warps per SM to hide the shared-memory and
 // global latencies that one block of 8 cannot. The f32-input variant stages twice the bytes in
 // registers and would spill under that cap, so it runs one block per SM.
-#define TC_ENTRY(NAME, TIN, BF, MINB)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const MatmulParams p) {                        \
-        matmul_mma<TIN, BF, false, false>(p);                                                                          \
+#define TC_ENTRY(NAME, TIN, BF, MINB, PIPE)                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const MatmulParams p) {                \
+        matmul_mma<TIN, BF, false, false, PIPE>(p);                                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const MatmulParams p) {                        \
-        matmul_mma<TIN, BF, false, true>(p);                                                                           \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const MatmulParams p) {                \
+        matmul_mma<TIN, BF, false, true, PIPE>(p);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const MatmulParams p) {                        \
-        matmul_mma<TIN, BF, true, false>(p);                                                                           \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const MatmulParams p) {                \
+        matmul_mma<TIN, BF, true, false, PIPE>(p);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tt(const MatmulParams p) {                        \
-        matmul_mma<TIN, BF, true, true>(p);                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tt(const MatmulParams p) {                \
+        matmul_mma<TIN, BF, true, true, PIPE>(p);                                                                      \
     }
 
-TC_ENTRY(matmul_f16_f16, f16, false, 2)
-TC_ENTRY(matmul_bf16_bf16, bf16, true, 2)
-TC_ENTRY(matmul_f16_bf16, f16, true, 2)
-TC_ENTRY(matmul_f32_bf16, float, true, 1)
+TC_ENTRY(matmul_f16_f16, f16, false, 2, true)
+TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, true)
+TC_ENTRY(matmul_f16_bf16, f16, true, 2, false)
+TC_ENTRY(matmul_f32_bf16, float, true, 1, false)

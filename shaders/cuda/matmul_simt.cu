@@ -13,7 +13,8 @@
 // - both tiles are stored K-major (`[k][m]`, `[k][n]`), padded by 4 floats per row: the pad
 //   keeps rows 16-byte aligned for the float4 reads and shifts consecutive rows by 4 banks;
 // - the fused epilogue (alpha, bias, beta·C, activation) with float4 stores where the output
-//   view is aligned.
+//   view is aligned, the accumulators kept in registers throughout (no dynamic index);
+// - blocks remapped to bands of 8 tile rows (`swizzled_tile`) for L2 reuse.
 #include "common.cuh"
 
 // Block tile 128×128×8: 8×8 outputs for each of 256 threads; two 8-deep slices of A and B
@@ -100,7 +101,8 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
     // and columns c0+{0..3}, c0+32+{0..3} of the block tile.
     const int r0 = (warp >> 1) * 32 + (lane >> 3) * 4;
     const int c0 = (warp & 1) * 64 + (lane & 7) * 4;
-    const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;
+    const int2 tile = swizzled_tile<TILE_BAND>();
+    const int m0 = tile.x * SG_BM, n0 = tile.y * SG_BN;
     const int ktiles = (p.k + SG_BK - 1) / SG_BK;
     // One batch per grid layer; the host splits batches beyond the grid's 65535 layers into
     // several launches by moving the operand offsets.
@@ -109,7 +111,9 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
         const float* A = (const float*)p.a + p.a_off + bt * p.a_bs;
         const float* B = (const float*)p.b + p.b_off + bt * p.b_bs;
         float acc[8][8];
+#pragma unroll
         for (int i = 0; i < 8; i++)
+#pragma unroll
             for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
 
         if (ktiles > 0) {
@@ -146,6 +150,9 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
         // Two passes of 64 rows: pass q parks accumulator rows i = 4q..4q+3 of every thread, which
         // are block rows w·32 + 16q + (0..15) for w = 0..3; slab row lr holds block row
         // (lr / 16)·32 + 16q + lr % 16.
+        // The pass loop is not unrolled (one copy of the epilogue), so the accumulator row is
+        // chosen with a select on q: indexing acc by 4q + i would be a dynamic index, which puts
+        // the whole 8×8 array in local memory (a 256-byte stack frame).
         const int lr0 = (warp >> 1) * 16 + (lane >> 3) * 4;
 #pragma unroll 1
         for (int q = 0; q < 2; q++) {
@@ -153,7 +160,9 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 float* s = &smem.slab[(lr0 + i) * EPI_STRIDE];
-                const float* a = acc[4 * q + i];
+                float a[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) a[j] = q ? acc[4 + i][j] : acc[i][j];
                 *(float4*)&s[c0] = make_float4(a[0], a[1], a[2], a[3]);
                 *(float4*)&s[c0 + 32] = make_float4(a[4], a[5], a[6], a[7]);
             }

@@ -1,14 +1,16 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
 //!
-//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx`,
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`, and the host model of the fast GELU, `fast_gelu`),
 //! `device_check` and `tune`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
 //! a non-zero exit status.
 
 mod bench;
 mod device_check;
+mod fast_gelu;
 mod npy;
 mod ptx;
 mod run;
+mod sass;
 mod testing;
 mod tune;
 mod util;

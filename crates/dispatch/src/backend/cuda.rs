@@ -569,8 +569,8 @@ impl BackendOps for CudaBackend {
         };
         let occ = desc.out_channels();
         let work = match desc.layout {
-            Layout::Nchw => [desc.batch, occ, oh, ow.div_ceil(cat::DW_NCHW_X)],
-            Layout::Nhwc => [desc.batch, oh, ow.div_ceil(cat::DW_NHWC_X), occ.div_ceil(cat::DW_NHWC_C)],
+            Layout::Nchw => [desc.batch, occ, oh, ow.div_ceil(cat::dw_vec(dtype))],
+            Layout::Nhwc => [desc.batch, oh, ow.div_ceil(cat::DW_NHWC_X), occ.div_ceil(cat::dw_vec(dtype))],
         }
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -578,6 +578,20 @@ impl BackendOps for CudaBackend {
         if work == 0 {
             return Ok(());
         }
+        // When the kernels may use 16-byte vectors (see `ConvParams::vec`).
+        let v = cat::dw_vec(dtype);
+        let aligned = |s: &CudaStorage| self.ptr(s).is_multiple_of(16);
+        let vec = match desc.layout {
+            Layout::Nhwc => desc.multiplier == 1 && desc.channels.is_multiple_of(v) && aligned(input) && aligned(out),
+            Layout::Nchw => {
+                desc.kernel_w == 3
+                    && desc.pad_left == 1
+                    && desc.dilation_w == 1
+                    && matches!(desc.stride_w, 1 | 2)
+                    && desc.width.is_multiple_of(v)
+                    && aligned(input)
+            }
+        };
         let i = |what: &str, v: usize| to_i32(OP, what, v);
         // The kernels index whole tensors in i64 but take every single dimension as i32.
         i("channels × multiplier", occ)?;
@@ -604,9 +618,7 @@ impl BackendOps for CudaBackend {
             ow: i("out_w", ow)?,
             act: desc.activation.code(),
             has_bias: u32::from(desc.has_bias && bias.is_some()),
-            vec4: u32::from(
-                desc.layout == Layout::Nhwc && desc.multiplier == 1 && desc.channels.is_multiple_of(cat::DW_NHWC_C),
-            ),
+            vec: u32::from(vec),
         };
         let blocks = stride_blocks(work as u64, self.sms);
         self.launch(cat::depthwise_kernel(dtype, desc.layout), (blocks, 1, 1), (cat::THREADS, 1, 1), p)

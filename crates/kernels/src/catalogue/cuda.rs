@@ -161,10 +161,12 @@ pub fn naive_matmul_kernel(dtype: DType) -> Kernel {
     }
 }
 
-/// Outputs along x per thread of the NCHW depthwise kernel (`DW_NCHW_X`).
-pub const DW_NCHW_X: usize = 4;
-/// Channels per thread of the NHWC depthwise kernel (`DW_NHWC_C`).
-pub const DW_NHWC_C: usize = 4;
+/// Elements per thread of the depthwise kernels along their vector dimension: output columns
+/// (NCHW) or channels (NHWC), one 16-byte vector (`DwVec<T>::V` in `depthwise.cu`): 4 for f32,
+/// 8 for f16 and bf16.
+pub const fn dw_vec(dtype: DType) -> usize {
+    16 / dtype.size_bytes()
+}
 /// Outputs along x per thread of the NHWC depthwise kernel (`DW_NHWC_X`).
 pub const DW_NHWC_X: usize = 2;
 
@@ -270,8 +272,11 @@ pub struct ConvParams {
     pub ow: i32,
     pub act: u32,
     pub has_bias: u32,
-    /// NHWC with multiplier 1 and channels a multiple of 4: vector loads of 4 channels.
-    pub vec4: u32,
+    /// 16-byte vectors allowed ([`dw_vec`] elements): NHWC with multiplier 1, channels a
+    /// multiple of the vector and input and output 16-byte aligned; NCHW with a 3-wide filter,
+    /// left pad 1, dilation 1, stride 1 or 2, width a multiple of the vector and the input
+    /// 16-byte aligned.
+    pub vec: u32,
 }
 
 /// The activation parameter block (`ActParams` in `common.cuh`); `bias_len` 0 means no bias.
