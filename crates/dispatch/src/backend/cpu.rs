@@ -2,26 +2,29 @@
 //!
 //! It is not the reference (that is `tilekit_kernels::reference`, naive and in f64): this is
 //! meant to be reasonably fast.
-//! - Matmul goes through the `gemm` crate in f32. f32 operands are read where they are stored
-//!   (no copy); f16 and bf16 operands are widened to f32 first (in parallel, with `half`'s
-//!   vectorised slice conversions), because `gemm`'s own f16 path accumulates in f32 but rounds
-//!   its result to f16, and the fused epilogue must see the f32 sum (one rounding per result).
-//!   Each batch is computed into a dense f32 scratch block, the epilogue is applied there, and
-//!   the rows are stored (rounded once) into the output view. Small batched products run one
-//!   batch per core; large ones let `gemm` parallelise inside the product.
-//! - Depthwise conv accumulates whole output rows tap by tap (each tap's valid output range is
-//!   computed once, so the inner loop has no bounds tests and vectorises), one output plane
-//!   (NCHW) or row (NHWC, channels innermost, weights transposed to `[kh][kw][C·m]`) per task.
-//! - Activations stream through the buffer in chunks of 4096 elements, widened into a stack
-//!   buffer, computed, and narrowed back, in place when input and output are one buffer.
+//! The kernels live in `cpu/`, one file per family, compiled per instruction set and picked at
+//! run time (`cpu/simd.rs`):
+//! - Matmul (`cpu/matmul.rs`, `cpu/gemv.rs`): plain f32 products go straight to the `gemm`
+//!   crate, writing into the output view; `M ≤ 16` streams `B` once in either layout with `N`
+//!   split across threads; the rest runs as row panels, each a single-threaded `gemm` call
+//!   followed at once by the fused epilogue while the panel is in L2. f16 and bf16 operands are
+//!   widened to f32 first (in parallel, with `half`'s vectorised slice conversions), because
+//!   `gemm`'s own f16 path rounds its result to f16 before the epilogue could see the f32 sum.
+//! - Depthwise conv (`cpu/depthwise.rs`): NCHW output rows as vectors with the taps as
+//!   broadcast multiply-adds over shifted input rows; NHWC channels as vectors; padding handled
+//!   at the borders only; the kernel works in stack buffers (f16/bf16 inputs are widened to
+//!   f32 before it, as for matmul).
+//! - Activations (`cpu/activation.rs`): vectorised GELU (both forms), ReLU and ReLU6 with the
+//!   bias fused, in place on f32 storage and through a stack buffer for half precision.
 //!
 //! Numerics: every kernel computes in f32 and rounds once (nearest even) when it stores; the
-//! activations are [`Activation::apply_f32`], the formula every backend implements; NaN and
-//! ±Inf propagate (no fast-math anywhere).
+//! activations are `Activation::apply_f32`'s formulas, vectorised within `gelu_error_bound`
+//! (see `cpu/activation.rs`); NaN and ±Inf propagate (no fast-math anywhere; fused
+//! multiply-adds where the instruction set has them only remove roundings).
 //!
 //! NaN and Inf, the promise (tested in `tests/tests/nan_inf.rs`): an output that depends on a
 //! NaN is NaN; an infinity goes through the matmul and conv as IEEE arithmetic says and
-//! through an activation as [`Activation::apply_f32`] says (NaN stays NaN in every
+//! through an activation as `Activation::apply_f32` says (NaN stays NaN in every
 //! activation); outputs that do not depend on a non-finite input are exactly what they are
 //! without it. Subnormals are kept (no flush to zero).
 //!

@@ -1,12 +1,13 @@
 //! The skinny matmul (`M ≤ 16`, the decode step): streams `B` once, in either layout.
 //!
 //! The output's columns are cut into blocks; a block's `M × width` accumulators live in a
-//! stack buffer (at most 32 KiB, L1), and the blocks are split across threads when the
+//! stack buffer (32 KiB, L1: 512 columns at M = 16, up to 8192 at M = 1), and the blocks are split across threads when the
 //! product is large enough. Each element of `B` is loaded from memory once and used for all
 //! `M` rows:
 //! - `B` stored `K × N` (rows of `B` are runs of output columns): four rows of `B` at a time
-//!   are multiplied into every accumulator row (`acc_i += a_i,p·B_p + … + a_i,p+3·B_p+3`), so
-//!   each load and store of an accumulator carries four fused multiply-adds;
+//!   are multiplied into two accumulator rows at a time (`acc_i += a_i,p·B_p + … +
+//!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
+//!   and each load of `B` from L1 serves two rows;
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   each row of `B` is read from memory once and dotted with up to four rows of `A` at a
 //!   time, in 16 independent lanes (so the sum vectorises without reassociation), reduced at
@@ -23,8 +24,8 @@ use rayon::prelude::*;
 use std::borrow::Cow;
 use tilekit_kernels::MatmulDesc;
 
-/// Columns per block with `B` stored `K × N`: 16 rows × 512 f32 of accumulators is 32 KiB.
-const NB_ROWS: usize = 512;
+/// f32 accumulators per column block (32 KiB, L1): 512 columns at M = 16, 8192 at M = 1.
+const ACC: usize = 8192;
 
 /// Columns per block with `B` stored `N × K` (64 rows of B per task: at K = 4096, 1 MiB).
 const NB_COLS: usize = 64;
@@ -59,15 +60,32 @@ fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
         let b1 = &b[(q + 1) * ldb + j0..][..nb];
         let b2 = &b[(q + 2) * ldb + j0..][..nb];
         let b3 = &b[(q + 3) * ldb + j0..][..nb];
-        for i in 0..m {
+        // Two rows of A per pass share each load of B: 8 multiply-adds per 6 loads and 2 stores.
+        let mut i = 0;
+        while i + 2 <= m {
             let ar = &a[i * lda + q..][..4];
-            let (a0, a1, a2, a3) = (ar[0], ar[1], ar[2], ar[3]);
+            let br = &a[(i + 1) * lda + q..][..4];
+            let (lo, hi) = acc[i * nb..(i + 2) * nb].split_at_mut(nb);
+            for j in 0..nb {
+                let s = madd::<FMA>(ar[0], b0[j], lo[j]);
+                let s = madd::<FMA>(ar[1], b1[j], s);
+                let s = madd::<FMA>(ar[2], b2[j], s);
+                lo[j] = madd::<FMA>(ar[3], b3[j], s);
+                let t = madd::<FMA>(br[0], b0[j], hi[j]);
+                let t = madd::<FMA>(br[1], b1[j], t);
+                let t = madd::<FMA>(br[2], b2[j], t);
+                hi[j] = madd::<FMA>(br[3], b3[j], t);
+            }
+            i += 2;
+        }
+        if i < m {
+            let ar = &a[i * lda + q..][..4];
             let row = &mut acc[i * nb..][..nb];
             for j in 0..nb {
-                let s = madd::<FMA>(a0, b0[j], row[j]);
-                let s = madd::<FMA>(a1, b1[j], s);
-                let s = madd::<FMA>(a2, b2[j], s);
-                row[j] = madd::<FMA>(a3, b3[j], s);
+                let s = madd::<FMA>(ar[0], b0[j], row[j]);
+                let s = madd::<FMA>(ar[1], b1[j], s);
+                let s = madd::<FMA>(ar[2], b2[j], s);
+                row[j] = madd::<FMA>(ar[3], b3[j], s);
             }
         }
         q += 4;
@@ -178,12 +196,20 @@ impl MatmulOperands<'_> {
         let lda = if g.a_cs == 1 { g.a_rs } else { k };
         let by_rows = g.b_cs == 1;
         let block = Block { a: &a, lda, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
-        let nb_max = if by_rows { NB_ROWS } else { NB_COLS };
+        // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
+        // runs of each row of B for the prefetchers), but at least two blocks per thread.
+        let threads = rayon::current_num_threads().max(1);
+        let nb_max = if by_rows {
+            let widest = (ACC / m) / LANES * LANES;
+            widest.min(n.div_ceil(2 * threads).next_multiple_of(LANES)).max(LANES)
+        } else {
+            NB_COLS
+        };
         // Computes block `bi` and hands each of its rows to `store(row, first column, values)`.
         let run = |bi: usize, store: &mut dyn FnMut(usize, usize, &[f32])| {
             let j0 = bi * nb_max;
             let nb = nb_max.min(n - j0);
-            let mut acc = [0.0f32; NB_ROWS * super::matmul::SKINNY_M];
+            let mut acc = [0.0f32; ACC];
             let acc = &mut acc[..m * nb];
             if by_rows {
                 rows_block(isa, &block, j0, nb, acc);
