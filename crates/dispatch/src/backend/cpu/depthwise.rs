@@ -113,13 +113,15 @@ impl Conv<'_> {
         let taps = d.kernel_h * d.kernel_w;
         let wk = &self.w[oc * taps..][..taps];
         let bias = self.bias.map_or(0.0, |b| b[oc]);
-        let p = RowArgs { d, xp, wk, bias, ow };
+        // Each tap's valid output columns depend only on the layer: computed once per plane
+        // here, not per row (the divisions by the stride would dominate narrow rows).
+        let mut ranges = [(0usize, 0usize); MAX_KW];
+        for (kx, r) in ranges.iter_mut().enumerate().take(d.kernel_w.min(MAX_KW)) {
+            *r = tap_range(ow, d.width, d.stride_w, d.pad_left, kx * d.dilation_w);
+        }
+        let p = RowArgs { d, xp, wk, bias, ow, ranges };
         match E::as_f32_mut(dst) {
-            Some(dst) => {
-                for (oy, row) in dst.chunks_mut(ow).enumerate() {
-                    nchw_row(isa, &p, oy, 0, row);
-                }
-            }
+            Some(dst) => nchw_plane_f32(isa, &p, dst),
             None => {
                 let mut buf = [0.0f32; BUF];
                 for (oy, row) in dst.chunks_mut(ow).enumerate() {
@@ -212,7 +214,13 @@ struct RowArgs<'a> {
     wk: &'a [f32],
     bias: f32,
     ow: usize,
+    /// `tap_range` of the first `MAX_KW` kernel columns.
+    ranges: [(usize, usize); MAX_KW],
 }
+
+/// Kernel columns whose tap ranges are precomputed per plane (wider kernels compute the rest
+/// per row).
+const MAX_KW: usize = 8;
 
 /// `acc[i] += w · x[first + stride·i]` over `acc`.
 #[inline(always)]
@@ -270,7 +278,11 @@ fn nchw_row_inner<const FMA: bool>(p: &RowArgs, oy: usize, c0: usize, acc: &mut 
         let wrow = &p.wk[ky * d.kernel_w..][..d.kernel_w];
         // Each tap's valid output columns, clipped to this piece.
         let range = |kx: usize| {
-            let (lo, hi) = tap_range(p.ow, d.width, d.stride_w, d.pad_left, kx * d.dilation_w);
+            let (lo, hi) = if kx < MAX_KW {
+                p.ranges[kx]
+            } else {
+                tap_range(p.ow, d.width, d.stride_w, d.pad_left, kx * d.dilation_w)
+            };
             (lo.max(c0), hi.min(c1).max(lo.max(c0)))
         };
         let first = |kx: usize, o: usize| o * d.stride_w + kx * d.dilation_w - d.pad_left;
@@ -305,6 +317,18 @@ fn nchw_row_inner<const FMA: bool>(p: &RowArgs, oy: usize, c0: usize, acc: &mut 
 
 multiversion! {
     fn nchw_row(p: &RowArgs, oy: usize, c0: usize, acc: &mut [f32]) => nchw_row_inner
+}
+
+/// A whole f32 output plane, row by row, inside one instruction-set copy (no call per row).
+#[inline(always)]
+fn nchw_plane_inner<const FMA: bool>(p: &RowArgs, dst: &mut [f32]) {
+    for (oy, row) in dst.chunks_mut(p.ow).enumerate() {
+        nchw_row_inner::<FMA>(p, oy, 0, row);
+    }
+}
+
+multiversion! {
+    fn nchw_plane_f32(p: &RowArgs, dst: &mut [f32]) => nchw_plane_inner
 }
 
 /// What one NHWC output row (one channel block of it) needs.
