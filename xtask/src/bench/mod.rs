@@ -29,6 +29,7 @@ mod chart;
 mod check;
 mod compare;
 mod measure;
+mod ort;
 mod report;
 mod workload;
 
@@ -95,7 +96,23 @@ pub fn run(args: Args) -> Result<()> {
     let started = std::time::SystemTime::now();
     let mut refs = SharedRefs::default();
     let mut rows = Vec::new();
-    let mut ctx = Ctx { quick: args.quick, flush: !args.no_flush, flusher: None };
+    let mut ctx = Ctx { quick: args.quick, flush: !args.no_flush, flusher: None, ort: None };
+    if devices.iter().any(|d| d.kind() == BackendKind::Cpu) {
+        match ort::Ort::start() {
+            Ok(o) => {
+                println!(
+                    "ONNX Runtime reference (vs ort, CPU f32 rows): onnxruntime {} through a python3 helper, \
+                     2 intra-op threads, f32, cache flushing as the row's",
+                    o.version
+                );
+                ctx.ort = Some(o);
+            }
+            Err(e) => println!(
+                "NOTE: no ONNX Runtime reference ({e}); the vs ort column stays empty \
+                 (pip install onnxruntime onnx numpy to add it)"
+            ),
+        }
+    }
     let mut profiles = Vec::new();
     let mut tune_notes = Vec::new();
     let selected = |entry: &Entry| args.suite.is_empty() || args.suite.iter().any(|s| s == entry.suite);
@@ -147,6 +164,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     progress.finish_and_clear();
     report::print_tune_summary(&rows);
+    report::print_ort_summary(&rows);
 
     let json = match args.json {
         Some(p) => p,
@@ -196,6 +214,8 @@ struct Ctx {
     flush: bool,
     /// Allocated on first use (it is twice the last-level cache).
     flusher: Option<Flusher>,
+    /// The ONNX Runtime helper, when it could be started (CPU runs only).
+    ort: Option<ort::Ort>,
 }
 
 fn scale_of(dev: &Device, quick: bool) -> Scale {
@@ -431,6 +451,15 @@ fn measure_case(
     if let Case::Matmul { .. } = case {
         let gemm = refs.gemm.entry(key.clone()).or_insert_with(|| time_gemm(&host, fast_plan).ok()).as_ref();
         row.push_ref(Reference::new("gemm", gemm.copied()));
+    }
+    if dev.kind() == BackendKind::Cpu
+        && dtype == DType::F32
+        && let Some(o) = ctx.ort.as_mut()
+    {
+        // The same number of runs as tilekit's own row (bounded), flushed when the row is.
+        let runs = row.stats.map_or(20, |s| s.runs).clamp(10, 100);
+        let flush_bytes = if row.flushed { ctx.flusher.as_ref().map_or(0, Flusher::bytes) } else { 0 };
+        row.push_ref(Reference::new("ort", o.time(case, runs, 3, flush_bytes).ok()));
     }
     if dev.kind() != BackendKind::Cpu {
         let cpu = refs

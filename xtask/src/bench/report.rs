@@ -177,11 +177,13 @@ pub fn print_legend() {
          (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
-         device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only)."
+         device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
+         of the CPU backend, same shape, 2 intra-op threads; its Conv is NCHW only, so nhwc rows compare with its \
+         NCHW kernel)."
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive  vs f64-ref";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive  vs f64-ref    vs ort";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -204,7 +206,7 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>10}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>10}  {:>8}",
         if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
@@ -218,6 +220,7 @@ pub fn print_row(row: &Row) {
         row.speedup("cpu"),
         row.speedup("naive"),
         row.speedup("f64-ref"),
+        row.speedup("ort"),
     );
     println!("{line}");
 }
@@ -246,6 +249,34 @@ pub fn print_tune_summary(rows: &[Row]) {
     }
 }
 
+/// The geometric mean of ONNX Runtime time / tilekit time per backend and dtype, with the
+/// lowest row: the headline figure for the CPU backend.
+pub fn print_ort_summary(rows: &[Row]) {
+    let mut groups: Vec<((&str, &str), Vec<(f64, String)>)> = Vec::new();
+    for r in rows {
+        let Some(x) = r.references.iter().find(|x| x.name == "ort").and_then(|x| x.speedup) else { continue };
+        if !(x.is_finite() && x > 0.0) {
+            continue;
+        }
+        let key = (r.backend, r.dtype);
+        let item = (x, format!("{} {}", r.op, r.shape));
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(item),
+            None => groups.push((key, vec![item])),
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    println!("\n== tilekit vs ONNX Runtime (geometric mean of ORT time / tilekit time; above 1: tilekit is faster)");
+    for ((backend, dtype), v) in groups {
+        let ratios: Vec<f64> = v.iter().map(|(x, _)| *x).collect();
+        let geo = super::ort::geomean(&ratios).unwrap_or(f64::NAN);
+        let (lo, lo_case) = v.iter().fold((f64::INFINITY, ""), |acc, (x, c)| if *x < acc.0 { (*x, c) } else { acc });
+        println!("   {backend:<5} {dtype:<5} {geo:.2}x over {} row(s); lowest {lo:.2}x ({lo_case})", v.len());
+    }
+}
+
 #[derive(Serialize)]
 struct File<'a> {
     meta: &'a Meta,
@@ -264,7 +295,7 @@ pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let refs = ["gemm", "cpu", "naive", "f64-ref"];
+    let refs = ["gemm", "cpu", "naive", "f64-ref", "ort"];
     let mut out = String::from(
         "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
          tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",

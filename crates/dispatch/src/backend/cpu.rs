@@ -2,26 +2,29 @@
 //!
 //! It is not the reference (that is `tilekit_kernels::reference`, naive and in f64): this is
 //! meant to be reasonably fast.
-//! - Matmul goes through the `gemm` crate in f32. f32 operands are read where they are stored
-//!   (no copy); f16 and bf16 operands are widened to f32 first (in parallel, with `half`'s
-//!   vectorised slice conversions), because `gemm`'s own f16 path accumulates in f32 but rounds
-//!   its result to f16, and the fused epilogue must see the f32 sum (one rounding per result).
-//!   Each batch is computed into a dense f32 scratch block, the epilogue is applied there, and
-//!   the rows are stored (rounded once) into the output view. Small batched products run one
-//!   batch per core; large ones let `gemm` parallelise inside the product.
-//! - Depthwise conv accumulates whole output rows tap by tap (each tap's valid output range is
-//!   computed once, so the inner loop has no bounds tests and vectorises), one output plane
-//!   (NCHW) or row (NHWC, channels innermost, weights transposed to `[kh][kw][C·m]`) per task.
-//! - Activations stream through the buffer in chunks of 4096 elements, widened into a stack
-//!   buffer, computed, and narrowed back, in place when input and output are one buffer.
+//! The kernels live in `cpu/`, one file per family, compiled per instruction set and picked at
+//! run time (`cpu/simd.rs`):
+//! - Matmul (`cpu/matmul.rs`, `cpu/gemv.rs`): plain f32 products go straight to the `gemm`
+//!   crate, writing into the output view; `M ≤ 16` streams `B` once in either layout with `N`
+//!   split across threads; the rest runs as row panels, each a single-threaded `gemm` call
+//!   followed at once by the fused epilogue while the panel is in L2. f16 and bf16 operands are
+//!   widened to f32 first (in parallel, with `half`'s vectorised slice conversions), because
+//!   `gemm`'s own f16 path rounds its result to f16 before the epilogue could see the f32 sum.
+//! - Depthwise conv (`cpu/depthwise.rs`): NCHW output rows as vectors with the taps as
+//!   broadcast multiply-adds over shifted input rows; NHWC channels as vectors; padding handled
+//!   at the borders only; the kernel works in stack buffers (f16/bf16 inputs are widened to
+//!   f32 before it, as for matmul).
+//! - Activations (`cpu/activation.rs`): vectorised GELU (both forms), ReLU and ReLU6 with the
+//!   bias fused, in place on f32 storage and through a stack buffer for half precision.
 //!
 //! Numerics: every kernel computes in f32 and rounds once (nearest even) when it stores; the
-//! activations are [`Activation::apply_f32`], the formula every backend implements; NaN and
-//! ±Inf propagate (no fast-math anywhere).
+//! activations are `Activation::apply_f32`'s formulas, vectorised within `gelu_error_bound`
+//! (see `cpu/activation.rs`); NaN and ±Inf propagate (no fast-math anywhere; fused
+//! multiply-adds where the instruction set has them only remove roundings).
 //!
 //! NaN and Inf, the promise (tested in `tests/tests/nan_inf.rs`): an output that depends on a
 //! NaN is NaN; an infinity goes through the matmul and conv as IEEE arithmetic says and
-//! through an activation as [`Activation::apply_f32`] says (NaN stays NaN in every
+//! through an activation as `Activation::apply_f32` says (NaN stays NaN in every
 //! activation); outputs that do not depend on a non-finite input are exactly what they are
 //! without it. Subnormals are kept (no flush to zero).
 //!
@@ -41,15 +44,23 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, Precision};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc, Precision};
+
+mod activation;
+mod depthwise;
+mod gemv;
+mod matmul;
+mod simd;
+#[cfg(test)]
+mod tests;
+
+use activation::Act;
+use depthwise::Conv;
+use matmul::MatmulOperands;
 
 /// Elements per task of the streaming loops: enough to amortise rayon's per-task cost (~1 µs)
 /// over work of a few ns per element, small enough (16 KiB of f32) to stay in L1.
 const CHUNK: usize = 4096;
-
-/// Below this many multiply-adds per batch, a batched matmul runs one batch per core instead of
-/// letting `gemm` split each small product (whose own threading starts around this size).
-const SMALL_GEMM: usize = 1 << 18;
 
 /// Typed host storage.
 #[derive(Debug)]
@@ -86,6 +97,14 @@ trait Elem: Copy + Send + Sync + 'static {
     fn widen_into(src: &[Self], dst: &mut [f32]);
     /// Writes `src` rounded (nearest even) to this type into `dst` (same length).
     fn narrow_into(src: &[f32], dst: &mut [Self]);
+    /// The slice itself when this type is f32 (kernels then work in place, without a copy).
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// The slice itself, mutably, when this type is f32.
+    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl Elem for f32 {
@@ -100,6 +119,12 @@ impl Elem for f32 {
     }
     fn narrow_into(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
     }
 }
 
@@ -162,17 +187,6 @@ fn widen<E: Elem>(src: &[E]) -> Result<Vec<f32>> {
     let mut out = scratch(src.len())?;
     out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| E::widen_into(s, d));
     Ok(out)
-}
-
-/// Applies `act` to every element, with the match hoisted out of the loop.
-fn apply_activation(act: Activation, v: &mut [f32]) {
-    match act {
-        Activation::None => {}
-        Activation::Relu => v.iter_mut().for_each(|x| *x = Activation::Relu.apply_f32(*x)),
-        Activation::Relu6 => v.iter_mut().for_each(|x| *x = Activation::Relu6.apply_f32(*x)),
-        Activation::Gelu => v.iter_mut().for_each(|x| *x = Activation::Gelu.apply_f32(*x)),
-        Activation::GeluTanh => v.iter_mut().for_each(|x| *x = Activation::GeluTanh.apply_f32(*x)),
-    }
 }
 
 /// A CPU buffer.
@@ -343,17 +357,20 @@ impl BackendOps for CpuBackend {
         let inputs: Vec<&CpuStorage> = [Some(a), Some(b), bias, c].into_iter().flatten().collect();
         let mut locks = Locks::take(&inputs, out)?;
         let (ins, out_data) = locks.split();
+        let bias_f32 = match (bias, desc.bias_offset) {
+            (Some(s), Some(off)) => {
+                let all = ins.get(s)?.as_f32()?;
+                if off.checked_add(desc.n).is_none_or(|end| end > all.len()) {
+                    return Err(internal("bias view out of bounds".into()));
+                }
+                Some((all, off))
+            }
+            _ => None,
+        };
         let ops = MatmulOperands {
             a: operand(ins.get(a)?, desc.precision)?,
             b: operand(ins.get(b)?, desc.precision)?,
-            bias: match (bias, desc.bias_offset) {
-                (Some(s), Some(off)) => {
-                    let all = ins.get(s)?.as_f32()?;
-                    let v = all.get(off..off + desc.n).ok_or_else(|| internal("bias view out of bounds".into()))?;
-                    Some(v.to_vec())
-                }
-                _ => None,
-            },
+            bias: bias_f32.as_ref().map(|(all, off)| &all[*off..*off + desc.n]),
             c: c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?,
         };
         match out_data {
@@ -449,291 +466,5 @@ fn operand(data: &CpuData, precision: Precision) -> Result<Cow<'_, [f32]>> {
             Ok(Cow::Owned(v))
         }
         _ => data.as_f32(),
-    }
-}
-
-/// A matmul's operands as f32 (borrowed where they are stored in f32).
-struct MatmulOperands<'d> {
-    a: Cow<'d, [f32]>,
-    b: Cow<'d, [f32]>,
-    /// The `N` bias values.
-    bias: Option<Vec<f32>>,
-    /// `C`'s whole buffer.
-    c: Option<Cow<'d, [f32]>>,
-}
-
-impl MatmulOperands<'_> {
-    /// Runs the matmul into `out` (the output buffer, in its storage type).
-    fn run<E: Elem>(&self, desc: &MatmulDesc, out: &mut [E]) -> Result<()> {
-        let (m, n, k) = (desc.m, desc.n, desc.k);
-        let ov = desc.out;
-        if desc.batch == 0 || m == 0 || n == 0 {
-            return Ok(());
-        }
-        if m > 1 && ov.ld < n {
-            return Err(internal("output leading dimension below N".into()));
-        }
-        // Each batch's output region: rows at multiples of ld, the last row n long. Validation
-        // guarantees the regions are in bounds and, when batch > 1, that consecutive regions
-        // (batch_stride apart) do not overlap, so each task can own one.
-        let region = (m - 1) * ov.ld.max(n) + n;
-        let step = if desc.batch > 1 { ov.batch_stride } else { region };
-        if step < region {
-            return Err(internal("output batches overlap".into()));
-        }
-        let end = ov.offset + (desc.batch - 1) * step + region;
-        let out = out.get_mut(ov.offset..end).ok_or_else(|| internal("output view out of bounds".into()))?;
-        for (name, need, len) in [
-            ("a", desc.a.required_len(desc.batch, desc.a_stored().0, desc.a_stored().1), self.a.len()),
-            ("b", desc.b.required_len(desc.batch, desc.b_stored().0, desc.b_stored().1), self.b.len()),
-        ] {
-            if need.is_none_or(|need| need > len) {
-                return Err(internal(format!("{name}'s view is out of bounds")));
-            }
-        }
-        if let (Some(cv), Some(c)) = (desc.c, &self.c)
-            && cv.required_len(desc.batch, m, n).is_none_or(|need| need > c.len())
-        {
-            return Err(internal("c's view is out of bounds".into()));
-        }
-        let small = desc.batch > 1 && m * n * k < SMALL_GEMM;
-        let parallelism = if small { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(0) };
-        let batch_task = |bt: usize, dst: &mut [E]| -> Result<()> {
-            let mut acc = scratch(m * n)?;
-            if k > 0 {
-                // Row/column strides of op(A) (M × K) and op(B) (K × N) inside the buffers.
-                let (a_rs, a_cs) = if desc.trans_a { (1, desc.a.ld) } else { (desc.a.ld, 1) };
-                let (b_rs, b_cs) = if desc.trans_b { (1, desc.b.ld) } else { (desc.b.ld, 1) };
-                let a0 = desc.a.offset + bt * desc.a.batch_stride;
-                let b0 = desc.b.offset + bt * desc.b.batch_stride;
-                // SAFETY: the views of A and B were checked above to fit their buffers, so every
-                // element (i, p) of op(A) at a0 + i·a_rs + p·a_cs and (p, j) of op(B) lies inside
-                // them; the buffers are only read. `acc` is a dense M × N buffer (row stride N,
-                // column stride 1) owned by this task. `read_dst` is false, so gemm computes
-                // acc = 1·A·B without reading acc.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        acc.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        self.a.as_ptr().add(a0),
-                        a_cs as isize,
-                        a_rs as isize,
-                        self.b.as_ptr().add(b0),
-                        b_cs as isize,
-                        b_rs as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        parallelism,
-                    );
-                }
-            }
-            // The fused epilogue, in f32 as the GPU kernels do it, then one rounding per store.
-            let epilogue = |(i, (row, dst)): (usize, (&mut [f32], &mut [E]))| {
-                for (j, v) in row.iter_mut().enumerate() {
-                    let mut x = desc.alpha * *v;
-                    if let Some(bias) = &self.bias {
-                        x += bias[j];
-                    }
-                    if let (Some(cv), Some(c)) = (desc.c, &self.c) {
-                        x += desc.beta * c[cv.index(bt, i, j)];
-                    }
-                    *v = x;
-                }
-                apply_activation(desc.activation, row);
-                E::narrow_into(row, &mut dst[..n]);
-            };
-            let row_step = if m > 1 { ov.ld } else { n };
-            if small {
-                acc.chunks_mut(n).zip(dst.chunks_mut(row_step)).enumerate().for_each(epilogue);
-            } else {
-                acc.par_chunks_mut(n).zip(dst.par_chunks_mut(row_step)).enumerate().for_each(epilogue);
-            }
-            Ok(())
-        };
-        if desc.batch == 1 {
-            return batch_task(0, out);
-        }
-        out.par_chunks_mut(step)
-            .take(desc.batch)
-            .enumerate()
-            .try_for_each(|(bt, chunk)| batch_task(bt, &mut chunk[..region]))
-    }
-}
-
-/// A depthwise convolution over f32 inputs (widened if stored in half precision).
-struct Conv<'d> {
-    d: Conv2dDesc,
-    x: &'d [f32],
-    w: &'d [f32],
-    bias: Option<&'d [f32]>,
-}
-
-/// The output positions `o < out_len` whose tap at offset `off` (`k·dilation`) lands inside an
-/// input of `len`: `0 ≤ o·stride + off − pad < len`. Returns `lo..hi` (empty if none).
-fn tap_range(out_len: usize, len: usize, stride: usize, pad: usize, off: usize) -> (usize, usize) {
-    let lo = pad.saturating_sub(off).div_ceil(stride);
-    let hi = len.saturating_add(pad).saturating_sub(off).div_ceil(stride);
-    let hi = hi.min(out_len);
-    (lo.min(hi), hi)
-}
-
-impl Conv<'_> {
-    fn run<E: Elem>(&self, out: &mut [E]) -> Result<()> {
-        let d = &self.d;
-        let (oh, ow) = match (d.out_h(), d.out_w()) {
-            (Some(h), Some(w)) => (h, w),
-            _ => return Err(internal("an empty conv output reached the backend".into())),
-        };
-        let occ = d.out_channels();
-        let (h, w, c) = (d.height, d.width, d.channels);
-        let total = d.batch * occ * oh * ow;
-        if self.x.len() < d.batch * c * h * w
-            || self.w.len() < occ * d.kernel_h * d.kernel_w
-            || self.bias.is_some_and(|b| b.len() < occ)
-            || out.len() < total
-        {
-            return Err(internal("conv buffers are shorter than the descriptor".into()));
-        }
-        let out = &mut out[..total];
-        match d.layout {
-            // One output plane per task: it reads one input plane.
-            Layout::Nchw => out.par_chunks_mut(oh * ow).enumerate().for_each(|(plane, dst)| {
-                let (n, oc) = (plane / occ, plane % occ);
-                let xp = &self.x[(n * c + oc / d.multiplier) * h * w..][..h * w];
-                let wk = &self.w[oc * d.kernel_h * d.kernel_w..][..d.kernel_h * d.kernel_w];
-                let mut acc = vec![0.0f32; ow];
-                for (oy, dst_row) in dst.chunks_mut(ow).enumerate() {
-                    acc.fill(0.0);
-                    for ky in 0..d.kernel_h {
-                        let py = oy * d.stride_h + ky * d.dilation_h;
-                        if py < d.pad_top || py - d.pad_top >= h {
-                            continue;
-                        }
-                        let xrow = &xp[(py - d.pad_top) * w..][..w];
-                        for kx in 0..d.kernel_w {
-                            let wv = wk[ky * d.kernel_w + kx];
-                            let off = kx * d.dilation_w;
-                            let (lo, hi) = tap_range(ow, w, d.stride_w, d.pad_left, off);
-                            if lo == hi {
-                                continue;
-                            }
-                            let first = lo * d.stride_w + off - d.pad_left;
-                            if d.stride_w == 1 {
-                                let xs = &xrow[first..first + (hi - lo)];
-                                acc[lo..hi].iter_mut().zip(xs).for_each(|(a, &xv)| *a += xv * wv);
-                            } else {
-                                let xs = xrow[first..].iter().step_by(d.stride_w);
-                                acc[lo..hi].iter_mut().zip(xs).for_each(|(a, &xv)| *a += xv * wv);
-                            }
-                        }
-                    }
-                    if let Some(bias) = self.bias {
-                        let b = bias[oc];
-                        acc.iter_mut().for_each(|a| *a += b);
-                    }
-                    apply_activation(d.activation, &mut acc);
-                    E::narrow_into(&acc, dst_row);
-                }
-            }),
-            // One output row per task, channels innermost so reads and writes are contiguous;
-            // the weights transposed to [kh][kw][C·m] so each tap's weights are one run.
-            Layout::Nhwc => {
-                let taps = d.kernel_h * d.kernel_w;
-                let mut wt = vec![0.0f32; taps * occ];
-                for oc in 0..occ {
-                    for t in 0..taps {
-                        wt[t * occ + oc] = self.w[oc * taps + t];
-                    }
-                }
-                out.par_chunks_mut(ow * occ).enumerate().for_each(|(row, dst)| {
-                    let (n, oy) = (row / oh, row % oh);
-                    let mut acc = vec![0.0f32; ow * occ];
-                    for ky in 0..d.kernel_h {
-                        let py = oy * d.stride_h + ky * d.dilation_h;
-                        if py < d.pad_top || py - d.pad_top >= h {
-                            continue;
-                        }
-                        let xrow = &self.x[(n * h + py - d.pad_top) * w * c..][..w * c];
-                        for kx in 0..d.kernel_w {
-                            let wk = &wt[(ky * d.kernel_w + kx) * occ..][..occ];
-                            let off = kx * d.dilation_w;
-                            let (lo, hi) = tap_range(ow, w, d.stride_w, d.pad_left, off);
-                            for ox in lo..hi {
-                                let ix = ox * d.stride_w + off - d.pad_left;
-                                let xs = &xrow[ix * c..][..c];
-                                let a = &mut acc[ox * occ..][..occ];
-                                if d.multiplier == 1 {
-                                    a.iter_mut().zip(xs).zip(wk).for_each(|((a, &xv), &wv)| *a += xv * wv);
-                                } else {
-                                    for (oc, a) in a.iter_mut().enumerate() {
-                                        *a += xs[oc / d.multiplier] * wk[oc];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    if let Some(bias) = self.bias {
-                        acc.chunks_mut(occ).for_each(|px| px.iter_mut().zip(bias).for_each(|(a, &b)| *a += b));
-                    }
-                    apply_activation(d.activation, &mut acc);
-                    E::narrow_into(&acc, dst);
-                })
-            }
-        }
-        Ok(())
-    }
-}
-
-/// An elementwise activation with an optional bias broadcast along the last dimension.
-struct Act<'d> {
-    desc: ActivationDesc,
-    bias: Option<&'d [f32]>,
-}
-
-impl Act<'_> {
-    /// `out = act(x + bias)`; `x` is `None` in place (read from `out`).
-    fn run<E: Elem>(&self, x: Option<&CpuData>, out: &mut [E]) -> Result<()> {
-        let len = self.desc.len;
-        let x = x.map(|x| typed::<E>(x, "x")).transpose()?;
-        let bias = match (self.desc.bias_len, self.bias) {
-            (Some(bl), Some(b)) if bl > 0 && b.len() >= bl => Some(&b[..bl]),
-            (None, _) => None,
-            _ => return Err(internal("activation bias shorter than its length".into())),
-        };
-        if out.len() < len || x.is_some_and(|x| x.len() < len) {
-            return Err(internal("activation buffers shorter than the descriptor".into()));
-        }
-        let act = self.desc.activation;
-        out[..len].par_chunks_mut(CHUNK).enumerate().for_each(|(ci, o)| {
-            let base = ci * CHUNK;
-            let mut buf = [0.0f32; CHUNK];
-            let buf = &mut buf[..o.len()];
-            match x {
-                Some(x) => E::widen_into(&x[base..base + o.len()], buf),
-                None => E::widen_into(o, buf),
-            }
-            if let Some(b) = bias {
-                // Walk the bias cyclically from this chunk's phase instead of a division per element.
-                let mut j = base % b.len();
-                for v in buf.iter_mut() {
-                    *v += b[j];
-                    j += 1;
-                    if j == b.len() {
-                        j = 0;
-                    }
-                }
-            }
-            apply_activation(act, buf);
-            E::narrow_into(buf, o);
-        });
-        Ok(())
     }
 }

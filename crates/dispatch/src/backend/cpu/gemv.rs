@@ -1,0 +1,257 @@
+//! The skinny matmul (`M ≤ 16`, the decode step): streams `B` once, in either layout.
+//!
+//! The output's columns are cut into blocks; a block's `M × width` accumulators live in a
+//! stack buffer (32 KiB, L1: 512 columns at M = 16, up to 8192 at M = 1), and the blocks are split across threads when the
+//! product is large enough. Each element of `B` is loaded from memory once and used for all
+//! `M` rows:
+//! - `B` stored `K × N` (rows of `B` are runs of output columns): four rows of `B` at a time
+//!   are multiplied into two accumulator rows at a time (`acc_i += a_i,p·B_p + … +
+//!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
+//!   and each load of `B` from L1 serves two rows;
+//! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
+//!   each row of `B` is read from memory once and dotted with up to four rows of `A` at a
+//!   time, in 16 independent lanes (so the sum vectorises without reassociation), reduced at
+//!   the end.
+//!
+//! The epilogue runs on each block right after it is computed, then the block is rounded into
+//! the output.
+
+use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
+use super::simd::{Isa, madd, multiversion};
+use super::{Elem, scratch};
+use crate::Result;
+use rayon::prelude::*;
+use std::borrow::Cow;
+use tilekit_kernels::MatmulDesc;
+
+/// f32 accumulators per column block (32 KiB, L1): 512 columns at M = 16, 8192 at M = 1.
+const ACC: usize = 8192;
+
+/// Columns per block with `B` stored `N × K` (64 rows of B per task: at K = 4096, 1 MiB).
+const NB_COLS: usize = 64;
+
+/// Below this many multiply-adds the column blocks run on the calling thread.
+const PARALLEL_MIN: usize = 1 << 19;
+
+/// Lanes of the dot products (one AVX-512 vector, two AVX2 vectors).
+const LANES: usize = 16;
+
+/// What one column block needs.
+pub(super) struct Block<'a> {
+    /// `op(A)` as a dense `m × k` array with row stride `lda`.
+    a: &'a [f32],
+    lda: usize,
+    /// `B` from this batch's first element.
+    b: &'a [f32],
+    /// Elements between consecutive stored rows of `B`.
+    ldb: usize,
+    m: usize,
+    k: usize,
+}
+
+/// `acc[i][0..nb] = Σ_p a[i][p] · B[p][j0 + ..]` for `B` stored `K × N`.
+#[inline(always)]
+fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    let (a, b, lda, ldb, m, k) = (p.a, p.b, p.lda, p.ldb, p.m, p.k);
+    acc[..m * nb].fill(0.0);
+    let mut q = 0;
+    while q + 4 <= k {
+        let b0 = &b[q * ldb + j0..][..nb];
+        let b1 = &b[(q + 1) * ldb + j0..][..nb];
+        let b2 = &b[(q + 2) * ldb + j0..][..nb];
+        let b3 = &b[(q + 3) * ldb + j0..][..nb];
+        // Two rows of A per pass share each load of B: 8 multiply-adds per 6 loads and 2 stores.
+        let mut i = 0;
+        while i + 2 <= m {
+            let ar = &a[i * lda + q..][..4];
+            let br = &a[(i + 1) * lda + q..][..4];
+            let (lo, hi) = acc[i * nb..(i + 2) * nb].split_at_mut(nb);
+            for j in 0..nb {
+                let s = madd::<FMA>(ar[0], b0[j], lo[j]);
+                let s = madd::<FMA>(ar[1], b1[j], s);
+                let s = madd::<FMA>(ar[2], b2[j], s);
+                lo[j] = madd::<FMA>(ar[3], b3[j], s);
+                let t = madd::<FMA>(br[0], b0[j], hi[j]);
+                let t = madd::<FMA>(br[1], b1[j], t);
+                let t = madd::<FMA>(br[2], b2[j], t);
+                hi[j] = madd::<FMA>(br[3], b3[j], t);
+            }
+            i += 2;
+        }
+        if i < m {
+            let ar = &a[i * lda + q..][..4];
+            let row = &mut acc[i * nb..][..nb];
+            for j in 0..nb {
+                let s = madd::<FMA>(ar[0], b0[j], row[j]);
+                let s = madd::<FMA>(ar[1], b1[j], s);
+                let s = madd::<FMA>(ar[2], b2[j], s);
+                row[j] = madd::<FMA>(ar[3], b3[j], s);
+            }
+        }
+        q += 4;
+    }
+    while q < k {
+        let bq = &b[q * ldb + j0..][..nb];
+        for i in 0..m {
+            let av = a[i * lda + q];
+            let row = &mut acc[i * nb..][..nb];
+            row.iter_mut().zip(bq).for_each(|(r, &bv)| *r = madd::<FMA>(av, bv, *r));
+        }
+        q += 1;
+    }
+}
+
+multiversion! {
+    fn rows_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => rows_inner
+}
+
+/// Dot products of `R` rows of A (from row `i0`) with one contiguous row `bj` of B.
+#[inline(always)]
+fn dots<const FMA: bool, const R: usize>(p: &Block, i0: usize, bj: &[f32]) -> [f32; R] {
+    let k = p.k;
+    let full = k - k % LANES;
+    let mut s = [[0.0f32; LANES]; R];
+    let mut q = 0;
+    while q < full {
+        let bc = &bj[q..q + LANES];
+        for (r, sr) in s.iter_mut().enumerate() {
+            let ar = &p.a[(i0 + r) * p.lda + q..][..LANES];
+            for l in 0..LANES {
+                sr[l] = madd::<FMA>(ar[l], bc[l], sr[l]);
+            }
+        }
+        q += LANES;
+    }
+    let mut out = [0.0f32; R];
+    for (r, o) in out.iter_mut().enumerate() {
+        // Pairwise reduction of the lanes, then the remainder.
+        let mut v = s[r];
+        let mut w = LANES / 2;
+        while w > 0 {
+            for l in 0..w {
+                v[l] += v[l + w];
+            }
+            w /= 2;
+        }
+        let ar = &p.a[(i0 + r) * p.lda..];
+        let mut t = v[0];
+        for q in full..k {
+            t = madd::<FMA>(ar[q], bj[q], t);
+        }
+        *o = t;
+    }
+    out
+}
+
+/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`.
+#[inline(always)]
+fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    for jj in 0..nb {
+        let bj = &p.b[(j0 + jj) * p.ldb..][..p.k];
+        let mut i = 0;
+        while i + 4 <= p.m {
+            let d = dots::<FMA, 4>(p, i, bj);
+            for (r, v) in d.into_iter().enumerate() {
+                acc[(i + r) * nb + jj] = v;
+            }
+            i += 4;
+        }
+        while i < p.m {
+            acc[i * nb + jj] = dots::<FMA, 1>(p, i, bj)[0];
+            i += 1;
+        }
+    }
+}
+
+multiversion! {
+    fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
+}
+
+impl MatmulOperands<'_> {
+    /// The skinny product of one batch into `dst` (its output region, rows `row_step` apart).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn skinny<E: Elem>(
+        &self,
+        isa: Isa,
+        desc: &MatmulDesc,
+        g: Geometry,
+        epi: &Epilogue,
+        may_split: bool,
+        row_step: usize,
+        dst: &mut [E],
+    ) -> Result<()> {
+        let (m, n, k) = (desc.m, desc.n, desc.k);
+        // op(A) as dense rows: in place when its columns are contiguous, packed otherwise.
+        let a: Cow<'_, [f32]> = if g.a_cs == 1 {
+            Cow::Borrowed(&self.a[g.a0..])
+        } else {
+            let mut packed = scratch(m * k)?;
+            for i in 0..m {
+                for (q, v) in packed[i * k..][..k].iter_mut().enumerate() {
+                    *v = self.a[g.a0 + i * g.a_rs + q * g.a_cs];
+                }
+            }
+            Cow::Owned(packed)
+        };
+        let lda = if g.a_cs == 1 { g.a_rs } else { k };
+        let by_rows = g.b_cs == 1;
+        let block = Block { a: &a, lda, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
+        // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
+        // runs of each row of B for the prefetchers), but at least two blocks per thread.
+        let threads = rayon::current_num_threads().max(1);
+        let nb_max = if by_rows {
+            let widest = (ACC / m) / LANES * LANES;
+            widest.min(n.div_ceil(2 * threads).next_multiple_of(LANES)).max(LANES)
+        } else {
+            NB_COLS
+        };
+        // Computes block `bi` and hands each of its rows to `store(row, first column, values)`.
+        let run = |bi: usize, store: &mut dyn FnMut(usize, usize, &[f32])| {
+            let j0 = bi * nb_max;
+            let nb = nb_max.min(n - j0);
+            let mut acc = [0.0f32; ACC];
+            let acc = &mut acc[..m * nb];
+            if by_rows {
+                rows_block(isa, &block, j0, nb, acc);
+            } else {
+                cols_block(isa, &block, j0, nb, acc);
+            }
+            epilogue_rows(isa, epi, 0, j0, nb, acc);
+            for (i, src) in acc.chunks(nb).enumerate() {
+                store(i, j0, src);
+            }
+        };
+        let blocks = n.div_ceil(nb_max);
+        if may_split && m * n * k >= PARALLEL_MIN && blocks > 1 {
+            // Each task writes only its own columns of every row, so the rows are shared: the
+            // tasks get a raw pointer and build a slice over just their own columns.
+            let ptr = SendPtr(dst.as_mut_ptr());
+            let len = dst.len();
+            (0..blocks).into_par_iter().for_each(|bi| {
+                let p = &ptr;
+                run(bi, &mut |i, j0, src| {
+                    let start = i * row_step + j0;
+                    assert!(start + src.len() <= len, "skinny block past the output region");
+                    // SAFETY: `dst` is exclusively borrowed for this whole call and outlives
+                    // the tasks; `start..start + len` is inside it (asserted), and it is
+                    // columns j0..j0 + nb of row i, which only block `bi` writes: the slices
+                    // made by different tasks never overlap.
+                    let seg = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), src.len()) };
+                    E::narrow_into(src, seg);
+                });
+            });
+        } else {
+            for bi in 0..blocks {
+                run(bi, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A raw pointer handed to the tasks of one skinny product (see the SAFETY note at its use).
+struct SendPtr<E>(*mut E);
+// SAFETY: the pointer is only used to write disjoint column segments, one block per task.
+unsafe impl<E: Send> Sync for SendPtr<E> {}
+// SAFETY: as above.
+unsafe impl<E: Send> Send for SendPtr<E> {}

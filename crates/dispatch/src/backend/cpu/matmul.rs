@@ -1,0 +1,317 @@
+//! Matmul on the CPU: the `gemm` crate for the product, a streaming kernel for skinny
+//! products, and the fused epilogue applied to cache-resident output tiles.
+//!
+//! Three paths, chosen per call:
+//! - **Plain f32** (f32 output, no bias, no C, `alpha = 1`, no activation): one `gemm` call
+//!   writes straight into the output view. Nothing else runs, so small sizes cost what `gemm`
+//!   costs (no scratch, no second pass, no thread-pool hand-off of our own).
+//! - **Skinny** (`M ≤ 16`, the decode step): [`gemv`]. It streams `B` exactly once in either
+//!   layout, splits `N` across threads when there is enough work, and applies the epilogue to
+//!   each block of columns while it is still in L1/L2.
+//! - **Everything else**: the output is cut into row panels (each `MR × N` block a few hundred
+//!   KiB at most, so it stays in L2); each panel is one single-threaded `gemm` call followed
+//!   at once by the epilogue (alpha, bias, beta·C, activation, rounding to the storage type)
+//!   on that panel, and the panels run in parallel. The epilogue thus never makes a second
+//!   pass over an output that has left the caches.
+//!
+//! f32 operands are read where they are stored (no copy); f16 and bf16 operands are widened to
+//! f32 first (in parallel, with `half`'s SIMD slice conversions), because `gemm`'s own f16 path
+//! rounds its result to f16 before the epilogue could see the f32 sum.
+
+use super::activation::apply_isa;
+use super::simd::{Isa, madd, multiversion};
+use super::{Elem, internal, scratch};
+use crate::Result;
+use rayon::prelude::*;
+use std::borrow::Cow;
+use tilekit_kernels::{Activation, MatmulDesc};
+
+/// Below this many multiply-adds per batch, a batched matmul runs one batch per core instead of
+/// letting `gemm` split each small product (whose own threading starts around this size).
+const SMALL_GEMM: usize = 1 << 18;
+
+/// Below this many multiply-adds a product's epilogue panels (and the skinny kernel's column
+/// blocks) run on the calling thread.
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// The largest `M` the skinny kernel takes: up to 16 rows of `A` reuse each loaded row of `B`
+/// from registers and L1, which keeps it memory-bound up to here on AVX-512 hardware.
+pub(super) const SKINNY_M: usize = 16;
+
+/// Output elements of one epilogue panel (256 KiB of f32: L2-resident on any current core).
+const PANEL: usize = 1 << 16;
+
+/// A matmul's operands as f32 (borrowed where they are stored in f32).
+pub(super) struct MatmulOperands<'d> {
+    pub(super) a: Cow<'d, [f32]>,
+    pub(super) b: Cow<'d, [f32]>,
+    /// The `N` bias values.
+    pub(super) bias: Option<&'d [f32]>,
+    /// `C`'s whole buffer.
+    pub(super) c: Option<Cow<'d, [f32]>>,
+}
+
+/// The epilogue of one batch: `act(alpha·acc + bias + beta·C)`.
+#[derive(Clone, Copy)]
+pub(super) struct Epilogue<'a> {
+    alpha: f32,
+    bias: Option<&'a [f32]>,
+    /// `C`'s buffer and its view, with `beta`.
+    c: Option<(&'a [f32], tilekit_kernels::MatrixView, f32)>,
+    activation: Activation,
+    batch: usize,
+}
+
+impl Epilogue<'_> {
+    /// Whether the epilogue leaves the product as it is.
+    fn is_identity(&self) -> bool {
+        self.alpha == 1.0 && self.bias.is_none() && self.c.is_none() && self.activation == Activation::None
+    }
+
+    /// Applies the epilogue to output row `i`, columns `j0..j0 + v.len()`, in place.
+    #[inline(always)]
+    fn apply<const FMA: bool>(&self, i: usize, j0: usize, v: &mut [f32]) {
+        let n = v.len();
+        if self.alpha != 1.0 {
+            v.iter_mut().for_each(|x| *x *= self.alpha);
+        }
+        if let Some(b) = self.bias {
+            v.iter_mut().zip(&b[j0..j0 + n]).for_each(|(x, &b)| *x += b);
+        }
+        if let Some((c, cv, beta)) = self.c {
+            let cr = &c[cv.index(self.batch, i, j0)..][..n];
+            v.iter_mut().zip(cr).for_each(|(x, &c)| *x = madd::<FMA>(beta, c, *x));
+        }
+        apply_isa::<FMA>(self.activation, v);
+    }
+}
+
+#[inline(always)]
+fn epilogue_rows_inner<const FMA: bool>(epi: &Epilogue, i0: usize, j0: usize, n: usize, block: &mut [f32]) {
+    for (r, row) in block.chunks_mut(n).enumerate() {
+        epi.apply::<FMA>(i0 + r, j0, row);
+    }
+}
+
+multiversion! {
+    /// The epilogue over a dense block of rows `i0..` (each `n` long, starting at column `j0`).
+    pub(super) fn epilogue_rows(epi: &Epilogue, i0: usize, j0: usize, n: usize, block: &mut [f32]) => epilogue_rows_inner
+}
+
+/// Strides of `op(A)` and `op(B)` and the first elements of one batch.
+#[derive(Clone, Copy)]
+pub(super) struct Geometry {
+    pub(super) a0: usize,
+    pub(super) a_rs: usize,
+    pub(super) a_cs: usize,
+    pub(super) b0: usize,
+    pub(super) b_rs: usize,
+    pub(super) b_cs: usize,
+}
+
+impl Geometry {
+    fn new(desc: &MatmulDesc, bt: usize) -> Geometry {
+        let (a_rs, a_cs) = if desc.trans_a { (1, desc.a.ld) } else { (desc.a.ld, 1) };
+        let (b_rs, b_cs) = if desc.trans_b { (1, desc.b.ld) } else { (desc.b.ld, 1) };
+        Geometry {
+            a0: desc.a.offset + bt * desc.a.batch_stride,
+            a_rs,
+            a_cs,
+            b0: desc.b.offset + bt * desc.b.batch_stride,
+            b_rs,
+            b_cs,
+        }
+    }
+}
+
+impl MatmulOperands<'_> {
+    /// `dst(rows × n, row stride dst_rs) = op(A)[i0..i0 + rows] · op(B)` with `gemm`.
+    ///
+    /// # Safety
+    /// `dst` must point to `rows` rows of `n` writable f32 at row stride `dst_rs`, not aliasing
+    /// the operands; the views of A and B must have been checked to fit their buffers.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_rows(
+        &self,
+        g: Geometry,
+        i0: usize,
+        rows: usize,
+        n: usize,
+        k: usize,
+        dst: *mut f32,
+        dst_rs: usize,
+        par: gemm::Parallelism,
+    ) {
+        // SAFETY: (the caller's contract) every element (i, p) of op(A) at
+        // a0 + i·a_rs + p·a_cs and (p, j) of op(B) lies inside the checked buffers, which are
+        // only read; dst holds rows × n elements at row stride dst_rs, column stride 1.
+        // `read_dst` is false, so gemm computes dst = 1·A·B without reading dst.
+        unsafe {
+            gemm::gemm(
+                rows,
+                n,
+                k,
+                dst,
+                1,
+                dst_rs as isize,
+                false,
+                self.a.as_ptr().add(g.a0 + i0 * g.a_rs),
+                g.a_cs as isize,
+                g.a_rs as isize,
+                self.b.as_ptr().add(g.b0),
+                g.b_cs as isize,
+                g.b_rs as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+
+    /// Runs the matmul into `out` (the output buffer, in its storage type).
+    pub(super) fn run<E: Elem>(&self, desc: &MatmulDesc, out: &mut [E]) -> Result<()> {
+        let (m, n, k) = (desc.m, desc.n, desc.k);
+        let ov = desc.out;
+        if desc.batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        if m > 1 && ov.ld < n {
+            return Err(internal("output leading dimension below N".into()));
+        }
+        // Each batch's output region: rows at multiples of ld, the last row n long. Validation
+        // guarantees the regions are in bounds and, when batch > 1, that consecutive regions
+        // (batch_stride apart) do not overlap, so each task can own one.
+        let row_step = if m > 1 { ov.ld } else { n };
+        let region = (m - 1) * row_step + n;
+        let step = if desc.batch > 1 { ov.batch_stride } else { region };
+        if step < region {
+            return Err(internal("output batches overlap".into()));
+        }
+        let end = ov.offset + (desc.batch - 1) * step + region;
+        let out = out.get_mut(ov.offset..end).ok_or_else(|| internal("output view out of bounds".into()))?;
+        for (name, need, len) in [
+            ("a", desc.a.required_len(desc.batch, desc.a_stored().0, desc.a_stored().1), self.a.len()),
+            ("b", desc.b.required_len(desc.batch, desc.b_stored().0, desc.b_stored().1), self.b.len()),
+        ] {
+            if need.is_none_or(|need| need > len) {
+                return Err(internal(format!("{name}'s view is out of bounds")));
+            }
+        }
+        if let (Some(cv), Some(c)) = (desc.c, &self.c)
+            && cv.required_len(desc.batch, m, n).is_none_or(|need| need > c.len())
+        {
+            return Err(internal("c's view is out of bounds".into()));
+        }
+        if self.bias.is_some_and(|b| b.len() < n) {
+            return Err(internal("bias shorter than N".into()));
+        }
+        let isa = Isa::detect();
+        let small = desc.batch > 1 && m * n * k < SMALL_GEMM;
+        let batch_task = |bt: usize, dst: &mut [E]| -> Result<()> {
+            let epi = Epilogue {
+                alpha: desc.alpha,
+                bias: self.bias,
+                c: match (desc.c, &self.c) {
+                    (Some(cv), Some(c)) => Some((&c[..], cv, desc.beta)),
+                    _ => None,
+                },
+                activation: desc.activation,
+                batch: bt,
+            };
+            let g = Geometry::new(desc, bt);
+            if m <= SKINNY_M && k > 0 {
+                return self.skinny(isa, desc, g, &epi, !small, row_step, dst);
+            }
+            if let Some(o) = E::as_f32_mut(dst)
+                && epi.is_identity()
+                && k > 0
+            {
+                let par =
+                    if small || m * n * k < SMALL_GEMM { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(0) };
+                // SAFETY: `o` is this batch's output region: m rows at stride row_step (n
+                // elements each), exclusively borrowed; A and B were checked above.
+                unsafe { self.gemm_rows(g, 0, m, n, k, o.as_mut_ptr(), row_step, par) };
+                return Ok(());
+            }
+            self.panels(isa, desc, g, &epi, !small, row_step, dst)
+        };
+        if desc.batch == 1 {
+            return batch_task(0, out);
+        }
+        if small {
+            out.par_chunks_mut(step)
+                .take(desc.batch)
+                .enumerate()
+                .try_for_each(|(bt, chunk)| batch_task(bt, &mut chunk[..region]))
+        } else {
+            out.chunks_mut(step)
+                .take(desc.batch)
+                .enumerate()
+                .try_for_each(|(bt, chunk)| batch_task(bt, &mut chunk[..region]))
+        }
+    }
+
+    /// Row panels: `gemm` then the epilogue on each panel while it is in L2.
+    #[allow(clippy::too_many_arguments)]
+    fn panels<E: Elem>(
+        &self,
+        isa: Isa,
+        desc: &MatmulDesc,
+        g: Geometry,
+        epi: &Epilogue,
+        may_split: bool,
+        row_step: usize,
+        dst: &mut [E],
+    ) -> Result<()> {
+        let (m, n, k) = (desc.m, desc.n, desc.k);
+        let parallel = may_split && m * n * k >= PARALLEL_MIN;
+        let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+        // Rows per panel: L2-sized, and at least two panels per thread when splitting.
+        let mut mr = (PANEL / n).max(1);
+        if parallel {
+            mr = mr.min(m.div_ceil(2 * threads)).max(1);
+        }
+        let panel = |p: usize, rows: &mut [E]| -> Result<()> {
+            let i0 = p * mr;
+            let nrows = mr.min(m - i0);
+            match E::as_f32_mut(rows) {
+                Some(o) => {
+                    if k > 0 {
+                        // SAFETY: `o` holds this panel's nrows rows at stride row_step.
+                        unsafe {
+                            self.gemm_rows(g, i0, nrows, n, k, o.as_mut_ptr(), row_step, gemm::Parallelism::None)
+                        };
+                    } else {
+                        o.chunks_mut(row_step).for_each(|r| r[..n].fill(0.0));
+                    }
+                    for (r, row) in o.chunks_mut(row_step).enumerate() {
+                        epilogue_rows(isa, epi, i0 + r, 0, n, &mut row[..n]);
+                    }
+                }
+                _ => {
+                    let mut acc = scratch(nrows * n)?;
+                    if k > 0 {
+                        // SAFETY: `acc` is a dense nrows × n buffer owned here.
+                        unsafe { self.gemm_rows(g, i0, nrows, n, k, acc.as_mut_ptr(), n, gemm::Parallelism::None) };
+                    }
+                    epilogue_rows(isa, epi, i0, 0, n, &mut acc);
+                    for (src, row) in acc.chunks(n).zip(rows.chunks_mut(row_step)) {
+                        E::narrow_into(src, &mut row[..n]);
+                    }
+                }
+            }
+            Ok(())
+        };
+        // Panel p covers rows p·mr.. of the output: mr rows at stride row_step (the last one
+        // shorter, and the last row of the region only n long).
+        let chunk = mr * row_step;
+        if parallel {
+            dst.par_chunks_mut(chunk).enumerate().try_for_each(|(p, rows)| panel(p, rows))
+        } else {
+            dst.chunks_mut(chunk).enumerate().try_for_each(|(p, rows)| panel(p, rows))
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Instruction-set dispatch for the CPU kernels.
+//!
+//! The kernels are plain Rust loops over `f32` slices, written branch-free so LLVM vectorises
+//! them; they are compiled several times, each copy inside a `#[target_feature]` function, and
+//! [`Isa::detect`] picks one at run time (`std`'s feature detection caches its answer, so the
+//! check is an atomic load). On x86-64 the copies are AVX-512 (512-bit vectors, FMA),
+//! AVX2 + FMA (256-bit) and the SSE2 baseline (no FMA); on aarch64 NEON and FMA are the
+//! baseline, so the portable copy already uses them. The kernels take a `const FMA: bool`
+//! parameter: [`madd`] is one fused multiply-add where the copy has the instruction and a
+//! multiply then an add where it has not (a software `fma` call would be far slower).
+
+/// The instruction sets the CPU kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// x86-64 with AVX-512F (and AVX2, FMA).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// x86-64 with AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Whatever the target's baseline is (SSE2 on x86-64, NEON on aarch64).
+    Portable,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has.
+    #[inline]
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Every instruction set this CPU can run (tests run each kernel in each).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut out = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                out.push(Isa::Avx2);
+            }
+            if Isa::detect() == Isa::Avx512 {
+                out.push(Isa::Avx512);
+            }
+        }
+        out
+    }
+}
+
+/// Whether the portable copy has a hardware fused multiply-add (aarch64 always does).
+pub(crate) const PORTABLE_FMA: bool = cfg!(target_arch = "aarch64");
+
+/// `a·b + c`: fused (one rounding) when `FMA`, else a multiply and an add.
+#[inline(always)]
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// `max(a, b)` as one vector instruction: `b` when either is NaN (callers only use it where
+/// that cannot change a result; see each use).
+#[inline(always)]
+pub(crate) fn fmax(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+/// `min(a, b)` as one vector instruction: `b` when either is NaN.
+#[inline(always)]
+pub(crate) fn fmin(a: f32, b: f32) -> f32 {
+    if a < b { a } else { b }
+}
+
+/// Defines `$vis fn $name(isa: Isa, args…)` that runs `$inner::<FMA>(args…)` compiled for
+/// `isa`: one `#[target_feature]` copy per instruction set. `$inner` must be
+/// `#[inline(always)]` (and so must everything it calls), so that its whole body is compiled
+/// inside the copy with that copy's features.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $inner:ident) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name(isa: $crate::backend::cpu::simd::Isa, $($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $inner::<true>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $inner::<true>($($arg),*)
+                }
+                match isa {
+                    // SAFETY: `Isa::Avx512` and `Isa::Avx2` are only made by `Isa::detect`
+                    // (and `Isa::available`) after the CPU reported these features.
+                    $crate::backend::cpu::simd::Isa::Avx512 => unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::backend::cpu::simd::Isa::Avx2 => unsafe { avx2($($arg),*) },
+                    $crate::backend::cpu::simd::Isa::Portable => {
+                        $inner::<{ $crate::backend::cpu::simd::PORTABLE_FMA }>($($arg),*)
+                    }
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = isa;
+                $inner::<{ $crate::backend::cpu::simd::PORTABLE_FMA }>($($arg),*)
+            }
+        }
+    };
+}
+pub(crate) use multiversion;

@@ -1,0 +1,362 @@
+//! The CPU kernels against the f64 reference, bit for bit on integer data (every partial sum
+//! is exact in f32, so any summation order gives the reference's value, and rounding it to the
+//! storage type once gives the reference rounded once). Each test walks a grid that reaches
+//! every path: skinny M = 1…16 in both B layouts, row panels, the plain-gemm path, the
+//! parallel splits, SIMD remainders, all paddings, strides, dilations, both layouts, channel
+//! multipliers, and every dtype.
+
+use super::Elem;
+use super::depthwise::Conv;
+use super::matmul::MatmulOperands;
+use half::{bf16, f16};
+use std::borrow::Cow;
+use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
+
+/// SplitMix64: deterministic data from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// An integer in `[-r, r]` as f32.
+    fn int(&mut self, r: i64) -> f32 {
+        ((self.next() % (2 * r as u64 + 1)) as i64 - r) as f32
+    }
+    fn ints(&mut self, n: usize, r: i64) -> Vec<f32> {
+        (0..n).map(|_| self.int(r)).collect()
+    }
+}
+
+/// Runs `check` for each storage type with its dtype.
+fn each_dtype(mut check: impl FnMut(DType, &dyn Fn(&[f32]) -> Vec<f32>)) {
+    check(DType::F32, &|v| v.to_vec());
+    check(DType::F16, &|v| v.iter().map(|&x| f16::from_f32(x).to_f32()).collect());
+    check(DType::Bf16, &|v| v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect());
+}
+
+/// Stores `v` as `E`, rounding once.
+fn store<E: Elem>(v: &[f32], zero: E) -> Vec<E> {
+    let mut out = vec![zero; v.len()];
+    E::narrow_into(v, &mut out);
+    out
+}
+
+fn load<E: Elem>(v: &[E]) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    E::widen_into(v, &mut out);
+    out
+}
+
+/// Runs a matmul case in every dtype and compares every output word with the reference (and
+/// the words outside the view with their sentinel).
+fn check_matmul(desc: &MatmulDesc, seed: u64) {
+    let mut rng = Rng(seed);
+    // Inputs small enough that each product's sums stay exact even in bf16 outputs' rounding.
+    let r = 2;
+    let (ar, ac) = desc.a_stored();
+    let (br, bc) = desc.b_stored();
+    let a = rng.ints(desc.a.required_len(desc.batch, ar, ac).unwrap_or(0) + 3, r);
+    let b = rng.ints(desc.b.required_len(desc.batch, br, bc).unwrap_or(0) + 3, r);
+    let bias = desc.bias_offset.map(|off| rng.ints(off + desc.n + 2, 3));
+    let c = desc.c.map(|cv| rng.ints(cv.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 2, 3));
+    let out_len = desc.out.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 4;
+    const SENTINEL: f32 = -77.0;
+    let mut want = vec![SENTINEL as f64; out_len];
+    let w = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    reference::matmul(
+        desc,
+        &w(&a),
+        &w(&b),
+        bias.as_deref().map(w).as_deref(),
+        c.as_deref().map(w).as_deref(),
+        &mut want,
+    );
+    each_dtype(|dtype, round| {
+        let ops = MatmulOperands {
+            a: Cow::Owned(a.clone()),
+            b: Cow::Owned(b.clone()),
+            bias: bias.as_deref().map(|v| &v[desc.bias_offset.unwrap_or(0)..][..desc.n]),
+            c: c.as_ref().map(|v| Cow::Owned(v.clone())),
+        };
+        let init = vec![SENTINEL; out_len];
+        let got = match dtype {
+            DType::F32 => {
+                let mut o = init.clone();
+                ops.run(desc, &mut o).expect("run");
+                o
+            }
+            DType::F16 => {
+                let mut o = store(&init, f16::ZERO);
+                ops.run(desc, &mut o).expect("run");
+                load(&o)
+            }
+            DType::Bf16 => {
+                let mut o = store(&init, bf16::ZERO);
+                ops.run(desc, &mut o).expect("run");
+                load(&o)
+            }
+        };
+        let want32: Vec<f32> = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
+        for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
+            assert!(g == x, "{dtype} {desc:?} seed {seed}: word {i} is {g}, expected {x}");
+        }
+    });
+}
+
+fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, variant: usize) -> MatmulDesc {
+    let mut d = MatmulDesc::new(m, n, k);
+    d.trans_a = trans_a;
+    d.trans_b = trans_b;
+    let (ar, ac) = d.a_stored();
+    let (br, bc) = d.b_stored();
+    // Padded leading dimensions and offsets on odd variants, so no view is dense by accident.
+    let pad = variant % 2;
+    d.a = MatrixView { offset: pad, ld: ac + pad * 3, batch_stride: ar * (ac + pad * 3) + 1 };
+    d.b = MatrixView { offset: 2 * pad, ld: bc + pad, batch_stride: br * (bc + pad) };
+    d.out = MatrixView { offset: pad, ld: n + 2 * pad, batch_stride: m * (n + 2 * pad) + pad };
+    d.activation = [Activation::None, Activation::Relu, Activation::Relu6, Activation::None][variant % 4];
+    if variant % 3 == 1 {
+        d.bias_offset = Some(variant % 5);
+    }
+    if variant % 4 == 2 {
+        d.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) + 2 });
+        d.beta = if variant % 8 == 2 { -1.0 } else { 2.0 };
+    }
+    if variant % 5 == 3 {
+        d.alpha = 0.5;
+    }
+    d
+}
+
+/// The skinny path: M = 1…16, both B layouts (and A transposed or not), widths around the
+/// 16-lane and 512-column block edges, K around the 4-row and 16-lane steps, every epilogue.
+#[test]
+fn skinny_matmul_is_exact() {
+    let mut seed = 1;
+    for m in 1..=16 {
+        for &(n, k) in &[(1, 1), (3, 5), (17, 19), (33, 64), (70, 31), (513, 7), (65, 67)] {
+            for tb in [false, true] {
+                let ta = (m + n) % 2 == 0;
+                let d = matmul_desc(m, n, k, ta, tb, seed as usize);
+                check_matmul(&d, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+/// Large enough to split across threads: the skinny columns blocks, and the row panels.
+#[test]
+fn parallel_paths_are_exact() {
+    let mut seed = 100;
+    for &(m, n, k) in &[(1, 1100, 600), (16, 700, 300), (5, 1030, 257), (40, 300, 200), (97, 140, 150), (200, 64, 90)] {
+        for tb in [false, true] {
+            for variant in [0, 1, 2, 5] {
+                let mut d = matmul_desc(m, n, k, false, tb, variant);
+                if variant == 5 {
+                    d.batch = 2;
+                    d.a.batch_stride = d.a.batch_stride.max(1);
+                }
+                check_matmul(&d, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+/// The plain-gemm path and the panels around it, small and odd: M past the skinny limit,
+/// K = 0 (only the epilogue), batches.
+#[test]
+fn general_matmul_is_exact() {
+    let mut seed = 500;
+    for &(m, n, k) in &[(17, 1, 1), (17, 9, 0), (23, 31, 8), (64, 64, 64), (33, 70, 3)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for variant in 0..8 {
+                let mut d = matmul_desc(m, n, k, ta, tb, variant);
+                d.batch = 1 + variant % 3;
+                check_matmul(&d, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+fn check_conv(d: &Conv2dDesc, seed: u64) {
+    let mut rng = Rng(seed);
+    let [a, b, c, e] = d.input_shape();
+    let x = rng.ints(a * b * c * e, 3);
+    let w = rng.ints(d.out_channels() * d.kernel_h * d.kernel_w, 3);
+    let bias = d.has_bias.then(|| rng.ints(d.out_channels(), 5));
+    let out_len: usize = d.output_shape().iter().product();
+    let mut want = vec![0.0f64; out_len];
+    let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    reference::depthwise_conv2d(d, &f(&x), &f(&w), bias.as_deref().map(f).as_deref(), &mut want);
+    each_dtype(|dtype, round| {
+        let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
+        let got = match dtype {
+            DType::F32 => {
+                let mut o = vec![f32::NAN; out_len];
+                conv.run(&mut o).expect("run");
+                o
+            }
+            DType::F16 => {
+                let mut o = vec![f16::NAN; out_len];
+                conv.run(&mut o).expect("run");
+                load(&o)
+            }
+            DType::Bf16 => {
+                let mut o = vec![bf16::NAN; out_len];
+                conv.run(&mut o).expect("run");
+                load(&o)
+            }
+        };
+        let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
+        for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
+            assert!(g == x, "{dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
+        }
+    });
+}
+
+/// Depthwise conv over a grid of shapes: both layouts, kernels 1×1…5×5 (3-wide fused and
+/// not), strides 1–3, dilations 1–2, asymmetric paddings up to past the kernel, multipliers
+/// 1–3, widths around the SIMD lanes, bias and activations.
+#[test]
+fn depthwise_is_exact() {
+    let mut seed = 1000;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &(kh, kw) in &[(3, 3), (1, 1), (2, 3), (5, 5), (3, 1)] {
+            for &(h, w) in &[(1, 1), (5, 7), (9, 17), (12, 33)] {
+                for variant in 0..6usize {
+                    let mut d = Conv2dDesc {
+                        batch: 1 + variant % 2,
+                        channels: [1, 3, 17, 5, 16, 2][variant],
+                        height: h,
+                        width: w,
+                        multiplier: [1, 1, 1, 2, 1, 3][variant],
+                        kernel_h: kh,
+                        kernel_w: kw,
+                        stride_h: 1 + variant % 3,
+                        stride_w: 1 + (variant / 2) % 2,
+                        pad_top: variant % 3,
+                        pad_bottom: (variant + 1) % 3,
+                        pad_left: [0, 1, 2, 1, 4, 0][variant],
+                        pad_right: [0, 1, 0, 3, 1, 2][variant],
+                        dilation_h: 1 + variant % 2,
+                        dilation_w: 1 + (variant / 3) % 2,
+                        layout,
+                        has_bias: variant % 2 == 0,
+                        activation: [Activation::Relu6, Activation::None, Activation::Relu][variant % 3],
+                    };
+                    if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
+                        d.pad_top = kh;
+                        d.pad_bottom = kh;
+                        d.pad_left = kw;
+                        d.pad_right = kw;
+                    }
+                    check_conv(&d, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
+/// MobileNetV2-like layers big enough to split across threads, both layouts, f16 outputs
+/// through the row buffers.
+#[test]
+fn depthwise_parallel_is_exact() {
+    let mut seed = 5000;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &(c, s, stride) in &[(32, 40, 1), (96, 41, 2), (200, 9, 1), (8, 130, 1)] {
+            let d = Conv2dDesc::mobilenet_v2_block(2, c, s, stride, layout);
+            check_conv(&d, seed);
+            seed += 1;
+        }
+    }
+}
+
+/// The activation op through the storage types: every length 0…40 and a few large ones
+/// (parallel), with and without a bias whose period does not divide the chunk sizes, in place
+/// and not; ReLU forms exactly, GELU forms within the promised bound.
+#[test]
+fn activation_op_in_every_dtype() {
+    use super::CpuData;
+    use super::activation::Act;
+    let lens: Vec<usize> = (0..40).chain([4097, 70_001, 200_003]).collect();
+    for &len in &lens {
+        for act in Activation::ALL {
+            for bias_len in [None, Some(1), Some(7), Some(769)] {
+                if bias_len.is_some_and(|b| len % b != 0) {
+                    continue;
+                }
+                let mut rng = Rng(len as u64 * 31 + act.code() as u64);
+                let x: Vec<f32> = rng.ints(len, 40).iter().map(|v| v / 4.0).collect();
+                let b: Vec<f32> = bias_len.map_or(Vec::new(), |bl| rng.ints(bl, 8).iter().map(|v| v / 8.0).collect());
+                let desc = ActivationDesc { len, bias_len, activation: act };
+                let a = Act { desc, bias: bias_len.map(|_| &b[..]) };
+                each_dtype(|dtype, round| {
+                    let xr = round(&x);
+                    let want: Vec<f32> = xr
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| {
+                            let pre = v + bias_len.map_or(0.0, |bl| round(&[b[i % bl]])[0]);
+                            round(&[act.apply_f32(pre)])[0]
+                        })
+                        .collect();
+                    let (got, got_in_place) = match dtype {
+                        DType::F32 => {
+                            let data = CpuData::F32(xr.clone());
+                            let mut o = vec![0.0f32; len];
+                            a.run(Some(&data), &mut o).expect("run");
+                            let mut ip = xr.clone();
+                            a.run::<f32>(None, &mut ip).expect("run");
+                            (o, ip)
+                        }
+                        DType::F16 => {
+                            let data = CpuData::F16(store(&xr, f16::ZERO));
+                            let mut o = vec![f16::ZERO; len];
+                            a.run(Some(&data), &mut o).expect("run");
+                            let mut ip = store(&xr, f16::ZERO);
+                            a.run::<f16>(None, &mut ip).expect("run");
+                            (load(&o), load(&ip))
+                        }
+                        DType::Bf16 => {
+                            let data = CpuData::Bf16(store(&xr, bf16::ZERO));
+                            let mut o = vec![bf16::ZERO; len];
+                            a.run(Some(&data), &mut o).expect("run");
+                            let mut ip = store(&xr, bf16::ZERO);
+                            a.run::<bf16>(None, &mut ip).expect("run");
+                            (load(&o), load(&ip))
+                        }
+                    };
+                    for i in 0..len {
+                        for (what, g) in [("out", got[i]), ("in place", got_in_place[i])] {
+                            let ok = if matches!(act, Activation::Gelu | Activation::GeluTanh) {
+                                // One f32 result within 1e-6 of apply_f32's, then one rounding.
+                                let tol = 1e-6 + want[i].abs() * dtype_eps(dtype);
+                                (g - want[i]).abs() <= tol
+                            } else {
+                                g == want[i]
+                            };
+                            assert!(ok, "{dtype} {act} len {len} bias {bias_len:?} {what} [{i}]: {g} vs {}", want[i]);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn dtype_eps(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 4.0 * f32::EPSILON,
+        DType::F16 => 2.0 * 0.000_977,
+        DType::Bf16 => 2.0 * 0.007_81,
+    }
+}

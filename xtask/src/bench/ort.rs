@@ -1,0 +1,108 @@
+//! ONNX Runtime as a reference for the CPU rows: what an engine author would run instead.
+//!
+//! A Python helper (`ort_helper.py`, embedded in the xtask and run with `python3 -c`, or the
+//! interpreter in `TILEKIT_BENCH_PYTHON`) builds a one-op ONNX graph for each case — MatMul
+//! (+ Add + Gelu for the fused epilogue), Conv with `group = C` + Clip(0, 6), Add +
+//! Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
+//! warm, or with the caches flushed before each run exactly when the tilekit row is. Nothing is
+//! downloaded: without `python3`, `onnxruntime` or `onnx` the bench prints a note and the
+//! column stays empty.
+
+use super::cases::Case;
+use super::measure::{Stats, summarise};
+use anyhow::{Context, Result, bail};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use tilekit::Layout;
+
+const HELPER: &str = include_str!("ort_helper.py");
+
+/// A running helper process.
+pub struct Ort {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// The onnxruntime version the helper imported.
+    pub version: String,
+}
+
+impl Ort {
+    /// Starts the helper; `Err` carries the reason ONNX Runtime is not available here.
+    pub fn start() -> std::result::Result<Ort, String> {
+        let python = std::env::var("TILEKIT_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+        let mut child = Command::new(&python)
+            .args(["-c", HELPER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {python}: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            return Err("no pipes to the helper".into());
+        };
+        let mut ort = Ort { child, stdin, stdout: BufReader::new(stdout), version: String::new() };
+        match ort.read_line() {
+            Ok(v) if v["ok"] == true => {
+                ort.version = v["version"].as_str().unwrap_or("?").to_string();
+                Ok(ort)
+            }
+            Ok(v) => Err(v["error"].as_str().unwrap_or("the helper failed").to_string()),
+            Err(e) => Err(format!("{e:#}")),
+        }
+    }
+
+    fn read_line(&mut self) -> Result<serde_json::Value> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the ONNX Runtime helper exited");
+        }
+        serde_json::from_str(&line).context("reading the ONNX Runtime helper's answer")
+    }
+
+    /// Times `case` in ONNX Runtime (f32): `runs` timed runs after `warmup`, each after writing
+    /// `flush_bytes` of memory when that is not 0.
+    pub fn time(&mut self, case: &Case, runs: usize, warmup: usize, flush_bytes: usize) -> Result<Stats> {
+        let mut req = match *case {
+            Case::Matmul { m, n, k, bias, activation } => serde_json::json!({
+                "op": "matmul", "m": m, "n": n, "k": k, "bias": bias, "activation": activation.name(),
+            }),
+            Case::Conv { batch, channels, size, stride, layout } => serde_json::json!({
+                "op": "conv", "batch": batch, "channels": channels, "size": size, "stride": stride,
+                "layout": if layout == Layout::Nhwc { "nhwc" } else { "nchw" },
+            }),
+            Case::Activation { rows, cols, bias, activation } => serde_json::json!({
+                "op": "activation", "rows": rows, "cols": cols, "bias": bias, "activation": activation.name(),
+            }),
+        };
+        req["runs"] = runs.into();
+        req["warmup"] = warmup.into();
+        req["flush_bytes"] = flush_bytes.into();
+        writeln!(self.stdin, "{req}")?;
+        self.stdin.flush()?;
+        let v = self.read_line()?;
+        if v["ok"] != true {
+            bail!("ONNX Runtime: {}", v["error"].as_str().unwrap_or("failed"));
+        }
+        let mut samples: Vec<f64> =
+            v["samples"].as_array().context("no samples")?.iter().filter_map(|s| s.as_f64()).collect();
+        if samples.is_empty() {
+            bail!("ONNX Runtime returned no samples");
+        }
+        Ok(summarise(&mut samples))
+    }
+}
+
+impl Drop for Ort {
+    fn drop(&mut self) {
+        // Killed rather than asked to stop (it may be mid-run after an error), and waited for so
+        // no zombie is left.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The geometric mean of ONNX Runtime time / tilekit time over the rows that have both.
+pub fn geomean(ratios: &[f64]) -> Option<f64> {
+    (!ratios.is_empty()).then(|| (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp())
+}

@@ -1,0 +1,130 @@
+"""ONNX Runtime reference timings for `cargo xtask bench` (CPU rows).
+
+Reads one JSON request per line on stdin and answers one JSON line per request on stdout, so
+the bench starts one Python process per run and pays the import once. A request:
+
+    {"op": "matmul", "m": 16, "n": 4096, "k": 4096, "bias": false, "activation": "none",
+     "runs": 20, "warmup": 3, "flush_bytes": 0}
+    {"op": "conv", "batch": 1, "channels": 144, "size": 56, "stride": 1, "layout": "nchw", ...}
+    {"op": "activation", "rows": 512, "cols": 3072, "bias": true, "activation": "gelu", ...}
+
+The answer is {"ok": true, "samples": [seconds, ...]} or {"ok": false, "error": "..."}. Each
+request builds a tiny ONNX graph of the op (MatMul; Gemm-free MatMul + Add + Gelu for the fused
+epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip), opens a session with
+2 intra-op threads (the bench machine's two cores) and times `run` on f32 inputs, warm, or
+after writing `flush_bytes` of memory before every run when the bench flushes caches.
+Layout "nhwc" runs the NCHW graph between transposes of nothing: ONNX Runtime's CPU Conv is
+NCHW only, so the timing is of its NCHW kernel on the same shape (said in the bench output).
+"""
+
+import json
+import sys
+import time
+
+
+def main():
+    try:
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except Exception as e:  # noqa: BLE001 - any import failure means "no ORT here"
+        print(json.dumps({"ok": False, "error": f"onnxruntime unavailable: {e}"}), flush=True)
+        return
+    print(json.dumps({"ok": True, "version": ort.__version__}), flush=True)
+
+    def session(nodes, inputs, outputs, inits):
+        graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+        model.ir_version = 10
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 2
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+    def tensor(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    def init(name, arr):
+        return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.astype(np.float32).flatten().tolist())
+
+    def act_nodes(act, src, dst):
+        if act == "none":
+            return [helper.make_node("Identity", [src], [dst])], []
+        if act == "relu":
+            return [helper.make_node("Relu", [src], [dst])], []
+        if act == "relu6":
+            lo = init("lo", np.array(0.0, dtype=np.float32))
+            hi = init("hi", np.array(6.0, dtype=np.float32))
+            return [helper.make_node("Clip", [src, "lo", "hi"], [dst])], [lo, hi]
+        if act == "gelu":
+            return [helper.make_node("Gelu", [src], [dst])], []
+        if act == "gelu-tanh":
+            return [helper.make_node("Gelu", [src], [dst], approximate="tanh")], []
+        raise ValueError(f"unknown activation {act}")
+
+    rng = np.random.default_rng(0)
+    flush_buf = None
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            op = req["op"]
+            feeds = {}
+            if op == "matmul":
+                m, n, k = req["m"], req["n"], req["k"]
+                w = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+                inits = [init("w", w)]
+                nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+                cur = "mm"
+                if req["bias"]:
+                    inits.append(init("b", rng.uniform(-1, 1, (n,))))
+                    nodes.append(helper.make_node("Add", [cur, "b"], ["mb"]))
+                    cur = "mb"
+                an, ai = act_nodes(req["activation"], cur, "y")
+                sess = session(nodes + an, [tensor("x", [m, k])], [tensor("y", [m, n])], inits + ai)
+                feeds["x"] = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+            elif op == "conv":
+                b, c, s, st = req["batch"], req["channels"], req["size"], req["stride"]
+                o = (s + 2 - 3) // st + 1
+                inits = [init("w", rng.uniform(-1, 1, (c, 1, 3, 3))), init("b", rng.uniform(-1, 1, (c,)))]
+                conv = helper.make_node(
+                    "Conv", ["x", "w", "b"], ["cv"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[st, st]
+                )
+                an, ai = act_nodes("relu6", "cv", "y")
+                sess = session([conv] + an, [tensor("x", [b, c, s, s])], [tensor("y", [b, c, o, o])], inits + ai)
+                feeds["x"] = rng.uniform(-1, 1, (b, c, s, s)).astype(np.float32)
+            elif op == "activation":
+                r, c = req["rows"], req["cols"]
+                nodes, inits, cur = [], [], "x"
+                if req["bias"]:
+                    inits.append(init("b", rng.uniform(-1, 1, (c,))))
+                    nodes.append(helper.make_node("Add", ["x", "b"], ["xb"]))
+                    cur = "xb"
+                an, ai = act_nodes(req["activation"], cur, "y")
+                sess = session(nodes + an, [tensor("x", [r, c])], [tensor("y", [r, c])], inits + ai)
+                feeds["x"] = rng.uniform(-4, 4, (r, c)).astype(np.float32)
+            else:
+                raise ValueError(f"unknown op {op}")
+            flush = int(req.get("flush_bytes", 0))
+            if flush and (flush_buf is None or flush_buf.nbytes != flush):
+                flush_buf = np.zeros(flush // 8, dtype=np.float64)
+            for _ in range(int(req.get("warmup", 3))):
+                sess.run(None, feeds)
+            samples = []
+            for _ in range(int(req.get("runs", 20))):
+                if flush:
+                    flush_buf += 1.0
+                t = time.perf_counter()
+                sess.run(None, feeds)
+                samples.append(time.perf_counter() - t)
+            print(json.dumps({"ok": True, "samples": samples}), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported to the bench as a failed reference
+            print(json.dumps({"ok": False, "error": str(e)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
