@@ -3,15 +3,21 @@
 // Two entry points share the parameter block, the loads and the epilogue: `matmul` (tiled,
 // below) and `matmul_small_m` (M <= 4, further down).
 //
-// Design of `matmul` (the classic register-blocked SGEMM, as in siboehm's SGEMM_CUDA kernels
-// 5-6 and the wgpu/burn matmul shaders):
-// - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 4 WG_Y and
-//   BN = 4 WG_X (64 x 64 with the default 16 x 16 invocations; the backends switch to a
-//   16 x 128 block for 4 < M <= 16, see `MatmulTile` in the catalogue).
-// - Each invocation owns a 4 x 4 register tile (`acc`, four vec4 rows): per k step it reads one
-//   vec4 of A and one vec4 of B from workgroup memory and does 16 FMAs, so workgroup-memory
-//   traffic is 8 floats per 16 FMAs instead of 2 per 1.
-// - The K loop walks BK-deep slabs (16 by default). Each slab of op(A) (BM x BK) and op(B)
+// Design of `matmul` (the register-blocked SGEMM of siboehm's SGEMM_CUDA kernels 6 and 10:
+// 8 x 8 outputs per invocation, vec4 shared-memory reads, invocations grouped in warp tiles):
+// - A workgroup of WG_X x WG_Y invocations owns a BM x BN block of the output, BM = 8 WG_Y and
+//   BN = 8 WG_X (128 x 128 with the default 16 x 16 invocations; the backends switch to a
+//   16-row block for 4 < M <= 16, see `MatmulTile` in the catalogue).
+// - Each invocation owns an 8 x 8 register tile (`acc`, sixteen vec4s): rows ty*4..+4 and
+//   BM/2 + ty*4..+4, columns tx*4..+4 and BN/2 + tx*4..+4. Per k step it reads two vec4s of A
+//   and two of B from workgroup memory and does 64 FMAs (4 reads per 64 FMAs; a 4 x 4 tile
+//   needs 2 per 16). Splitting the tile in halves BM/2 and BN/2 apart makes neighbouring
+//   invocations read neighbouring vec4s, which is what keeps the reads free of bank conflicts.
+// - Warp tiles: the linear invocation index is cut into groups of WARP_X x WARP_Y = 32 (one
+//   subgroup on most GPUs) and each group owns a WARP_X x WARP_Y patch of (tx, ty), 8 x 4 by
+//   default, instead of two whole rows of the workgroup: a subgroup then reads 4 distinct A
+//   vec4s and 8 distinct B vec4s per k step (siboehm kernel 10's warp tiling).
+// - The K loop walks BK-deep slabs (8 by default). Each slab of op(A) (BM x BK) and op(B)
 //   (BK x BN) is staged in workgroup memory, stored k-major (`As[k][m]`, `Bs[k][n]`) so the
 //   inner loop reads contiguous vec4s for both operands whatever the transposes.
 // - Global loads are 4 consecutive elements of the *stored* matrix (along its rows), issued
@@ -19,12 +25,20 @@
 //   of 4: the host sets the A_VEC/B_VEC flags) and the 4 elements are inside the matrix;
 //   otherwise 4 guarded scalar loads with zero fill. Zero fill makes every M, N, K correct,
 //   including K = 0 (no slab: the epilogue of zeros).
+// - Staging without bank conflicts (checked by `catalogue::wgsl::layout` in a unit test, for
+//   32- and 8-wide groups of invocations): where the stored rows run along the staged rows
+//   (transposed A, untransposed B) consecutive invocations store consecutive vec4s; where the
+//   4 loaded elements must be scattered over 4 staged rows (untransposed A, transposed B),
+//   consecutive invocations take consecutive m (or n) at the same k, so each of the 4 scalar
+//   stores hits consecutive words. With a 16-row block two k groups (c = 0 and c = 4) share a
+//   32-wide group of invocations; store j of group g writes element (j + g) % 4, so the two
+//   groups write rows an odd number apart, 16 banks apart with 16-word rows. Rows need no
+//   padding (a padded 16-row block would put two rows of a vec4 store in one phase on the same
+//   banks).
 // - The slabs are software-pipelined: slab s+1 is loaded into registers while slab s is
-//   multiplied, then stored to workgroup memory (one vec4 per operand per invocation with the
-//   default tile).
-// - Rows of the workgroup arrays are padded by 4 floats (one vec4): it keeps every row 16-byte
-//   aligned for the vec4 reads and shifts the banks of the transposing scalar stores of
-//   row-major A (without it the 4 invocations writing one A row hit the same bank).
+//   multiplied, then stored to workgroup memory.
+// - Transposes, bias, C and the activation are `override` constants: each pipeline is
+//   specialised to its switches, so the branches fold away (the backends key pipelines by them).
 // - The epilogue runs once per output, in registers, and stores a vec4 where the output view
 //   is aligned (O_VEC) and the 4 columns are inside N.
 // - Precision::Bf16 (flag PREC_BF16): A and B values are rounded to bf16 (nearest even, bit
@@ -37,9 +51,21 @@
 // invocations per workgroup; part of the pipeline-cache key.
 override WG_X: u32 = 16u;
 override WG_Y: u32 = 16u;
-// Depth of a K slab. 16 keeps both slabs at 16 x 68 floats (8.5 KiB together, under the
-// 16 KiB WebGPU minimum of workgroup storage) while giving 16 FMAs per vec4 pair loaded.
-override BK: u32 = 16u;
+// Depth of a K slab. 8 keeps both slabs of the 128 x 128 block at 8 x 128 floats (8 KiB
+// together, half the 16 KiB WebGPU minimum of workgroup storage).
+override BK: u32 = 8u;
+// The warp tile: invocations WARP_X (along N) x WARP_Y (along M) per group of consecutive
+// invocations (32, or the whole workgroup when it is smaller). WG_X and WG_Y are multiples.
+override WARP_X: u32 = 8u;
+override WARP_Y: u32 = 4u;
+
+// The switches each pipeline is specialised to (`MatmulSwitches` in the catalogue): A or B
+// stored transposed, a bias, a C term, the activation code (`ACT_*`).
+override TRANS_A: bool = false;
+override TRANS_B: bool = false;
+override HAS_BIAS: bool = false;
+override HAS_C: bool = false;
+override ACT: u32 = 0u;
 
 // Invocations per workgroup of the small-M kernel: 64 (two 32-wide subgroups), 256 columns.
 override WG_N: u32 = 64u;
@@ -47,23 +73,21 @@ override WG_N: u32 = 64u;
 // product does no wasted FMAs. A pipeline constant, so the row loops unroll.
 override SM_ROWS: u32 = 4u;
 
-// Register tile per invocation: 4 x 4 (four vec4 accumulators). A `const` because
-// function-scope arrays need a constant size.
-const TM: u32 = 4u;
-const TN: u32 = 4u;
-// Row padding of the workgroup arrays, in vec4s (see above).
-const PAD4: u32 = 1u;
+// Register tile per invocation of `matmul`: 8 x 8 (sixteen vec4 accumulators). A `const`
+// because function-scope arrays need a constant size.
+const TM: u32 = 8u;
+const TN: u32 = 8u;
+// Rows of one epilogue call and of the small-M register tile: a 4 x 4 quarter of the tile.
+const Q: u32 = 4u;
 // Most vec4s of one operand an invocation stages per slab (the register arrays of the
 // software pipeline need a constant size): BM * BK / 4 and BN * BK / 4 divided by the
-// invocations: 1 for the default tile, 4 for the 16 x 128 one (`MatmulTile` checks the bound).
+// invocations (`MatmulTile::loads_per_invocation` checks the bound for every candidate).
 const MAX_LOADS: u32 = 8u;
 
 const A_VEC: u32 = 1u;
 const B_VEC: u32 = 2u;
 const O_VEC: u32 = 4u;
 const PREC_BF16: u32 = 8u;
-const HAS_BIAS: u32 = 16u;
-const HAS_C: u32 = 32u;
 
 struct MatmulParams {
     m: u32,
@@ -94,21 +118,17 @@ struct MatmulParams {
 
 @group(0) @binding(5) var<uniform> p: MatmulParams;
 
-// Row length of the staged slabs in vec4s: BM / 4 + PAD4 and BN / 4 + PAD4.
-override ROW_A4: u32 = WG_Y * TM / 4u + PAD4;
-override ROW_B4: u32 = WG_X * TN / 4u + PAD4;
+// Rows and columns of the output block and row lengths of the staged slabs in vec4s (no
+// padding, see above).
+override BM: u32 = WG_Y * TM;
+override BN: u32 = WG_X * TN;
+override ROW_A4: u32 = BM / 4u;
+override ROW_B4: u32 = BN / 4u;
 override AS_LEN: u32 = BK * ROW_A4;
 override BS_LEN: u32 = BK * ROW_B4;
 
 var<workgroup> As: array<vec4<f32>, AS_LEN>;
 var<workgroup> Bs: array<vec4<f32>, BS_LEN>;
-
-fn stage(v: f32) -> f32 {
-    if ((p.flags & PREC_BF16) != 0u) {
-        return round_bf16(v);
-    }
-    return v;
-}
 
 // Four consecutive elements of stored A, row `r`, columns `c0..c0+4`, zero outside.
 fn load4_a(base: u32, rows: u32, cols: u32, r: u32, c0: u32) -> vec4<f32> {
@@ -153,99 +173,112 @@ fn load4_b(base: u32, rows: u32, cols: u32, r: u32, c0: u32) -> vec4<f32> {
     return v;
 }
 
-// The v-th vec4 of the stored slab of A starting at k0 (BM x BK of op(A)): stored rows are m
-// and a vec4 runs along k, or (transposed) stored rows are k and a vec4 runs along m.
+// The v-th vec4 of the stored slab of A starting at k0 (BM x BK of op(A)). Untransposed
+// (stored rows are m, a vec4 runs along k): v walks m first, so consecutive invocations take
+// consecutive rows at the same k. Transposed (stored rows are k, a vec4 runs along m): v walks
+// the vec4s of a stored row first. `put_a` and `catalogue::wgsl::layout` use the same indices.
 fn fetch_a(v: u32, k0: u32, m0: u32, a_base: u32, a_rows: u32, a_cols: u32) -> vec4<f32> {
-    if (p.trans_a == 0u) {
-        let r = v / (BK / 4u);
-        let c = (v % (BK / 4u)) * 4u;
-        return load4_a(a_base, a_rows, a_cols, m0 + r, k0 + c);
+    if (!TRANS_A) {
+        let m = v % BM;
+        let c = (v / BM) * 4u;
+        return load4_a(a_base, a_rows, a_cols, m0 + m, k0 + c);
     }
-    let r = v / (WG_Y * TM / 4u);
-    let c = (v % (WG_Y * TM / 4u)) * 4u;
+    let r = v / (BM / 4u);
+    let c = (v % (BM / 4u)) * 4u;
     return load4_a(a_base, a_rows, a_cols, k0 + r, m0 + c);
 }
 
-// Stores what `fetch_a(v, ...)` loaded into As[k][m]: scattered over 4 rows, or one vec4.
+// Stores what `fetch_a(v, ...)` loaded into As[k][m]: scattered over 4 rows (store j writes
+// element (j + g) % 4 of k group g, see above), or one vec4.
 fn put_a(v: u32, x: vec4<f32>) {
-    if (p.trans_a == 0u) {
-        let r = v / (BK / 4u);
-        let c = (v % (BK / 4u)) * 4u;
+    if (!TRANS_A) {
+        let m = v % BM;
+        let g = v / BM;
+        let c = g * 4u;
         for (var j = 0u; j < 4u; j++) {
-            As[(c + j) * ROW_A4 + r / 4u][r % 4u] = x[j];
+            let e = (j + g) % 4u;
+            As[(c + e) * ROW_A4 + m / 4u][m % 4u] = x[e];
         }
     } else {
-        let r = v / (WG_Y * TM / 4u);
-        let c = (v % (WG_Y * TM / 4u)) * 4u;
-        As[r * ROW_A4 + c / 4u] = x;
+        let r = v / (BM / 4u);
+        let c4 = v % (BM / 4u);
+        As[r * ROW_A4 + c4] = x;
     }
 }
 
-// The v-th vec4 of the stored slab of B starting at k0 (BK x BN of op(B)).
+// The v-th vec4 of the stored slab of B starting at k0 (BK x BN of op(B)): the mirror image
+// of `fetch_a` (untransposed B has its rows along n; transposed B is scattered).
 fn fetch_b(v: u32, k0: u32, n0: u32, b_base: u32, b_rows: u32, b_cols: u32) -> vec4<f32> {
-    if (p.trans_b == 0u) {
-        let r = v / (WG_X * TN / 4u);
-        let c = (v % (WG_X * TN / 4u)) * 4u;
+    if (!TRANS_B) {
+        let r = v / (BN / 4u);
+        let c = (v % (BN / 4u)) * 4u;
         return load4_b(b_base, b_rows, b_cols, k0 + r, n0 + c);
     }
-    let r = v / (BK / 4u);
-    let c = (v % (BK / 4u)) * 4u;
-    return load4_b(b_base, b_rows, b_cols, n0 + r, k0 + c);
+    let n = v % BN;
+    let c = (v / BN) * 4u;
+    return load4_b(b_base, b_rows, b_cols, n0 + n, k0 + c);
 }
 
 // Stores what `fetch_b(v, ...)` loaded into Bs[k][n].
 fn put_b(v: u32, x: vec4<f32>) {
-    if (p.trans_b == 0u) {
-        let r = v / (WG_X * TN / 4u);
-        let c = (v % (WG_X * TN / 4u)) * 4u;
-        Bs[r * ROW_B4 + c / 4u] = x;
+    if (!TRANS_B) {
+        let r = v / (BN / 4u);
+        let c4 = v % (BN / 4u);
+        Bs[r * ROW_B4 + c4] = x;
     } else {
-        let r = v / (BK / 4u);
-        let c = (v % (BK / 4u)) * 4u;
+        let n = v % BN;
+        let g = v / BN;
+        let c = g * 4u;
         for (var j = 0u; j < 4u; j++) {
-            Bs[(c + j) * ROW_B4 + r / 4u][r % 4u] = x[j];
+            let e = (j + g) % 4u;
+            Bs[(c + e) * ROW_B4 + n / 4u][n % 4u] = x[e];
         }
     }
 }
 
 @compute @workgroup_size(WG_X, WG_Y, 1)
-fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let bm = WG_Y * TM;
-    let bn = WG_X * TN;
-    let m0 = wid.y * bm;
-    let n0 = wid.x * bn;
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) flat: u32) {
+    let m0 = wid.y * BM;
+    let n0 = wid.x * BN;
     let bt = p.batch_base + wid.z;
-    let tx = lid.x;
-    let ty = lid.y;
-    let flat = ty * WG_X + tx;
     let threads = WG_X * WG_Y;
+    // The warp-tile arrangement (see above): invocation `flat` is lane `lane` of warp tile
+    // `warp`; the warp tiles cover the WG_X x WG_Y grid of (tx, ty) row by row.
+    let warp_size = WARP_X * WARP_Y;
+    let lane = flat % warp_size;
+    let warp = flat / warp_size;
+    let warps_x = WG_X / WARP_X;
+    let tx = (warp % warps_x) * WARP_X + lane % WARP_X;
+    let ty = (warp / warps_x) * WARP_Y + lane / WARP_X;
 
     let a_base = p.a_off + bt * p.a_bs;
     let b_base = p.b_off + bt * p.b_bs;
     // Stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
     var a_rows = p.m;
     var a_cols = p.k;
-    if (p.trans_a != 0u) {
+    if (TRANS_A) {
         a_rows = p.k;
         a_cols = p.m;
     }
     var b_rows = p.k;
     var b_cols = p.n;
-    if (p.trans_b != 0u) {
+    if (TRANS_B) {
         b_rows = p.n;
         b_cols = p.k;
     }
 
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < TM; i++) {
+    // acc[2 i + h]: row i of the tile (i < 4: ty*4 + i; i >= 4: BM/2 + ty*4 + i - 4), column
+    // half h (0: tx*4..+4; 1: BN/2 + tx*4..+4).
+    var acc: array<vec4<f32>, 16>;
+    for (var i = 0u; i < 16u; i++) {
         acc[i] = vec4<f32>(0.0);
     }
 
     // Software pipelining: the next slab's global loads are issued into registers (pa, pb)
     // before the current slab is multiplied, so their latency hides behind the FMAs; the
     // registers go to workgroup memory at the top of the next iteration.
-    let na = bm * BK / 4u;
-    let nb = bn * BK / 4u;
+    let na = BM * BK / 4u;
+    let nb = BN * BK / 4u;
     let la = (na + threads - 1u) / threads;
     let lb = (nb + threads - 1u) / threads;
     var pa: array<vec4<f32>, MAX_LOADS>;
@@ -294,17 +327,39 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             }
         }
         for (var kk = 0u; kk < BK; kk++) {
-            let av = As[kk * ROW_A4 + ty];
-            let bv = Bs[kk * ROW_B4 + tx];
-            acc[0] = fma(vec4<f32>(av.x), bv, acc[0]);
-            acc[1] = fma(vec4<f32>(av.y), bv, acc[1]);
-            acc[2] = fma(vec4<f32>(av.z), bv, acc[2]);
-            acc[3] = fma(vec4<f32>(av.w), bv, acc[3]);
+            let a0 = As[kk * ROW_A4 + ty];
+            let a1 = As[kk * ROW_A4 + WG_Y + ty];
+            let b0 = Bs[kk * ROW_B4 + tx];
+            let b1 = Bs[kk * ROW_B4 + WG_X + tx];
+            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
+            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
+            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
+            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
+            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
+            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
+            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
+            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
+            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
+            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
+            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
+            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
+            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
+            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
+            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
+            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
         }
         workgroupBarrier();
     }
 
-    epilogue(acc, m0 + ty * TM, p.m, n0 + tx * TN, bt);
+    // The four 4 x 4 quarters of the tile, each through the epilogue.
+    let r0 = m0 + ty * 4u;
+    let r1 = m0 + BM / 2u + ty * 4u;
+    let c0 = n0 + tx * 4u;
+    let c1 = n0 + BN / 2u + tx * 4u;
+    epilogue(array<vec4<f32>, 4>(acc[0], acc[2], acc[4], acc[6]), r0, p.m, c0, bt);
+    epilogue(array<vec4<f32>, 4>(acc[1], acc[3], acc[5], acc[7]), r0, p.m, c1, bt);
+    epilogue(array<vec4<f32>, 4>(acc[8], acc[10], acc[12], acc[14]), r1, p.m, c0, bt);
+    epilogue(array<vec4<f32>, 4>(acc[9], acc[11], acc[13], acc[15]), r1, p.m, c1, bt);
 }
 
 // The small-M kernel (M <= 4: matrix-vector-like products, batch-1 inference). With 4 rows
@@ -313,10 +368,11 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 // each invocation owns an SM_ROWS x 4 output tile (SM_ROWS = M rows x 4 consecutive columns),
 // walks K four at a time, reads an SM_ROWS x 4 block of op(A) (vec4 loads along the stored
 // rows; A is tiny and cached) and a 4 x 4 block of op(B) (vec4 loads along N, coalesced across
-// neighbouring invocations), and does 16 SM_ROWS FMAs per step. No barriers, so any invocation may return early.
+// neighbouring invocations), and does 16 SM_ROWS FMAs per step. No barriers, so any
+// invocation may return early.
 @compute @workgroup_size(WG_N, 1, 1)
 fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let col0 = (wid.x * WG_N + lid.x) * TN;
+    let col0 = (wid.x * WG_N + lid.x) * Q;
     let row0 = wid.y * SM_ROWS;
     let bt = p.batch_base + wid.z;
     if (col0 >= p.n) {
@@ -326,25 +382,25 @@ fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let b_base = p.b_off + bt * p.b_bs;
     var a_rows = p.m;
     var a_cols = p.k;
-    if (p.trans_a != 0u) {
+    if (TRANS_A) {
         a_rows = p.k;
         a_cols = p.m;
     }
     var b_rows = p.k;
     var b_cols = p.n;
-    if (p.trans_b != 0u) {
+    if (TRANS_B) {
         b_rows = p.n;
         b_cols = p.k;
     }
     var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < TM; i++) {
+    for (var i = 0u; i < Q; i++) {
         acc[i] = vec4<f32>(0.0);
     }
     for (var k = 0u; k < p.k; k += 4u) {
         // ab[i] = op(A)[row0 + i][k..k+4], bb[q] = op(B)[k + q][col0..col0+4]; zero outside.
         var ab: array<vec4<f32>, 4>;
         var bb: array<vec4<f32>, 4>;
-        if (p.trans_a == 0u) {
+        if (!TRANS_A) {
             for (var i = 0u; i < SM_ROWS; i++) {
                 ab[i] = load4_a(a_base, a_rows, a_cols, row0 + i, k);
             }
@@ -356,7 +412,7 @@ fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 ab[i] = t[i];
             }
         }
-        if (p.trans_b == 0u) {
+        if (!TRANS_B) {
             for (var q = 0u; q < 4u; q++) {
                 bb[q] = load4_b(b_base, b_rows, b_cols, k + q, col0);
             }
@@ -379,28 +435,28 @@ fn matmul_small_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 }
 
 // The fused epilogue, once per output: rows row0..min(row0 + 4, row_end) and columns
-// col0..col0+4 of batch bt (both kernels). Stores a vec4 where the output view is aligned (O_VEC) and the 4 columns
-// are inside N.
+// col0..col0+4 of batch bt (both kernels). Stores a vec4 where the output view is aligned
+// (O_VEC) and the 4 columns are inside N. HAS_BIAS, HAS_C and ACT are pipeline constants.
 fn epilogue(acc: array<vec4<f32>, 4>, row0: u32, row_end: u32, col0: u32, bt: u32) {
     if (col0 >= p.n) {
         return;
     }
     let full = col0 + 4u <= p.n;
     var bias = vec4<f32>(0.0);
-    if ((p.flags & HAS_BIAS) != 0u) {
+    if (HAS_BIAS) {
         for (var j = 0u; j < 4u; j++) {
             if (col0 + j < p.n) {
                 bias[j] = ld_bias(p.bias_off + col0 + j);
             }
         }
     }
-    for (var i = 0u; i < TM; i++) {
+    for (var i = 0u; i < Q; i++) {
         let row = row0 + i;
         if (row >= row_end) {
             break;
         }
         var v = p.alpha * acc[i] + bias;
-        if ((p.flags & HAS_C) != 0u) {
+        if (HAS_C) {
             let cidx = p.c_off + bt * p.c_bs + row * p.c_ld + col0;
             var cv = vec4<f32>(0.0);
             for (var j = 0u; j < 4u; j++) {
@@ -410,7 +466,7 @@ fn epilogue(acc: array<vec4<f32>, 4>, row0: u32, row_end: u32, col0: u32, bt: u3
             }
             v = v + p.beta * cv;
         }
-        v = apply_act4(v, p.act);
+        v = apply_act4(v, ACT);
         let oidx = p.o_off + bt * p.o_bs + row * p.o_ld + col0;
         if ((p.flags & O_VEC) != 0u && full) {
             st4_out(oidx >> 2u, v);

@@ -7,10 +7,10 @@
 
 use proptest::prelude::*;
 use tilekit::kernels::activation::gelu_error_bound;
-use tilekit::kernels::reference;
 use tilekit::{
     Activation, ActivationDesc, Conv2dDesc, Conv2dOptions, DType, Device, Layout, MatmulDesc, MatmulOptions, MatrixView,
 };
+use tilekit_kernels::reference;
 use tilekit_tests::Rng;
 
 fn config(cases: u32) -> ProptestConfig {

@@ -7,7 +7,9 @@
 //! them, so no WGSL escapes the check.
 
 use std::path::{Path, PathBuf};
-use tilekit::kernels::catalogue::wgsl::all_modules;
+use tilekit::kernels::catalogue::wgsl::{
+    ElementStorage, MatmulSwitches, Spec, WgslModule, all_modules, matmul_candidates, module_with,
+};
 use tilekit_tests::skip;
 
 /// Parses and validates one WGSL source with every capability naga knows (f16 included; the
@@ -64,6 +66,56 @@ fn every_wgsl_file_is_in_a_validated_module() {
     }
     eprintln!("naga: {} WGSL files, each inside a catalogue module", files.len());
     assert!(missing.is_empty(), "WGSL files that no catalogue module includes (so never validated): {missing:?}");
+}
+
+/// Every matmul pipeline the backends build (each tuning candidate, in each storage variant,
+/// specialised to several sets of switches) validates once its `override` constants are
+/// applied with naga's `process_overrides`, the step wgpu runs when it builds a pipeline: the
+/// override-sized workgroup arrays, the folded branches and the constant expressions are all
+/// checked with the values a device would see.
+#[test]
+fn every_matmul_specialisation_validates() {
+    let switch_sets = [
+        MatmulSwitches::default(),
+        MatmulSwitches { trans_a: true, trans_b: false, bias: true, c: false, act: 1 },
+        MatmulSwitches { trans_a: false, trans_b: true, bias: false, c: true, act: 3 },
+        MatmulSwitches { trans_a: true, trans_b: true, bias: true, c: true, act: 4 },
+    ];
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for m in [2, 10, 100] {
+        let (kernel, candidates) = matmul_candidates(m);
+        for spec in candidates {
+            for switches in switch_sets {
+                for storage in ElementStorage::ALL {
+                    let module = module_with(kernel, storage, Spec { switches, ..spec });
+                    let what = format!("{} {:?} {switches:?}", module.name, spec.tile);
+                    if let Err(e) = specialise(&module) {
+                        failures.push(format!("{what}: {e}"));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("naga: {checked} matmul specialisations validated after process_overrides");
+    assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Parses, validates and specialises one module with its override values.
+fn specialise(m: &WgslModule) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(&m.source).map_err(|e| e.emit_to_string(&m.source))?;
+    let mut validator =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+    let info = validator.validate(&module).map_err(|e| e.emit_to_string(&m.source))?;
+    let mut constants = naga::back::PipelineConstants::default();
+    for &(name, value) in &m.overrides {
+        constants.insert(name.to_string(), value);
+    }
+    let stage = Some((naga::ShaderStage::Compute, m.entry_point));
+    naga::back::pipeline_constants::process_overrides(&module, &info, stage, &constants)
+        .map_err(|e| format!("process_overrides: {e}"))?;
+    Ok(())
 }
 
 #[test]

@@ -20,14 +20,17 @@
 //! # Kernels and launch shapes
 //! | kernel | workgroup | work per invocation |
 //! |---|---|---|
-//! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 4 for M ≤ 16) | 4 × 4 outputs; BK-deep slabs of A and B staged in workgroup memory, software-pipelined |
-//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × 4 outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 2 for M ≤ 16) in 8 × 4 warp tiles | 8 × 8 outputs; BK-deep slabs of A and B staged in workgroup memory without bank conflicts ([`layout`]), software-pipelined |
+//! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × [`SMALL_M_COLS`] outputs (M ≤ 4), no workgroup memory |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
 //!
-//! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid.
+//! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
+//! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
+//! transposes, bias, C, activation), passed as `override` constants, so the branches on them
+//! fold away when the pipeline is built.
 //! The autotuner (`tilekit::tune`) picks a spec per device and shape class among
 //! [`matmul_candidates`] and [`conv_candidates`] (the first candidate is always the default
 //! the backends use untuned), and keys its results by [`source_hash`].
@@ -49,7 +52,9 @@
 //!   lengths) cannot lose each other's element; vector stores own both words and use
 //!   `atomicStore`.
 
-use crate::DType;
+use crate::{DType, MatmulDesc};
+
+pub mod layout;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
 const MATMUL: &str = include_str!("../../../../shaders/wgsl/matmul.wgsl");
@@ -154,7 +159,7 @@ impl Kernel {
     }
 }
 
-/// Tile shape of the tiled matmul (`matmul.wgsl`). Each invocation owns a `TM × TN = 4 × 4`
+/// Tile shape of the tiled matmul (`matmul.wgsl`). Each invocation owns a `TM × TN = 8 × 8`
 /// register tile, fixed in the shader; the workgroup and slab depth are `override` constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulTile {
@@ -167,13 +172,15 @@ pub struct MatmulTile {
 }
 
 impl MatmulTile {
-    /// The default: 16 × 16 invocations (256, the WebGPU default limit) with 4 × 4 outputs
-    /// each give a 64 × 64 block; BK = 16 keeps the two staged slabs at 8.5 KiB, inside the
-    /// 16 KiB WebGPU minimum of workgroup storage, with 16 FMAs per pair of vec4 reads.
-    pub const DEFAULT: MatmulTile = MatmulTile { wg_x: 16, wg_y: 16, bk: 16 };
-    /// For 4 < M <= 16: a 16 × 128 block (4 × 32 invocations), so a short M does not leave
-    /// most of a 64-row block idle; BK = 16 (9.5 KiB of workgroup storage).
-    pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 4, bk: 16 };
+    /// The default: 16 × 16 invocations (256, the WebGPU default limit) with 8 × 8 outputs
+    /// each give a 128 × 128 block (siboehm's SGEMM kernel 6 shape); BK = 8 keeps the two
+    /// staged slabs at 8 KiB, half the 16 KiB WebGPU minimum of workgroup storage, and
+    /// each invocation stages one vec4 of A and one of B per slab.
+    pub const DEFAULT: MatmulTile = MatmulTile { wg_x: 16, wg_y: 16, bk: 8 };
+    /// For 4 < M <= 16: a 16 × 256 block (32 × 2 invocations), so a short M does not leave
+    /// most of a 128-row block idle; BK = 8 (8.5 KiB of workgroup storage, 8 staged vec4s of
+    /// B per invocation).
+    pub const SHORT: MatmulTile = MatmulTile { wg_x: 32, wg_y: 2, bk: 8 };
     /// The tile the backends use for a product with `m` rows.
     /// (Products with M <= [`SMALL_M_ROWS`] take [`Kernel::MatmulSmallM`] instead.)
     pub const fn for_rows(m: usize) -> MatmulTile {
@@ -192,10 +199,12 @@ impl MatmulTile {
         let b = (self.bn() * self.bk / 4).div_ceil(self.invocations());
         if a > b { a } else { b }
     }
-    /// Outputs per invocation along M and N.
-    pub const TM: u32 = 4;
+    /// Outputs per invocation along M.
+    pub const TM: u32 = 8;
     /// Outputs per invocation along N.
-    pub const TN: u32 = 4;
+    pub const TN: u32 = 8;
+    /// Invocations in a warp tile: one 32-wide subgroup on most GPUs.
+    pub const WARP: u32 = 32;
 
     /// Rows of the output block of one workgroup.
     pub const fn bm(self) -> u32 {
@@ -207,9 +216,84 @@ impl MatmulTile {
         self.wg_x * Self::TN
     }
 
-    /// Workgroup storage of the two staged slabs, bytes (rows padded by one vec4).
+    /// The warp tile (`WARP_X × WARP_Y` invocations along N and M): 8 × 4, narrowed to the
+    /// workgroup where it is smaller (8 × 2 for the 2-row short tiles, 4 × 8 for a 4-wide one).
+    pub const fn warp(self) -> (u32, u32) {
+        let x = if self.wg_x < 8 { self.wg_x } else { 8 };
+        let y = Self::WARP / x;
+        (x, if self.wg_y < y { self.wg_y } else { y })
+    }
+
+    /// Row length of the staged slab of A in vec4s (`ROW_A4`): BM / 4, unpadded (the
+    /// staging order avoids bank conflicts instead, see [`layout`]).
+    pub const fn row_a4(self) -> u32 {
+        self.bm() / 4
+    }
+
+    /// Row length of the staged slab of B in vec4s (`ROW_B4`): BN / 4.
+    pub const fn row_b4(self) -> u32 {
+        self.bn() / 4
+    }
+
+    /// Workgroup storage of the two staged slabs, bytes.
     pub const fn workgroup_bytes(self) -> u32 {
-        16 * self.bk * (self.bm() / 4 + 1) + 16 * self.bk * (self.bn() / 4 + 1)
+        16 * self.bk * (self.row_a4() + self.row_b4())
+    }
+
+    /// Whether `matmul.wgsl` can run this tile within the WebGPU minimum limits: at most 256
+    /// invocations and 16 KiB of workgroup storage, BK a multiple of 4, at most `MAX_LOADS`
+    /// staged vec4s per operand and invocation, and a warp tile that divides the workgroup.
+    pub const fn is_valid(self) -> bool {
+        let (wx, wy) = self.warp();
+        self.wg_x > 0
+            && self.wg_y > 0
+            && self.bk >= 4
+            && self.bk.is_multiple_of(4)
+            && self.invocations() <= 256
+            && self.workgroup_bytes() <= 16 * 1024
+            && self.loads_per_invocation() <= 8
+            && self.wg_x.is_multiple_of(wx)
+            && self.wg_y.is_multiple_of(wy)
+    }
+}
+
+/// The switches a matmul pipeline is specialised to (`override` constants of `matmul.wgsl`):
+/// each distinct set is its own pipeline, so the kernel carries no branches on them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MatmulSwitches {
+    /// A is stored transposed (`TRANS_A`).
+    pub trans_a: bool,
+    /// B is stored transposed (`TRANS_B`).
+    pub trans_b: bool,
+    /// A bias row is added (`HAS_BIAS`).
+    pub bias: bool,
+    /// `beta · C` is added (`HAS_C`).
+    pub c: bool,
+    /// The activation code (`ACT`, [`crate::Activation::code`]).
+    pub act: u32,
+}
+
+impl MatmulSwitches {
+    /// The switches of `desc`.
+    pub fn of(desc: &MatmulDesc) -> MatmulSwitches {
+        MatmulSwitches {
+            trans_a: desc.trans_a,
+            trans_b: desc.trans_b,
+            bias: desc.bias_offset.is_some(),
+            c: desc.c.is_some(),
+            act: desc.activation.code(),
+        }
+    }
+
+    fn overrides(self) -> [(&'static str, f64); 5] {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        [
+            ("TRANS_A", flag(self.trans_a)),
+            ("TRANS_B", flag(self.trans_b)),
+            ("HAS_BIAS", flag(self.bias)),
+            ("HAS_C", flag(self.c)),
+            ("ACT", f64::from(self.act)),
+        ]
     }
 }
 
@@ -221,6 +305,8 @@ pub const ITEMS_PER_INVOCATION: u32 = 4;
 /// Products with at most this many rows take [`Kernel::MatmulSmallM`]: one 4-row register
 /// tile covers them, so workgroup-memory staging has nothing to share.
 pub const SMALL_M_ROWS: usize = 4;
+/// Columns one invocation of [`Kernel::MatmulSmallM`] computes (one vec4).
+pub const SMALL_M_COLS: u32 = 4;
 /// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`): 64, two 32-wide subgroups;
 /// each owns 4 columns, so a workgroup covers 256 columns.
 pub const SMALL_M_WG: u32 = 64;
@@ -418,24 +504,38 @@ pub struct Spec {
     /// Invocations per workgroup of [`Kernel::MatmulSmallM`] (`WG_N`) and of
     /// [`Kernel::DepthwiseConv2d`] (`WG`); the other kernels keep [`WG_1D`].
     pub wg: u32,
+    /// The switches of both matmul kernels (the backends set them per product with
+    /// [`Spec::with_switches`]; the tuner's candidates carry the defaults).
+    pub switches: MatmulSwitches,
 }
 
 impl Spec {
     /// The default tiles.
-    pub const DEFAULT: Spec = Spec { tile: MatmulTile::DEFAULT, rows: SMALL_M_ROWS as u32, wg: WG_1D };
+    pub const DEFAULT: Spec = Spec {
+        tile: MatmulTile::DEFAULT,
+        rows: SMALL_M_ROWS as u32,
+        wg: WG_1D,
+        switches: MatmulSwitches { trans_a: false, trans_b: false, bias: false, c: false, act: 0 },
+    };
+
+    /// This spec specialised to the switches of `desc` (transposes, bias, C, activation).
+    pub fn with_switches(self, desc: &MatmulDesc) -> Spec {
+        Spec { switches: MatmulSwitches::of(desc), ..self }
+    }
 
     /// This spec with the fields `kernel` does not use reset to the default, so equal modules
     /// have equal specs (the pipeline-cache key).
     pub fn normalised(self, kernel: Kernel) -> Spec {
         match kernel {
             Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
-            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), wg: self.wg },
+            Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), ..self },
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
     }
 
-    /// A short label for tables and traces (`64x64/bk16`, `wg128`).
+    /// A short label for tables and traces (`128x128/bk8 (16x16 inv)`, `wg128`); the switches
+    /// are not part of it (every product of a tuning key has the same ones).
     pub fn label(self, kernel: Kernel) -> String {
         match kernel {
             Kernel::Matmul => format!(
@@ -454,22 +554,25 @@ impl Spec {
 }
 
 /// Tiles the autotuner tries for [`Kernel::Matmul`] with more than 16 rows; the first is the
-/// default. All keep 4 × 4 register tiles, at most 256 invocations, at most 8 staged vec4s
-/// per invocation and at most 16 KiB of workgroup storage (the WebGPU minimum).
-pub const MATMUL_TILE_CANDIDATES: [MatmulTile; 6] = [
+/// default. All keep 8 × 8 register tiles and pass [`MatmulTile::is_valid`]: blocks of
+/// 64 to 256 rows and columns, 64 to 256 invocations, BK 4 to 16.
+pub const MATMUL_TILE_CANDIDATES: [MatmulTile; 8] = [
     MatmulTile::DEFAULT,
-    MatmulTile { wg_x: 16, wg_y: 16, bk: 8 },
-    MatmulTile { wg_x: 8, wg_y: 16, bk: 16 },
+    MatmulTile { wg_x: 16, wg_y: 16, bk: 16 },
+    MatmulTile { wg_x: 8, wg_y: 8, bk: 16 },
+    MatmulTile { wg_x: 8, wg_y: 8, bk: 8 },
     MatmulTile { wg_x: 16, wg_y: 8, bk: 16 },
-    MatmulTile { wg_x: 32, wg_y: 8, bk: 16 },
-    MatmulTile { wg_x: 8, wg_y: 32, bk: 16 },
+    MatmulTile { wg_x: 8, wg_y: 16, bk: 16 },
+    MatmulTile { wg_x: 32, wg_y: 8, bk: 8 },
+    MatmulTile { wg_x: 8, wg_y: 32, bk: 8 },
 ];
-/// Tiles the autotuner tries for 4 < M <= 16 (16-row blocks); the first is the default.
+/// Tiles the autotuner tries for 4 < M <= 16 (16-row blocks of 128 to 512 columns); the first
+/// is the default.
 pub const MATMUL_SHORT_TILE_CANDIDATES: [MatmulTile; 4] = [
     MatmulTile::SHORT,
-    MatmulTile { wg_x: 16, wg_y: 4, bk: 16 },
-    MatmulTile { wg_x: 32, wg_y: 4, bk: 8 },
-    MatmulTile { wg_x: 64, wg_y: 4, bk: 8 },
+    MatmulTile { wg_x: 16, wg_y: 2, bk: 8 },
+    MatmulTile { wg_x: 32, wg_y: 2, bk: 4 },
+    MatmulTile { wg_x: 64, wg_y: 2, bk: 4 },
 ];
 /// Workgroup sizes the autotuner tries for [`Kernel::MatmulSmallM`] and
 /// [`Kernel::DepthwiseConv2d`]; the first is the default.
@@ -517,14 +620,22 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     let tile = spec.tile;
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
-            Kernel::Matmul => (
-                MATMUL,
-                "matmul",
-                vec![("WG_X", tile.wg_x as f64), ("WG_Y", tile.wg_y as f64), ("BK", tile.bk as f64)],
-                tile.workgroup_bytes(),
-            ),
+            Kernel::Matmul => {
+                let (warp_x, warp_y) = tile.warp();
+                let mut o = vec![
+                    ("WG_X", f64::from(tile.wg_x)),
+                    ("WG_Y", f64::from(tile.wg_y)),
+                    ("BK", f64::from(tile.bk)),
+                    ("WARP_X", f64::from(warp_x)),
+                    ("WARP_Y", f64::from(warp_y)),
+                ];
+                o.extend(spec.switches.overrides());
+                (MATMUL, "matmul", o, tile.workgroup_bytes())
+            }
             Kernel::MatmulSmallM => {
-                (MATMUL, "matmul_small_m", vec![("WG_N", spec.wg as f64), ("SM_ROWS", spec.rows as f64)], 0)
+                let mut o = vec![("WG_N", f64::from(spec.wg)), ("SM_ROWS", f64::from(spec.rows))];
+                o.extend(spec.switches.overrides());
+                (MATMUL, "matmul_small_m", o, 0)
             }
             Kernel::MatmulNaive => {
                 (MATMUL_NAIVE, "matmul_naive", vec![("WG_X", NAIVE_WG as f64), ("WG_Y", NAIVE_WG as f64)], 0)
@@ -760,13 +871,21 @@ mod tests {
             assert_eq!(size % 16, 0);
         }
         // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
-        // BK a multiple of 4.
+        // BK a multiple of 4; and what `matmul.wgsl` needs (MAX_LOADS, whole warp tiles).
         for t in MATMUL_TILE_CANDIDATES.iter().chain(&MATMUL_SHORT_TILE_CANDIDATES).copied() {
+            assert!(t.is_valid(), "{t:?}");
             assert!(t.workgroup_bytes() <= 16 * 1024, "{t:?}");
             assert!(t.invocations() <= 256, "{t:?}");
             assert_eq!(t.bk % 4, 0, "{t:?}");
             assert!(t.loads_per_invocation() <= 8, "{t:?}");
         }
+        for t in MATMUL_SHORT_TILE_CANDIDATES {
+            assert_eq!(t.bm(), 16, "{t:?}");
+        }
+        // The checks can fail: too deep a slab, too many loads, a warp tile that does not fit.
+        assert!(!MatmulTile { wg_x: 16, wg_y: 16, bk: 32 }.is_valid());
+        assert!(!MatmulTile { wg_x: 16, wg_y: 2, bk: 16 }.is_valid());
+        assert!(!MatmulTile { wg_x: 8, wg_y: 6, bk: 8 }.is_valid());
         assert_eq!(MATMUL_TILE_CANDIDATES[0], MatmulTile::DEFAULT);
         assert_eq!(MATMUL_SHORT_TILE_CANDIDATES[0], MatmulTile::SHORT);
         assert_eq!(conv_candidates()[0], Spec::DEFAULT);

@@ -35,7 +35,7 @@ impl TunedConfig {
 
     /// The spec with these fields, `rows` for the small-M kernel.
     pub(crate) fn spec(self, kernel: Kernel, rows: u32) -> Spec {
-        Spec { tile: MatmulTile { wg_x: self.wg_x, wg_y: self.wg_y, bk: self.bk }, rows, wg: self.wg }
+        Spec { tile: MatmulTile { wg_x: self.wg_x, wg_y: self.wg_y, bk: self.bk }, rows, wg: self.wg, ..Spec::DEFAULT }
             .normalised(kernel)
     }
 }

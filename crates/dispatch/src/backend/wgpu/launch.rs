@@ -99,9 +99,10 @@ impl WgpuBackend {
         bias: Option<&WgpuStorage>,
         c: Option<&WgpuStorage>,
     ) -> Result<()> {
-        let spec = spec.normalised(kernel);
+        // The pipeline is specialised to this product's transposes, bias, C and activation.
+        let spec = spec.normalised(kernel).with_switches(desc);
         let (block_m, block_n) = match kernel {
-            Kernel::MatmulSmallM => (spec.rows, spec.wg * MatmulTile::TN),
+            Kernel::MatmulSmallM => (spec.rows, spec.wg * cat::SMALL_M_COLS),
             _ => (spec.tile.bm(), spec.tile.bn()),
         };
         let pipeline = self.pipeline(op, kernel, storage, spec)?;

@@ -202,8 +202,8 @@ fn grid_limits_split_batches_rows_and_columns_fold_1d_grids_and_refuse_the_rest(
     run_conv_case(&dev, DType::F16, &d, 902);
     // M = 1 takes the small-M kernel, 256 columns per workgroup: N = 256 * 8 + 1 needs 9
     // column blocks, more than the grid dimension holds, so it runs as two launches over
-    // column windows. M = 300 with the 16 x 128 tile needs 19 row blocks: three launches.
-    let n = (cat::SMALL_M_WG * MatmulTile::TN) as usize * 8 + 1;
+    // column windows. M = 300 with 16-row short tiles needs 19 row blocks: three launches.
+    let n = (cat::SMALL_M_WG * cat::SMALL_M_COLS) as usize * 8 + 1;
     run_matmul_case(&dev, DType::F32, &dense_case(1, 1, n, 3, false, false), 904);
     run_matmul_case(&dev, DType::F16, &dense_case(2, 300, 5, 3, false, true), 905);
     // 64 * 4 * 8 * 8 + 1 elements need 65 workgroups: more than an 8 x 8 grid.
