@@ -252,7 +252,9 @@ pub fn print_tune_summary(rows: &[Row]) {
 /// The geometric mean of ONNX Runtime time / tilekit time per backend and dtype, with the
 /// lowest row: the headline figure for the CPU backend.
 pub fn print_ort_summary(rows: &[Row]) {
-    let mut groups: Vec<((&str, &str), Vec<(f64, String)>)> = Vec::new();
+    /// (backend, dtype) and its rows' (speedup, row name).
+    type Group<'r> = ((&'r str, &'r str), Vec<(f64, String)>);
+    let mut groups: Vec<Group> = Vec::new();
     for r in rows {
         let Some(x) = r.references.iter().find(|x| x.name == "ort").and_then(|x| x.speedup) else { continue };
         if !(x.is_finite() && x > 0.0) {
