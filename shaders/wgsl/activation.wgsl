@@ -23,8 +23,16 @@ struct ActivationParams {
     // Position in the bias row of element 0: a tensor over the storage-binding limit runs in
     // chunks, bound as windows, and a chunk may start mid-row.
     bias_phase: u32,
+    // Element offsets of x and out in their bindings: nonzero for an engine's buffer imported
+    // at an offset that is not a multiple of the binding alignment. A view at an offset takes
+    // the element-by-element path (packed 16-bit stores touch only their own half-word).
+    x_off: u32,
+    o_off: u32,
+    // Element offset of the bias in its binding (BIAS_VEC only when a multiple of 4).
+    b_off: u32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(3) var<uniform> p: ActivationParams;
@@ -40,26 +48,26 @@ fn activation(
         return;
     }
     let i0 = g * 4u;
-    if (i0 + 4u <= p.len) {
+    if (i0 + 4u <= p.len && (p.x_off | p.o_off) == 0u) {
         var v = ld4_x(g);
         if ((p.flags & HAS_BIAS) != 0u) {
             let b0 = (i0 % p.bias_len + p.bias_phase) % p.bias_len;
             if ((p.flags & BIAS_VEC) != 0u) {
-                v = v + ld4_bias(b0 >> 2u);
+                v = v + ld4_bias((p.b_off + b0) >> 2u);
             } else {
                 for (var j = 0u; j < 4u; j++) {
-                    v[j] = v[j] + ld_bias(((i0 + j) % p.bias_len + p.bias_phase) % p.bias_len);
+                    v[j] = v[j] + ld_bias(p.b_off + ((i0 + j) % p.bias_len + p.bias_phase) % p.bias_len);
                 }
             }
         }
         st4_out(g, apply_act4(v, p.act));
     } else {
-        for (var i = i0; i < p.len; i++) {
-            var v = ld_x(i);
+        for (var i = i0; i < min(i0 + 4u, p.len); i++) {
+            var v = ld_x(p.x_off + i);
             if ((p.flags & HAS_BIAS) != 0u) {
-                v = v + ld_bias((i % p.bias_len + p.bias_phase) % p.bias_len);
+                v = v + ld_bias(p.b_off + (i % p.bias_len + p.bias_phase) % p.bias_len);
             }
-            st_out(i, apply_act(v, p.act));
+            st_out(p.o_off + i, apply_act(v, p.act));
         }
     }
 }

@@ -144,6 +144,24 @@ pub enum Error {
         /// The size of the failed allocation.
         bytes: u64,
     },
+    /// An engine's buffer lacks a usage tilekit needs (`Tensor::from_wgpu_buffer`).
+    #[error("{op}: the buffer lacks the {usage} usage")]
+    BufferUsage {
+        /// The call that needed it.
+        op: &'static str,
+        /// The missing usage, as wgpu names it (`STORAGE`, `COPY_SRC`).
+        usage: &'static str,
+    },
+    /// A byte offset is not a multiple of what the dtype or the device needs.
+    #[error("{op}: byte offset {offset} is not a multiple of {align}")]
+    MisalignedOffset {
+        /// The call that was made.
+        op: &'static str,
+        /// The offset given, in bytes.
+        offset: u64,
+        /// The alignment it needs, in bytes.
+        align: u64,
+    },
     /// Any other error a driver or runtime reported.
     #[error("{backend} backend error: {message}")]
     Backend {

@@ -37,6 +37,7 @@ mod device;
 mod error;
 mod ops;
 pub mod profile;
+mod record;
 mod tensor;
 pub mod tune;
 
@@ -47,6 +48,9 @@ pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
 pub use tune::{TuneMode, TuneReport};
+/// The wgpu tilekit is built against. An engine's `wgpu` must be this exact major version
+/// (wgpu's types do not cross versions); depending on `tilekit::wgpu` guarantees it.
+pub use wgpu;
 
 /// The kernel catalogue, descriptors and activation formulas of `tilekit-kernels`, re-exported
 /// for engines. Its CPU reference (`tilekit_kernels::reference`) is deliberately not here: it

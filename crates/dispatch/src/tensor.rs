@@ -129,6 +129,55 @@ impl Tensor {
         }
     }
 
+    /// The byte offset of the tensor's first element in [`Tensor::wgpu_buffer`] (0 for
+    /// tilekit's own buffers, the import offset for [`Tensor::from_wgpu_buffer`]; `None` on
+    /// other backends).
+    pub fn wgpu_byte_offset(&self) -> Option<u64> {
+        match &self.buffer.storage {
+            Storage::Wgpu(s) => Some(s.byte_offset()),
+            _ => None,
+        }
+    }
+
+    /// A tensor over an engine's own `wgpu::Buffer`, without a copy: `shape` in `dtype`, its
+    /// first element at `byte_offset`, dense and row-major from there. Every op reads and
+    /// writes it in place (the [`MatrixView`](crate::MatrixView) offsets of a
+    /// [`Device::matmul_into`] count from its first element), and nothing outside the view is
+    /// written. The tensor keeps a handle to the buffer; the engine keeps its own.
+    ///
+    /// Errors, all before anything is recorded:
+    /// - [`Error::BackendUnavailable`]: `device` is not a wgpu device;
+    /// - [`Error::BufferUsage`]: the buffer lacks `STORAGE` (reading it back with
+    ///   [`Tensor::to_vec`] also needs `COPY_SRC`, checked when it is read);
+    /// - [`Error::MisalignedOffset`]: `byte_offset` is not a multiple of the element size (any
+    ///   multiple works, odd f16/bf16 element offsets included);
+    /// - [`Error::ViewOutOfBounds`]: the view reaches past the end of the buffer;
+    /// - [`Error::InvalidParameter`]: the buffer's size is not a multiple of 4, or it does not
+    ///   extend to the 16-byte boundary after the view's last element (the kernels read whole
+    ///   16-byte vectors);
+    /// - [`Error::DeviceMismatch`]: the buffer belongs to another `wgpu::Device`.
+    ///
+    /// The buffer must come from the same `wgpu::Device` as `device` (see
+    /// [`Device::from_wgpu`]). Two tensors over one buffer are separate tensors to tilekit: an
+    /// op that writes one while reading the other is refused with [`Error::Aliasing`].
+    pub fn from_wgpu_buffer(
+        device: &Device,
+        buffer: wgpu::Buffer,
+        byte_offset: u64,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let len = element_count(shape)?;
+        let crate::backend::Backend::Wgpu(be) = &device.inner.backend else {
+            return Err(Error::BackendUnavailable {
+                backend: crate::BackendKind::Wgpu,
+                reason: format!("from_wgpu_buffer needs a wgpu device, this one is {}", device.kind().name()),
+            });
+        };
+        let storage = be.import(buffer, byte_offset, len, dtype)?;
+        Ok(device.wrap(dtype, len, Storage::Wgpu(storage), shape))
+    }
+
     /// The same buffer under another shape with as many elements.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = element_count(shape)?;

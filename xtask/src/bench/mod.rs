@@ -28,6 +28,7 @@ mod cases;
 mod chart;
 mod check;
 mod compare;
+mod launch;
 mod measure;
 mod ort;
 mod report;
@@ -57,7 +58,7 @@ pub struct Args {
     /// Small sizes and fewer runs: a few minutes on a 2-core machine with lavapipe.
     #[arg(long)]
     quick: bool,
-    /// Only these suites (comma-separated: square, decode, mobilenet, transformer).
+    /// Only these suites (comma-separated: square, decode, mobilenet, transformer, launch).
     #[arg(long, value_delimiter = ',')]
     suite: Vec<String>,
     /// Where to write the JSON results (default: results/bench-<time>.json; a CSV goes next to it).
@@ -83,14 +84,21 @@ pub fn run(args: Args) -> Result<()> {
     }
     let dtypes = parse_dtypes(&args.dtype)?;
     for s in &args.suite {
-        if !cases::SUITES.contains(&s.as_str()) {
-            bail!("unknown suite {s:?} (expected {})", cases::SUITES.join(", "));
+        if !cases::SUITES.contains(&s.as_str()) && s != "launch" {
+            bail!("unknown suite {s:?} (expected {}, launch)", cases::SUITES.join(", "));
         }
     }
     let devices = devices(&args.backend)?;
     if devices.is_empty() {
         println!("nothing to bench: the backend asked for is not available here (see the SKIP line above)");
         return Ok(());
+    }
+    // The launch suite times host cost per op (its own table, `launch.rs`); only on request.
+    if args.suite.iter().any(|s| s == "launch") {
+        launch::run(&devices, args.quick)?;
+        if args.suite.iter().all(|s| s == "launch") {
+            return Ok(());
+        }
     }
 
     let started = std::time::SystemTime::now();

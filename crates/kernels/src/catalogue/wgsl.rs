@@ -789,7 +789,7 @@ pub mod activation_flags {
     pub const BIAS_VEC: u32 = 2;
 }
 
-/// The parameter block of `activation.wgsl` (a uniform; 32 bytes).
+/// The parameter block of `activation.wgsl` (a uniform; 48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[allow(missing_docs)]
@@ -802,7 +802,13 @@ pub struct ActivationParams {
     pub items: u32,
     /// Position in the bias row of element 0 (a chunk of a larger tensor starts mid-row).
     pub bias_phase: u32,
-    pub _pad: [u32; 2],
+    /// Element offset of x in its binding (0 takes the vec4 path; nonzero, element by element).
+    pub x_off: u32,
+    /// Element offset of out in its binding (as `x_off`).
+    pub o_off: u32,
+    /// Element offset of the bias in its binding (`BIAS_VEC` only where a multiple of 4).
+    pub b_off: u32,
+    pub _pad: [u32; 3],
 }
 
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).

@@ -172,6 +172,7 @@ impl WgpuBackend {
             prof: ProfState::default(),
             tuner: Tuner::from_env(),
             forcing: Mutex::new(()),
+            capture: Mutex::new(None),
             #[cfg(test)]
             force_spec: Mutex::new(None),
             device,

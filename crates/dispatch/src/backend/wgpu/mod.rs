@@ -60,6 +60,7 @@ mod adapter;
 mod buffers;
 pub(crate) mod cache;
 mod health;
+mod interop;
 mod launch;
 mod pipelines;
 mod profile;
@@ -133,6 +134,8 @@ pub(crate) struct State {
     /// request to tune travels with the call, [`TuneRequest`]: ops other threads issue
     /// meanwhile are chosen as the mode says.)
     forcing: Mutex<()>,
+    /// The engine's encoder while `Device::record` runs, and the thread recording into it.
+    capture: Mutex<Option<(std::thread::ThreadId, wgpu::CommandEncoder)>>,
     /// Tests run every candidate through the whole op path by forcing its spec here.
     #[cfg(test)]
     force_spec: Mutex<Option<Spec>>,
@@ -144,12 +147,20 @@ pub(crate) struct WgpuStorage {
     buffer: wgpu::Buffer,
     len: usize,
     dtype: DType,
+    /// The element index in `buffer` of the tensor's first element: 0 for tilekit's own
+    /// buffers, the import offset for an engine's (`Tensor::from_wgpu_buffer`).
+    base: usize,
 }
 
 impl WgpuStorage {
     /// The raw buffer, for engines that bind it themselves.
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
+    }
+
+    /// Where the tensor's first element sits in [`Self::buffer`].
+    pub(crate) fn byte_offset(&self) -> u64 {
+        (self.base * self.dtype.size_bytes()) as u64
     }
 }
 
@@ -199,7 +210,7 @@ impl BackendOps for WgpuBackend {
     fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<WgpuStorage> {
         let bytes = padded_bytes(dtype, len)
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
-        Ok(WgpuStorage { buffer: self.create_buffer(bytes, None)?, len, dtype })
+        Ok(WgpuStorage { buffer: self.create_buffer(bytes, None)?, len, dtype, base: 0 })
     }
 
     fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuStorage> {
@@ -210,13 +221,21 @@ impl BackendOps for WgpuBackend {
         data.try_reserve_exact(padded as usize).map_err(|_| Error::OutOfMemory { backend: KIND, bytes: padded })?;
         data.extend_from_slice(bytes);
         data.resize(padded as usize, 0);
-        Ok(WgpuStorage { buffer: self.create_buffer(padded, Some(&data))?, len, dtype })
+        Ok(WgpuStorage { buffer: self.create_buffer(padded, Some(&data))?, len, dtype, base: 0 })
     }
 
     fn download(&self, s: &WgpuStorage, dtype: DType) -> Result<Vec<u8>> {
         let _ = dtype; // The storage knows its own dtype.
+        self.check_not_capturing("download")?;
+        if !s.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::BufferUsage { op: "download", usage: "COPY_SRC" });
+        }
         let bytes = s.len * s.dtype.size_bytes();
-        let size = s.buffer.size();
+        // Whole words around the view (copies move multiples of 4 bytes from multiples of 4).
+        let first = (s.base * s.dtype.size_bytes()) as u64;
+        let lo = first / 4 * 4;
+        let size = ((first + bytes as u64).div_ceil(4) * 4 - lo).max(4).min(s.buffer.size() - lo);
+        let skip = (first - lo) as usize;
         let staging = self.scoped(size, || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tilekit download"),
@@ -231,13 +250,14 @@ impl BackendOps for WgpuBackend {
                 let mut enc = self
                     .device
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tilekit download") });
-                enc.copy_buffer_to_buffer(&s.buffer, 0, &staging, 0, size);
+                enc.copy_buffer_to_buffer(&s.buffer, lo, &staging, 0, size);
                 enc.finish()
             })?;
             self.submit(&mut pending, Some(copy))?
         };
         let mut out = self.read_staging(&staging, index)?;
-        out.truncate(bytes);
+        out.truncate(skip + bytes);
+        out.drain(..skip);
         Ok(out)
     }
 
@@ -251,6 +271,8 @@ impl BackendOps for WgpuBackend {
         c: Option<&WgpuStorage>,
         out: &WgpuStorage,
     ) -> Result<()> {
+        let desc = &Self::rebased(desc, [a, b, out], bias, c)?;
+        Self::check_engine_alias("matmul", out, &[("a", Some(a)), ("b", Some(b)), ("bias", bias), ("c", c)])?;
         self.run_matmul(desc, dtype, a, b, bias, c, out, TuneRequest::AsConfigured).map(drop)
     }
 
@@ -263,6 +285,11 @@ impl BackendOps for WgpuBackend {
         bias: Option<&WgpuStorage>,
         out: &WgpuStorage,
     ) -> Result<()> {
+        Self::check_engine_alias(
+            "depthwise_conv2d",
+            out,
+            &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)],
+        )?;
         self.run_conv(desc, dtype, input, weight, bias, out, TuneRequest::AsConfigured).map(drop)
     }
 
@@ -275,19 +302,35 @@ impl BackendOps for WgpuBackend {
         out: &WgpuStorage,
     ) -> Result<()> {
         let op = "activation";
-        let in_place = std::ptr::eq(x, out) || x.buffer == out.buffer;
+        let in_place = std::ptr::eq(x, out) || (x.buffer == out.buffer && x.base == out.base);
+        if !in_place {
+            Self::check_engine_alias(op, out, &[("x", Some(x)), ("bias", bias)])?;
+        }
         let kernel = if in_place { Kernel::ActivationInPlace } else { Kernel::Activation };
         let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), Spec::DEFAULT)?;
-        let bias_buffer = bias.map_or(&self.dummy, |s| &s.buffer);
         let size = dtype.size_bytes();
-        // Tensors over the storage-binding limit run in chunks, each bound as a window.
+        // The bias (one row) bound as a window at its base; its offset inside it in `b_off`.
+        let (bias_bind, b_off) = match (desc.bias_len, bias) {
+            (Some(bl), Some(s)) => {
+                let (w, off) = self.window_of(s, 0, bl, size)?;
+                (Bind { slot: 1, buffer: &s.buffer, window: Some(w) }, off)
+            }
+            _ => (whole(1, &self.dummy), 0),
+        };
+        // Tensors over the storage-binding limit run in chunks, each bound as a window (with
+        // room for the alignment of an imported view's start).
         let mut launches = Vec::new();
         for (first, count) in self.chunks(op, desc.len, size)? {
             let len = to_u32(op, "len", count)?;
+            let (ow, o_off) = self.window_of(out, first, count, size)?;
+            let (xw, x_off) = self.window_of(x, first, count, size)?;
             let mut p = ActivationParams {
                 len,
                 act: desc.activation.code(),
                 items: len.div_ceil(4),
+                x_off: if in_place { o_off } else { x_off },
+                o_off,
+                b_off,
                 ..ActivationParams::default()
             };
             if let (Some(bl), Some(_)) = (desc.bias_len, bias) {
@@ -295,16 +338,14 @@ impl BackendOps for WgpuBackend {
                 // Where this chunk starts in the bias row.
                 p.bias_phase = to_u32(op, "bias phase", first % bl.max(1))?;
                 p.flags |= activation_flags::HAS_BIAS;
-                if bl.is_multiple_of(4) {
+                if bl.is_multiple_of(4) && b_off.is_multiple_of(4) {
                     p.flags |= activation_flags::BIAS_VEC;
                 }
             }
             let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
-            let offset = (first * size) as u64;
-            let window = Some((offset, ((count * size) as u64).div_ceil(16) * 16));
-            let mut binds = vec![whole(1, bias_buffer), Bind { slot: 2, buffer: &out.buffer, window }];
+            let mut binds = vec![bias_bind, Bind { slot: 2, buffer: &out.buffer, window: Some(ow) }];
             if !in_place {
-                binds.push(Bind { slot: 0, buffer: &x.buffer, window });
+                binds.push(Bind { slot: 0, buffer: &x.buffer, window: Some(xw) });
             }
             launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
         }
@@ -323,9 +364,19 @@ impl BackendOps for WgpuBackend {
             let items = (words as u64 + tail_half as u64).div_ceil(4) as u32;
             let p = CopyParams { words, tail_half, items, _pad: 0 };
             let grid = self.grid_1d(op, items, cat::WG_1D)?;
-            let window = Some(((first * size) as u64, (bytes as u64).div_ceil(16) * 16));
-            let binds =
-                vec![Bind { slot: 0, buffer: &src.buffer, window }, Bind { slot: 1, buffer: &dst.buffer, window }];
+            let (sw, s_off) = self.window_of(src, first, count, size)?;
+            let (dw, d_off) = self.window_of(dst, first, count, size)?;
+            if s_off != 0 || d_off != 0 {
+                return Err(Error::InvalidParameter {
+                    op,
+                    param: "view",
+                    reason: "the word copy needs views at the device's binding alignment".into(),
+                });
+            }
+            let binds = vec![
+                Bind { slot: 0, buffer: &src.buffer, window: Some(sw) },
+                Bind { slot: 1, buffer: &dst.buffer, window: Some(dw) },
+            ];
             launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
         }
         self.record(op, &pipeline, 2, &launches)
@@ -344,6 +395,7 @@ impl BackendOps for WgpuBackend {
         for (what, s) in [("a", a), ("b", b), ("out", out)] {
             self.element_count_fits(op, what, s)?;
         }
+        let desc = &Self::rebased(desc, [a, b, out], None, None)?;
         let params = self.matmul_params(op, desc)?;
         let gx = div_ceil_u32(params.n, cat::NAIVE_WG);
         let gy = div_ceil_u32(params.m, cat::NAIVE_WG);
@@ -364,6 +416,7 @@ impl BackendOps for WgpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.check_not_capturing("synchronize")?;
         let index = {
             let mut pending = self.lock_pending()?;
             self.submit(&mut pending, None)?
@@ -401,6 +454,8 @@ impl BackendOps for WgpuBackend {
         c: Option<&WgpuStorage>,
         out: &WgpuStorage,
     ) -> Result<TuneReport> {
+        let desc = &Self::rebased(desc, [a, b, out], bias, c)?;
+        Self::check_engine_alias("matmul", out, &[("a", Some(a)), ("b", Some(b)), ("bias", bias), ("c", c)])?;
         self.tune_now(|| self.run_matmul(desc, dtype, a, b, bias, c, out, TuneRequest::Now))
     }
 
@@ -511,12 +566,19 @@ impl WgpuBackend {
         if bias.is_some() {
             flags |= conv_flags::HAS_BIAS;
         }
+        // Imported views start at their base; the vector paths need it a multiple of 4.
+        let in_off = to_u32(op, "input offset", input.base)?;
+        let o_off = to_u32(op, "output offset", out.base)?;
         match desc.layout {
-            Layout::Nchw if ow.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
-            Layout::Nhwc if oc.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
+            Layout::Nchw if ow.is_multiple_of(4) && o_off.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
+            Layout::Nhwc if oc.is_multiple_of(4) && o_off.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
             _ => {}
         }
-        if desc.layout == Layout::Nhwc && desc.multiplier == 1 && desc.channels.is_multiple_of(4) {
+        if desc.layout == Layout::Nhwc
+            && desc.multiplier == 1
+            && desc.channels.is_multiple_of(4)
+            && in_off.is_multiple_of(4)
+        {
             flags |= conv_flags::IN_VEC;
         }
         let p = ConvParams {
@@ -540,6 +602,10 @@ impl WgpuBackend {
             flags,
             act: desc.activation.code(),
             items,
+            in_off,
+            w_off: to_u32(op, "weight offset", weight.base)?,
+            b_off: to_u32(op, "bias offset", bias.map_or(0, |b| b.base))?,
+            o_off,
             ..ConvParams::default()
         };
         let storage = self.storage_variant(dtype);

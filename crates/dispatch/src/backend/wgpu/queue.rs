@@ -88,50 +88,73 @@ impl WgpuBackend {
         } else {
             Vec::new()
         };
+        // Inside `Device::record` on this thread: into the engine's encoder, not the queue.
+        {
+            let mut capture = self.lock_capture()?;
+            if let Some((thread, encoder)) = capture.as_mut()
+                && *thread == std::thread::current().id()
+            {
+                return self.scoped(0, || self.encode(encoder, op, pipeline, uniform_slot, launches, &queries))?;
+            }
+        }
         let commands = self.scoped(0, || {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-            for (i, launch) in launches.iter().enumerate() {
-                let uniform = buffer_with(&self.device, op, &launch.params, wgpu::BufferUsages::UNIFORM)?;
-                let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
-                    .binds
-                    .iter()
-                    .map(|b| wgpu::BindGroupEntry {
-                        binding: b.slot,
-                        resource: match b.window {
-                            None => b.buffer.as_entire_binding(),
-                            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: b.buffer,
-                                offset,
-                                size: wgpu::BufferSize::new(size),
-                            }),
-                        },
-                    })
-                    .collect();
-                entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
-                let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(op),
-                    layout: &pipeline.layout,
-                    entries: &entries,
-                });
-                let timestamp_writes =
-                    queries.get(i).and_then(|q| q.as_ref()).map(|(set, slot)| wgpu::ComputePassTimestampWrites {
-                        query_set: set,
-                        beginning_of_pass_write_index: Some(*slot),
-                        end_of_pass_write_index: Some(*slot + 1),
-                    });
-                let mut pass =
-                    encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes });
-                pass.set_pipeline(&pipeline.pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                let [x, y, z] = launch.grid;
-                pass.dispatch_workgroups(x, y, z);
-            }
+            self.encode(&mut encoder, op, pipeline, uniform_slot, launches, &queries)?;
             Ok(encoder.finish())
         })??;
         let mut pending = self.lock_pending()?;
         pending.buffers.push(commands);
         if pending.buffers.len() >= MAX_PENDING_OPS {
             self.submit(&mut pending, None)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes `launches` of `pipeline` into `encoder`, one compute pass each.
+    fn encode(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        op: &'static str,
+        pipeline: &Pipeline,
+        uniform_slot: u32,
+        launches: &[Launch<'_>],
+        queries: &[Option<(wgpu::QuerySet, u32)>],
+    ) -> Result<()> {
+        for (i, launch) in launches.iter().enumerate() {
+            let uniform = buffer_with(&self.device, op, &launch.params, wgpu::BufferUsages::UNIFORM)?;
+            let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
+                .binds
+                .iter()
+                .map(|b| wgpu::BindGroupEntry {
+                    binding: b.slot,
+                    resource: match b.window {
+                        None => b.buffer.as_entire_binding(),
+                        Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: b.buffer,
+                            offset,
+                            size: wgpu::BufferSize::new(size),
+                        }),
+                    },
+                })
+                .collect();
+            entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
+            let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(op),
+                layout: &pipeline.layout,
+                entries: &entries,
+            });
+            let timestamp_writes =
+                queries.get(i).and_then(|q| q.as_ref()).map(|(set, slot)| wgpu::ComputePassTimestampWrites {
+                    query_set: set,
+                    beginning_of_pass_write_index: Some(*slot),
+                    end_of_pass_write_index: Some(*slot + 1),
+                });
+            let mut pass =
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes });
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            let [x, y, z] = launch.grid;
+            pass.dispatch_workgroups(x, y, z);
         }
         Ok(())
     }

@@ -246,9 +246,12 @@ impl WgpuBackend {
                     ocs,
                 )
             };
-            let (Some((wi, in_off)), Some((ww, w_off)), Some((wo, o_off))) =
-                (window(in_first, in_len), window(w_first, w_len), window(o_first, o_len))
-            else {
+            // Imported views start at their base.
+            let (Some((wi, in_off)), Some((ww, w_off)), Some((wo, o_off))) = (
+                window(input.base + in_first, in_len),
+                window(weight.base + w_first, w_len),
+                window(out.base + o_first, o_len),
+            ) else {
                 return Ok(None);
             };
             let mut binds = vec![
@@ -259,7 +262,7 @@ impl WgpuBackend {
             let mut b_off = 0;
             match bias {
                 Some(bs) => {
-                    let Some((wb, off)) = window(b_first, b_len) else { return Ok(None) };
+                    let Some((wb, off)) = window(bs.base + b_first, b_len) else { return Ok(None) };
                     binds.push(Bind { slot: 2, buffer: &bs.buffer, window: Some(wb) });
                     b_off = off;
                 }

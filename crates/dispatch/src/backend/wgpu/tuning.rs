@@ -72,7 +72,8 @@ impl WgpuBackend {
         if !forced && let Some(cfg) = self.tuner.lookup(&key, hash, kernel, candidates, |s| self.spec_fits(kernel, s)) {
             return Ok((cfg.spec(kernel, rows), None));
         }
-        if forced || mode == TuneMode::On {
+        // Timing needs host waits, which recording into an engine's encoder rules out.
+        if (forced || mode == TuneMode::On) && !self.capturing() {
             let mark = self.profile_mark();
             let tuned = self.tune_candidates(kernel, candidates, &key, &hash(), run);
             // Tuning launches are not part of the caller's profile.
