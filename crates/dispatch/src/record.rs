@@ -57,3 +57,16 @@ impl Device {
         f(self)
     }
 }
+
+#[cfg(feature = "bench-refs")]
+impl Device {
+    /// Bench only: on wgpu, `false` makes every launch create its own parameter buffer and
+    /// bind group (what tilekit did before the uniform ring and the bind-group cache), so
+    /// `cargo xtask bench --suite launch` times both in one run. No effect elsewhere.
+    #[doc(hidden)]
+    pub fn bench_set_launch_reuse(&self, on: bool) {
+        if let Backend::Wgpu(be) = &self.inner.backend {
+            be.set_reuse(on);
+        }
+    }
+}

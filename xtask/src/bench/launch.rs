@@ -7,9 +7,12 @@
 //! three rounds, each after a warm-up and a `synchronize`, not counting the final wait), and
 //! the same for the floor: the same WGSL module from the kernel catalogue, compiled once,
 //! dispatched by a plain loop with a bind group and a parameter block built once — one compute
-//! pass per op in a shared encoder, submitted every 64 ops as tilekit does. The ratio column
-//! is tilekit over the floor, both measured in this run; the issue's target is ≤ 1.5×. A
-//! "with wait" column adds the final `synchronize` (the device time of the chain).
+//! pass per op in a shared encoder, submitted every 64 ops as tilekit does. tilekit is timed
+//! twice in the same run: as it runs (a uniform ring with dynamic offsets and cached bind
+//! groups) and with that reuse turned off (a parameter buffer and a bind group made per
+//! launch, as before the ring; `Device::bench_set_launch_reuse`). The ratio columns are each
+//! over the floor, all measured in this run; the target is ≤ 1.5×. The "+wait" columns add
+//! the final `synchronize` (the device time of the chain).
 
 use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
@@ -56,20 +59,22 @@ pub fn run(devices: &[Device], quick: bool) -> Result<()> {
     for dev in wgpu_devices {
         println!("   {}", dev.description());
         println!(
-            "   {:<28} {:>14} {:>14} {:>8} {:>18} {:>18}",
-            "case", "tilekit µs/op", "floor µs/op", "ratio", "tilekit+wait µs/op", "floor+wait µs/op"
+            "   {:<26} {:>12} {:>12} {:>12} {:>9} {:>9} {:>12} {:>12}",
+            "case", "tilekit µs", "no-reuse µs", "floor µs", "ratio", "no-reuse", "tk+wait µs", "floor+wait"
         );
         let cases: [(&str, Case); 2] =
             [("activation relu 4096 f32", Case::Activation), ("matmul 64x64x64 f32", Case::Matmul)];
         for (name, case) in cases {
-            let (tk, floor) = measure(dev, case, chain).with_context(|| format!("launch case {name}"))?;
+            let [tk, old, floor] = measure(dev, case, chain).with_context(|| format!("launch case {name}"))?;
             let per = |d: Duration| d.as_secs_f64() * 1e6 / chain as f64;
             println!(
-                "   {:<28} {:>14.2} {:>14.2} {:>7.2}x {:>18.2} {:>18.2}",
+                "   {:<26} {:>12.2} {:>12.2} {:>12.2} {:>8.2}x {:>8.2}x {:>12.2} {:>12.2}",
                 name,
                 per(tk.issue),
+                per(old.issue),
                 per(floor.issue),
                 per(tk.issue) / per(floor.issue),
+                per(old.issue) / per(floor.issue),
                 per(tk.total),
                 per(floor.total)
             );
@@ -84,8 +89,9 @@ enum Case {
     Matmul,
 }
 
-/// Times tilekit's chain and the floor's, alternating rounds so both see the same load.
-fn measure(dev: &Device, case: Case, chain: usize) -> Result<(Timed, Timed)> {
+/// Times tilekit's chain (with and without reuse) and the floor's, alternating within each
+/// round so all three see the same load.
+fn measure(dev: &Device, case: Case, chain: usize) -> Result<[Timed; 3]> {
     let (gdev, queue) = dev.wgpu_device().context("a wgpu device")?;
     let n = 64usize;
     let len = 4096usize;
@@ -212,21 +218,24 @@ fn measure(dev: &Device, case: Case, chain: usize) -> Result<(Timed, Timed)> {
     };
     let floor_wait = || gdev.poll(wgpu::PollType::wait_indefinitely()).map(drop);
 
-    let mut tk_best = None;
-    let mut floor_best = None;
+    let mut best: [Option<Timed>; 3] = [None; 3];
     for _ in 0..ROUNDS {
-        // Warm-up (pipelines, caches), then a quiet device.
-        for _ in 0..PER_SUBMIT {
-            tilekit_op()?;
+        for (which, reuse) in [(0, true), (1, false)] {
+            dev.bench_set_launch_reuse(reuse);
+            // Warm-up (pipelines, caches), then a quiet device.
+            for _ in 0..PER_SUBMIT {
+                tilekit_op()?;
+            }
+            dev.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..chain {
+                tilekit_op()?;
+            }
+            let issue = t.elapsed();
+            dev.synchronize()?;
+            best[which] = Some(Timed::best(best[which], Timed { issue, total: t.elapsed() }));
         }
-        dev.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..chain {
-            tilekit_op()?;
-        }
-        let issue = t.elapsed();
-        dev.synchronize()?;
-        tk_best = Some(Timed::best(tk_best, Timed { issue, total: t.elapsed() }));
+        dev.bench_set_launch_reuse(true);
 
         floor_op(PER_SUBMIT);
         floor_wait()?;
@@ -234,7 +243,8 @@ fn measure(dev: &Device, case: Case, chain: usize) -> Result<(Timed, Timed)> {
         floor_op(chain);
         let issue = t.elapsed();
         floor_wait()?;
-        floor_best = Some(Timed::best(floor_best, Timed { issue, total: t.elapsed() }));
+        best[2] = Some(Timed::best(best[2], Timed { issue, total: t.elapsed() }));
     }
-    Ok((tk_best.context("a round")?, floor_best.context("a round")?))
+    let [a, b, c] = best;
+    Ok([a.context("a round")?, b.context("a round")?, c.context("a round")?])
 }

@@ -161,6 +161,25 @@ impl WgpuBackend {
             mapped_at_creation: false,
         });
         let limits = device.limits();
+        // Slots of the uniform ring: the largest parameter block, at the offset alignment.
+        let largest = [
+            size_of::<MatmulParams>(),
+            size_of::<ConvParams>(),
+            size_of::<ActivationParams>(),
+            size_of::<CopyParams>(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(256) as u64;
+        let ring_stride = largest.div_ceil(16) * 16;
+        let ring_stride = ring_stride.div_ceil(u64::from(limits.min_uniform_buffer_offset_alignment.max(1)))
+            * u64::from(limits.min_uniform_buffer_offset_alignment.max(1));
+        let ring = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tilekit uniform ring"),
+            size: ring_stride * queue::RING_SLOTS as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let fingerprint = format!(
             "{} ({:?}, {:04x}:{:04x}, {} {})",
@@ -172,6 +191,11 @@ impl WgpuBackend {
             prof: ProfState::default(),
             tuner: Tuner::from_env(),
             forcing: Mutex::new(()),
+            ring,
+            ring_stride,
+            bind_groups: Mutex::new(Default::default()),
+            reuse: AtomicBool::new(true),
+            graveyard: Default::default(),
             capture: Mutex::new(None),
             #[cfg(test)]
             force_spec: Mutex::new(None),

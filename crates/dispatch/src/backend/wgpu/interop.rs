@@ -103,7 +103,7 @@ impl WgpuBackend {
                 Err(other) => return Err(other),
             }
         }
-        Ok(WgpuStorage { buffer, len, dtype, base })
+        Ok(WgpuStorage { buffer, len, dtype, base, graveyard: self.graveyard.clone() })
     }
 
     /// `desc` with each operand's base offset added to its view.
@@ -230,5 +230,11 @@ impl WgpuBackend {
             Err(poisoned) => poisoned.into_inner(),
         };
         capture.take().map(|(_, encoder)| encoder)
+    }
+
+    /// Turns the uniform ring and the bind-group cache on or off (bench comparisons).
+    #[cfg(feature = "bench-refs")]
+    pub(crate) fn set_reuse(&self, on: bool) {
+        self.reuse.store(on, Ordering::Relaxed);
     }
 }

@@ -134,6 +134,17 @@ pub(crate) struct State {
     /// request to tune travels with the call, [`TuneRequest`]: ops other threads issue
     /// meanwhile are chosen as the mode says.)
     forcing: Mutex<()>,
+    /// The uniform ring: parameter blocks of pending launches, `ring_stride` bytes apart,
+    /// bound with dynamic offsets (`queue.rs`).
+    ring: wgpu::Buffer,
+    ring_stride: u64,
+    /// Bind groups by pipeline and bindings.
+    bind_groups: Mutex<queue::BindGroupCache>,
+    /// Whether launches use the ring and the bind-group cache (the bench turns it off to time
+    /// a parameter buffer and a bind group made per launch, in the same run).
+    reuse: AtomicBool,
+    /// Buffers of dropped storages, whose bind groups leave the cache at the next launch.
+    graveyard: Arc<Mutex<Vec<wgpu::Buffer>>>,
     /// The engine's encoder while `Device::record` runs, and the thread recording into it.
     capture: Mutex<Option<(std::thread::ThreadId, wgpu::CommandEncoder)>>,
     /// Tests run every candidate through the whole op path by forcing its spec here.
@@ -150,6 +161,16 @@ pub(crate) struct WgpuStorage {
     /// The element index in `buffer` of the tensor's first element: 0 for tilekit's own
     /// buffers, the import offset for an engine's (`Tensor::from_wgpu_buffer`).
     base: usize,
+    /// Where the buffer goes when this storage drops, so cached bind groups release it.
+    graveyard: Arc<Mutex<Vec<wgpu::Buffer>>>,
+}
+
+impl Drop for WgpuStorage {
+    fn drop(&mut self) {
+        if let Ok(mut g) = self.graveyard.lock() {
+            g.push(self.buffer.clone());
+        }
+    }
 }
 
 impl WgpuStorage {
@@ -210,7 +231,13 @@ impl BackendOps for WgpuBackend {
     fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<WgpuStorage> {
         let bytes = padded_bytes(dtype, len)
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
-        Ok(WgpuStorage { buffer: self.create_buffer(bytes, None)?, len, dtype, base: 0 })
+        Ok(WgpuStorage {
+            buffer: self.create_buffer(bytes, None)?,
+            len,
+            dtype,
+            base: 0,
+            graveyard: self.graveyard.clone(),
+        })
     }
 
     fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuStorage> {
@@ -221,7 +248,13 @@ impl BackendOps for WgpuBackend {
         data.try_reserve_exact(padded as usize).map_err(|_| Error::OutOfMemory { backend: KIND, bytes: padded })?;
         data.extend_from_slice(bytes);
         data.resize(padded as usize, 0);
-        Ok(WgpuStorage { buffer: self.create_buffer(padded, Some(&data))?, len, dtype, base: 0 })
+        Ok(WgpuStorage {
+            buffer: self.create_buffer(padded, Some(&data))?,
+            len,
+            dtype,
+            base: 0,
+            graveyard: self.graveyard.clone(),
+        })
     }
 
     fn download(&self, s: &WgpuStorage, dtype: DType) -> Result<Vec<u8>> {

@@ -78,9 +78,21 @@ impl WgpuBackend {
                 label: Some(&module.name),
                 source: wgpu::ShaderSource::Wgsl(module.source.as_str().into()),
             });
-            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            // An explicit layout: the parameter block is bound with a dynamic offset into
+            // the uniform ring (`queue.rs`), so one bind group serves every launch on the
+            // same buffers.
+            let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(&module.name),
-                layout: None,
+                entries: &binding_entries(&module.source),
+            });
+            let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(&module.name),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+            let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&module.name),
+                layout: Some(&pipeline_layout),
                 module: &shader,
                 entry_point: Some(module.entry_point),
                 compilation_options: wgpu::PipelineCompilationOptions {
@@ -89,9 +101,10 @@ impl WgpuBackend {
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
-            })
+            });
+            (pipeline, layout)
         })?;
-        let layout = self.scoped(0, || pipeline.get_bind_group_layout(0))?;
+        let (pipeline, layout) = pipeline;
         let name = match kernel {
             Kernel::Matmul | Kernel::MatmulSmallM | Kernel::DepthwiseConv2d => {
                 format!("{} [{}]", module.name, spec.label(kernel))
@@ -104,4 +117,37 @@ impl WgpuBackend {
         }
         Ok(p)
     }
+}
+
+/// The bind-group layout entries of a composed module, read from its `@group(0) @binding(n)`
+/// declarations: storage buffers read-only or read-write as declared, the parameter block a
+/// uniform with a dynamic offset.
+pub(super) fn binding_entries(source: &str) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = Vec::new();
+    for line in source.lines().map(str::trim_start).filter(|l| l.starts_with("@group(0) @binding(")) {
+        let rest = &line["@group(0) @binding(".len()..];
+        let Some(slot) = rest.split(')').next().and_then(|n| n.trim().parse::<u32>().ok()) else { continue };
+        let ty = if line.contains("var<uniform>") {
+            wgpu::BufferBindingType::Uniform
+        } else if line.contains("read_write") {
+            wgpu::BufferBindingType::Storage { read_only: false }
+        } else {
+            wgpu::BufferBindingType::Storage { read_only: true }
+        };
+        if entries.iter().any(|e| e.binding == slot) {
+            continue;
+        }
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding: slot,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: ty == wgpu::BufferBindingType::Uniform,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    entries.sort_by_key(|e| e.binding);
+    entries
 }

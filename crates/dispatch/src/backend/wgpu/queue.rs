@@ -32,7 +32,29 @@ pub(super) struct Launch<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     pub(super) buffers: Vec<wgpu::CommandBuffer>,
+    /// The parameter blocks of the pending launches, one per ring slot (`State::ring_stride`
+    /// apart): written to the uniform ring in one `write_buffer` just before the submit, which
+    /// orders it after every earlier submission and before these command buffers.
+    pub(super) ring_image: Vec<u8>,
+    /// Ring slots the pending launches use.
+    pub(super) ring_used: usize,
 }
+
+/// Bind groups by (pipeline, bindings): a chain of ops on the same buffers reuses one.
+#[derive(Debug, Default)]
+pub(super) struct BindGroupCache {
+    map: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+/// A bind group's identity: the pipeline (its address in the pipeline cache, which never
+/// drops one), and each binding's slot, buffer and window.
+type BindKey = (usize, Vec<(u32, wgpu::Buffer, Option<(u64, u64)>)>);
+
+/// Bind groups cached at most (all are dropped when it fills; a chain reuses few).
+const BIND_GROUP_CACHE: usize = 1024;
+/// Slots of the uniform ring: launches one submission may hold; an op needing more slots
+/// than are left submits what is pending first.
+pub(super) const RING_SLOTS: usize = 512;
 
 impl WgpuBackend {
     /// Submissions so far.
@@ -88,21 +110,49 @@ impl WgpuBackend {
         } else {
             Vec::new()
         };
-        // Inside `Device::record` on this thread: into the engine's encoder, not the queue.
+        // Inside `Device::record` on this thread: into the engine's encoder, not the queue,
+        // with parameter blocks of their own (the ring is for what tilekit submits).
         {
             let mut capture = self.lock_capture()?;
             if let Some((thread, encoder)) = capture.as_mut()
                 && *thread == std::thread::current().id()
             {
-                return self.scoped(0, || self.encode(encoder, op, pipeline, uniform_slot, launches, &queries))?;
+                return self
+                    .scoped(0, || self.encode_fresh(encoder, op, pipeline, uniform_slot, launches, &queries))?;
             }
         }
-        let commands = self.scoped(0, || {
-            let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-            self.encode(&mut encoder, op, pipeline, uniform_slot, launches, &queries)?;
-            Ok(encoder.finish())
-        })??;
         let mut pending = self.lock_pending()?;
+        let commands = if launches.len() > RING_SLOTS || !self.reuse.load(Ordering::Relaxed) {
+            // More launches than the ring holds (a matmul split into many blocks).
+            self.scoped(0, || {
+                let mut encoder =
+                    self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
+                self.encode_fresh(&mut encoder, op, pipeline, uniform_slot, launches, &queries)?;
+                Ok(encoder.finish())
+            })??
+        } else {
+            if pending.ring_used + launches.len() > RING_SLOTS {
+                self.submit(&mut pending, None)?;
+            }
+            let first = pending.ring_used;
+            let commands = self.scoped(0, || {
+                let mut encoder =
+                    self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
+                self.encode_ring(&mut encoder, op, pipeline, uniform_slot, launches, &queries, first)?;
+                Ok(encoder.finish())
+            })??;
+            let stride = self.ring_stride as usize;
+            let end = (first + launches.len()) * stride;
+            if pending.ring_image.len() < end {
+                pending.ring_image.resize(end, 0);
+            }
+            for (i, launch) in launches.iter().enumerate() {
+                let at = (first + i) * stride;
+                pending.ring_image[at..at + launch.params.len()].copy_from_slice(&launch.params);
+            }
+            pending.ring_used = first + launches.len();
+            commands
+        };
         pending.buffers.push(commands);
         if pending.buffers.len() >= MAX_PENDING_OPS {
             self.submit(&mut pending, None)?;
@@ -110,8 +160,97 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Encodes `launches` of `pipeline` into `encoder`, one compute pass each.
-    fn encode(
+    /// Encodes `launches` with their parameter blocks in ring slots `first..`, each bound by
+    /// a cached bind group and a dynamic offset.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_ring(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        op: &'static str,
+        pipeline: &Pipeline,
+        uniform_slot: u32,
+        launches: &[Launch<'_>],
+        queries: &[Option<(wgpu::QuerySet, u32)>],
+        first: usize,
+    ) -> Result<()> {
+        for (i, launch) in launches.iter().enumerate() {
+            let bind_group = self.cached_bind_group(op, pipeline, uniform_slot, launch)?;
+            let offset = u32::try_from((first + i) as u64 * self.ring_stride)
+                .map_err(|_| Error::Overflow { op, what: "a uniform ring offset".into() })?;
+            self.encode_pass(encoder, op, pipeline, &bind_group, offset, launch.grid, queries.get(i));
+        }
+        Ok(())
+    }
+
+    /// One compute pass: `pipeline`, `bind_group` at `offset` into the ring, the grid.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_pass(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        op: &'static str,
+        pipeline: &Pipeline,
+        bind_group: &wgpu::BindGroup,
+        offset: u32,
+        [x, y, z]: [u32; 3],
+        query: Option<&Option<(wgpu::QuerySet, u32)>>,
+    ) {
+        let timestamp_writes = query.and_then(|q| q.as_ref()).map(|(set, slot)| wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(*slot),
+            end_of_pass_write_index: Some(*slot + 1),
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes });
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, bind_group, &[offset]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// The bind group of `launch` on `pipeline` with the ring at `uniform_slot`: from the
+    /// cache, or made and cached. Buffers dropped since the last call leave the cache first.
+    fn cached_bind_group(
+        &self,
+        op: &'static str,
+        pipeline: &Pipeline,
+        uniform_slot: u32,
+        launch: &Launch<'_>,
+    ) -> Result<wgpu::BindGroup> {
+        let mut cache = self
+            .bind_groups
+            .lock()
+            .map_err(|_| Error::Backend { backend: KIND, message: "the bind-group cache lock was poisoned".into() })?;
+        let dead: Vec<wgpu::Buffer> = self.graveyard.lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
+        if !dead.is_empty() {
+            cache.map.retain(|(_, binds), _| !binds.iter().any(|(_, b, _)| dead.contains(b)));
+        }
+        let key: BindKey = (
+            pipeline as *const Pipeline as usize,
+            launch.binds.iter().map(|b| (b.slot, b.buffer.clone(), b.window)).collect(),
+        );
+        if let Some(bg) = cache.map.get(&key) {
+            return Ok(bg.clone());
+        }
+        let size = wgpu::BufferSize::new((launch.params.len() as u64).div_ceil(16) * 16);
+        let mut entries = bind_entries(&launch.binds);
+        entries.push(wgpu::BindGroupEntry {
+            binding: uniform_slot,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &self.ring, offset: 0, size }),
+        });
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(op),
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        if cache.map.len() >= BIND_GROUP_CACHE {
+            cache.map.clear();
+        }
+        cache.map.insert(key, bg.clone());
+        Ok(bg)
+    }
+
+    /// Encodes `launches` of `pipeline` into `encoder`, one compute pass each, each with a
+    /// parameter block and a bind group of its own (inside `Device::record`, where the ring
+    /// cannot be used, and for ops with more launches than the ring holds).
+    fn encode_fresh(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         op: &'static str,
@@ -122,39 +261,14 @@ impl WgpuBackend {
     ) -> Result<()> {
         for (i, launch) in launches.iter().enumerate() {
             let uniform = buffer_with(&self.device, op, &launch.params, wgpu::BufferUsages::UNIFORM)?;
-            let mut entries: Vec<wgpu::BindGroupEntry<'_>> = launch
-                .binds
-                .iter()
-                .map(|b| wgpu::BindGroupEntry {
-                    binding: b.slot,
-                    resource: match b.window {
-                        None => b.buffer.as_entire_binding(),
-                        Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: b.buffer,
-                            offset,
-                            size: wgpu::BufferSize::new(size),
-                        }),
-                    },
-                })
-                .collect();
+            let mut entries = bind_entries(&launch.binds);
             entries.push(wgpu::BindGroupEntry { binding: uniform_slot, resource: uniform.as_entire_binding() });
             let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(op),
                 layout: &pipeline.layout,
                 entries: &entries,
             });
-            let timestamp_writes =
-                queries.get(i).and_then(|q| q.as_ref()).map(|(set, slot)| wgpu::ComputePassTimestampWrites {
-                    query_set: set,
-                    beginning_of_pass_write_index: Some(*slot),
-                    end_of_pass_write_index: Some(*slot + 1),
-                });
-            let mut pass =
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(op), timestamp_writes });
-            pass.set_pipeline(&pipeline.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            let [x, y, z] = launch.grid;
-            pass.dispatch_workgroups(x, y, z);
+            self.encode_pass(encoder, op, pipeline, &bind_group, 0, launch.grid, queries.get(i));
         }
         Ok(())
     }
@@ -175,7 +289,7 @@ impl WgpuBackend {
     }
 
     /// Submits the pending command buffers (plus `extra`, after them) in one submission and
-    /// returns its index.
+    /// returns its index; their parameter blocks go to the uniform ring first.
     pub(super) fn submit(
         &self,
         pending: &mut Pending,
@@ -183,6 +297,10 @@ impl WgpuBackend {
     ) -> Result<Option<wgpu::SubmissionIndex>> {
         let mut buffers = std::mem::take(&mut pending.buffers);
         buffers.extend(extra);
+        let used = std::mem::take(&mut pending.ring_used) * self.ring_stride as usize;
+        if used > 0 {
+            self.scoped(0, || self.queue.write_buffer(&self.ring, 0, &pending.ring_image[..used]))?;
+        }
         if buffers.is_empty() {
             return Ok(None);
         }
@@ -201,7 +319,13 @@ impl WgpuBackend {
                 backend: KIND,
                 message: format!("the device did not finish within {} s", WAIT_TIMEOUT.as_secs()),
             }),
-            Err(e) => Err(Error::Backend { backend: KIND, message: e.to_string() }),
+            Err(e) => {
+                // A submission the queue refused (as on a destroyed device, whose loss is
+                // reported once the device is polled) leaves an index the wait rejects.
+                let _ = self.device.poll(wgpu::PollType::Poll);
+                self.check_health()?;
+                Err(Error::Backend { backend: KIND, message: e.to_string() })
+            }
         }
     }
 
@@ -210,4 +334,22 @@ impl WgpuBackend {
             .lock()
             .map_err(|_| Error::Backend { backend: KIND, message: "the pending-work lock was poisoned".into() })
     }
+}
+
+/// The storage entries of a bind group.
+fn bind_entries<'a>(binds: &[Bind<'a>]) -> Vec<wgpu::BindGroupEntry<'a>> {
+    binds
+        .iter()
+        .map(|b| wgpu::BindGroupEntry {
+            binding: b.slot,
+            resource: match b.window {
+                None => b.buffer.as_entire_binding(),
+                Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buffer,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            },
+        })
+        .collect()
 }
