@@ -4,6 +4,14 @@ use crate::backend::Backend;
 use crate::{BackendKind, Device, Error, Result};
 
 impl Device {
+    /// The wgpu backend, for the engine interop (`None` on other backends).
+    pub(crate) fn wgpu_backend(&self) -> Option<&crate::backend::wgpu::WgpuBackend> {
+        match &self.inner.backend {
+            Backend::Wgpu(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// Records the tilekit ops that `f` issues into the engine's `encoder`, without submitting
     /// or waiting: they run when the engine submits the encoder, in order with the passes and
     /// copies it encodes before and after. Returns what `f` returns.
@@ -28,7 +36,7 @@ impl Device {
     /// While `f` runs, `encoder` holds a placeholder; it is restored when `f` returns (or
     /// unwinds).
     pub fn record<R>(&self, encoder: &mut wgpu::CommandEncoder, f: impl FnOnce(&Device) -> Result<R>) -> Result<R> {
-        let Backend::Wgpu(be) = &self.inner.backend else {
+        let Some(be) = self.wgpu_backend() else {
             return Err(Error::BackendUnavailable {
                 backend: BackendKind::Wgpu,
                 reason: format!("Device::record needs a wgpu device, this one is {}", self.kind().name()),
@@ -65,7 +73,7 @@ impl Device {
     /// `cargo xtask bench --suite launch` times both in one run. No effect elsewhere.
     #[doc(hidden)]
     pub fn bench_set_launch_reuse(&self, on: bool) {
-        if let Backend::Wgpu(be) = &self.inner.backend {
+        if let Some(be) = self.wgpu_backend() {
             be.set_reuse(on);
         }
     }

@@ -168,7 +168,7 @@ impl Tensor {
         dtype: DType,
     ) -> Result<Tensor> {
         let len = element_count(shape)?;
-        let crate::backend::Backend::Wgpu(be) = &device.inner.backend else {
+        let Some(be) = device.wgpu_backend() else {
             return Err(Error::BackendUnavailable {
                 backend: crate::BackendKind::Wgpu,
                 reason: format!("from_wgpu_buffer needs a wgpu device, this one is {}", device.kind().name()),
