@@ -35,6 +35,44 @@ impl Device {
     ///
     /// While `f` runs, `encoder` holds a placeholder; it is restored when `f` returns (or
     /// unwinds).
+    ///
+    /// ```
+    /// use tilekit::{wgpu, Activation, DType, Device, MatmulOptions, Tensor, WgpuOptions};
+    ///
+    /// let Ok(dev) = Device::wgpu(&WgpuOptions::allow_software()) else {
+    ///     eprintln!("SKIP: no wgpu adapter");
+    ///     return Ok(());
+    /// };
+    /// let (device, queue) = dev.wgpu_device().unwrap();
+    /// // The engine's own buffer: A (2 x 3, f32) at byte 16, as tilekit's tensor, no copy.
+    /// let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    /// let engine_buf = device.create_buffer(&wgpu::BufferDescriptor { label: None, size: 64, usage, mapped_at_creation: false });
+    /// queue.write_buffer(&engine_buf, 16, bytemuck::cast_slice(&[1f32, 2., 3., 4., 5., 6.]));
+    /// let a = Tensor::from_wgpu_buffer(&dev, engine_buf.clone(), 16, &[2, 3], DType::F32)?;
+    /// let b = dev.tensor_from_f32(&[3, 1], DType::F32, &[1., 0., -1.])?;
+    ///
+    /// let readback = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: None,
+    ///     size: 8,
+    ///     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// // ... the engine's passes ...
+    /// let y = dev.record(&mut encoder, |dev| {
+    ///     let y = dev.matmul(&a, &b, &MatmulOptions { alpha: -1.0, ..Default::default() })?;
+    ///     dev.activation_in_place(&y, None, Activation::Relu)?;
+    ///     Ok(y)
+    /// })?;
+    /// encoder.copy_buffer_to_buffer(y.wgpu_buffer().unwrap(), 0, &readback, 0, 8);
+    /// queue.submit([encoder.finish()]); // one submit: the engine's work and tilekit's
+    ///
+    /// readback.slice(..).map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    /// device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    /// let got: Vec<f32> = bytemuck::pod_collect_to_vec(&readback.slice(..).get_mapped_range().unwrap());
+    /// assert_eq!(got, [2.0, 2.0]); // relu(-(1 - 3)), relu(-(4 - 6))
+    /// # Ok::<(), tilekit::Error>(())
+    /// ```
     pub fn record<R>(&self, encoder: &mut wgpu::CommandEncoder, f: impl FnOnce(&Device) -> Result<R>) -> Result<R> {
         let Some(be) = self.wgpu_backend() else {
             return Err(Error::BackendUnavailable {

@@ -12,6 +12,14 @@
 //!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
 //!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
 //!   poll with a timeout and return a typed error instead of hanging.
+//! - Per-op host cost: each launch's parameter block goes to a slot of a uniform ring (the
+//!   slots of a submission written in one `write_buffer` just before it), bound with a dynamic
+//!   offset; pipelines have explicit bind-group layouts (read from the module's declarations)
+//!   and bind groups are cached by (pipeline, buffers, windows), leaving the cache when their
+//!   buffers' storages drop. A chain of ops on the same buffers creates no wgpu objects.
+//! - Engine interop (`interop.rs`): storages over an engine's buffer at a base element offset
+//!   (every op adds it to its kernel offsets and binding windows), and recording into an
+//!   engine's encoder for `Device::record` (parameter buffers of their own there).
 //! - Limits: the device is created with the adapter's own limits (storage binding, buffer size,
 //!   workgroups). Grids fold into 2-D (1-D kernels) or split over launches (matmul batches) to
 //!   stay within the per-dimension workgroup limit; activations and copies over the
