@@ -83,6 +83,9 @@ pub fn run(devices: &[Device], quick: bool) -> Result<()> {
     Ok(())
 }
 
+/// What the floor loop dispatches: kernel, spec, parameter block, grid, bound buffers.
+type FloorSetup<'a> = (Kernel, Spec, Vec<u8>, [u32; 3], Vec<(u32, &'a wgpu::Buffer)>);
+
 #[derive(Clone, Copy)]
 enum Case {
     Activation,
@@ -109,8 +112,7 @@ fn measure(dev: &Device, case: Case, chain: usize) -> Result<[Timed; 3]> {
         }
     };
     // The floor: the same module, its bind group and parameter block built once.
-    let (kernel, spec, params, grid, buffers): (Kernel, Spec, Vec<u8>, [u32; 3], Vec<(u32, &wgpu::Buffer)>) = match case
-    {
+    let (kernel, spec, params, grid, buffers): FloorSetup<'_> = match case {
         Case::Activation => {
             let p = ActivationParams {
                 len: len as u32,

@@ -647,7 +647,6 @@ impl WgpuBackend {
             w_off: to_u32(op, "weight offset", weight.base)?,
             b_off: to_u32(op, "bias offset", bias.map_or(0, |b| b.base))?,
             o_off,
-            ..ConvParams::default()
         };
         let storage = self.storage_variant(dtype);
         let kernel = Kernel::DepthwiseConv2d;
