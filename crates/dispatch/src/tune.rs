@@ -221,6 +221,6 @@ fn tune_conv_on<B: BackendOps>(
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "wgpu"))]
 #[allow(clippy::unwrap_used)]
 mod tests;
