@@ -1,11 +1,11 @@
 //! [`Device`]: one backend, chosen at run time, and the probe that chooses it.
 
-#[cfg(feature = "wgpu")]
-use crate::backend::wgpu as wgpu_backend;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda;
 #[cfg(not(all(feature = "wgpu", feature = "cuda")))]
 use crate::backend::not_compiled_in;
+#[cfg(feature = "wgpu")]
+use crate::backend::wgpu as wgpu_backend;
 use crate::backend::{Backend, BackendOps, Storage, cpu, with_backend};
 use crate::{Error, Result, Tensor};
 use std::fmt;

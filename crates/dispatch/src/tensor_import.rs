@@ -37,6 +37,19 @@ impl Device {
     /// becomes the tensor's buffer (no copy: the first element stays where it is); ops write
     /// outputs into it in place, and [`Tensor::with_host_slice`] reads them there. On GPU
     /// backends it is uploaded.
+    ///
+    /// ```
+    /// use tilekit::{Device, MatmulDesc};
+    ///
+    /// let dev = Device::cpu();
+    /// let a = dev.tensor_from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])?;
+    /// let out_mem = vec![0.0f32; 4];
+    /// let out_ptr = out_mem.as_ptr();
+    /// let out = dev.tensor_from_vec(&[2, 2], out_mem)?;
+    /// dev.matmul_into(&MatmulDesc::new(2, 2, 2), &a, &a, None, None, &out)?;
+    /// assert_eq!(out.with_host_slice(|s: &[f32]| (s.as_ptr(), s.to_vec()))?, (out_ptr, vec![7.0, 10.0, 15.0, 22.0]));
+    /// # Ok::<(), tilekit::Error>(())
+    /// ```
     pub fn tensor_from_vec<T: Element + 'static>(&self, shape: &[usize], data: Vec<T>) -> Result<Tensor> {
         self.adopt(shape, data.len(), Box::new(HostBuf::Owned(data)), T::DTYPE, host_data::<T>)
     }
@@ -69,12 +82,9 @@ fn wrap_of<B: BackendOps>(_: &B) -> fn(B::Storage) -> crate::backend::Storage {
     B::wrap
 }
 
-fn host_slice_of<B: BackendOps, T: Element, R>(
-    be: &B,
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> R,
-) -> Result<Option<R>> {
-    let s = B::storage_of(&t.buffer.storage).ok_or(Error::DeviceMismatch { op: "with_host_slice", tensor: "tensor" })?;
+fn host_slice_of<B: BackendOps, T: Element, R>(be: &B, t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<Option<R>> {
+    let s =
+        B::storage_of(&t.buffer.storage).ok_or(Error::DeviceMismatch { op: "with_host_slice", tensor: "tensor" })?;
     let mut f = Some(f);
     let mut out = None;
     let found = be.with_host_data(s, &mut |data: &CpuData| {
@@ -234,10 +244,9 @@ mod cuda_import {
                 return Err(Error::InvalidParameter { op: OP, param: "ptr", reason: "a null device address".into() });
             }
             check_align(OP, ptr)?;
-            let bytes = len.checked_mul(dtype.size_bytes()).ok_or_else(|| Error::Overflow {
-                op: OP,
-                what: format!("{len} elements of {dtype}"),
-            })?;
+            let bytes = len
+                .checked_mul(dtype.size_bytes())
+                .ok_or_else(|| Error::Overflow { op: OP, what: format!("{len} elements of {dtype}") })?;
             let storage = CudaStorage::engine(ptr, bytes, None);
             Ok(device.wrap(dtype, len, Storage::Cuda(storage), shape))
         }
@@ -277,6 +286,154 @@ mod cuda_import {
                     Err((e, self))
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::{DType, Device, Error, MatmulDesc, Tensor};
+    use half::{bf16, f16};
+    use std::sync::Arc;
+
+    /// The vector becomes the buffer: same address, and an output written into it is read
+    /// back in place.
+    #[test]
+    fn a_vec_is_adopted_without_a_copy_and_outputs_land_in_it() {
+        let dev = Device::cpu();
+        let a_data: Vec<f32> = (1..=6).map(|v| v as f32).collect();
+        let a_ptr = a_data.as_ptr();
+        let a = dev.tensor_from_vec(&[2, 3], a_data).unwrap();
+        assert_eq!(a.with_host_slice(|s: &[f32]| s.as_ptr()).unwrap(), a_ptr);
+        let b = dev.tensor_from_vec(&[3, 2], vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]).unwrap();
+        let out_data = vec![-7.0f32; 4];
+        let out_ptr = out_data.as_ptr();
+        let out = dev.tensor_from_vec(&[2, 2], out_data).unwrap();
+        dev.matmul_into(&MatmulDesc::new(2, 2, 3), &a, &b, None, None, &out).unwrap();
+        let (ptr, values) = out.with_host_slice(|s: &[f32]| (s.as_ptr(), s.to_vec())).unwrap();
+        assert_eq!(ptr, out_ptr);
+        assert_eq!(values, vec![4.0, 5.0, 10.0, 11.0]);
+        assert_eq!(dev.live_buffer_bytes(), (6 + 6 + 4) * 4);
+    }
+
+    #[test]
+    fn half_precision_vecs_are_adopted_too() {
+        let dev = Device::cpu();
+        let h: Vec<f16> = [1.0f32, -2.0, 3.0].iter().map(|&v| f16::from_f32(v)).collect();
+        let p = h.as_ptr();
+        let t = dev.tensor_from_vec(&[3], h).unwrap();
+        assert_eq!(t.dtype(), DType::F16);
+        assert_eq!(t.with_host_slice(|s: &[f16]| s.as_ptr()).unwrap(), p);
+        let y = dev.activation(&t, None, crate::Activation::Relu).unwrap();
+        assert_eq!(y.to_f32_vec().unwrap(), vec![1.0, 0.0, 3.0]);
+        let b: Vec<bf16> = vec![bf16::from_f32(0.5); 4];
+        let p = b.as_ptr();
+        let t = dev.tensor_from_vec(&[2, 2], b).unwrap();
+        assert_eq!(t.with_host_slice(|s: &[bf16]| s.as_ptr()).unwrap(), p);
+    }
+
+    /// Shared memory is read in place and written only once tilekit holds the last reference.
+    #[test]
+    fn an_arc_is_read_in_place_and_written_only_when_unshared() {
+        let dev = Device::cpu();
+        let engine: Arc<[f32]> = Arc::from(vec![-1.0f32, 2.0, -3.0, 4.0]);
+        let x = dev.tensor_from_arc(&[4], engine.clone()).unwrap();
+        assert_eq!(x.with_host_slice(|s: &[f32]| s.as_ptr()).unwrap(), engine.as_ptr());
+        let y = dev.activation(&x, None, crate::Activation::Relu).unwrap();
+        assert_eq!(y.to_f32_vec().unwrap(), vec![0.0, 2.0, 0.0, 4.0]);
+        // In place while the engine still holds its clone: refused, and the engine's data is
+        // untouched.
+        match dev.activation_into(&x, None, crate::Activation::Relu, &x) {
+            Err(Error::InvalidParameter { param: "out", .. }) => {}
+            other => panic!("expected InvalidParameter, got {other:?}"),
+        }
+        assert_eq!(&engine[..], &[-1.0, 2.0, -3.0, 4.0]);
+        let ptr = engine.as_ptr();
+        drop(engine);
+        dev.activation_into(&x, None, crate::Activation::Relu, &x).unwrap();
+        assert_eq!(x.with_host_slice(|s: &[f32]| (s.as_ptr(), s.to_vec())).unwrap(), (ptr, vec![0.0, 2.0, 0.0, 4.0]));
+    }
+
+    #[test]
+    fn host_imports_check_their_arguments() {
+        let dev = Device::cpu();
+        assert!(matches!(dev.tensor_from_vec(&[2, 3], vec![0.0f32; 5]), Err(Error::DataLength { .. })));
+        assert!(matches!(dev.tensor_from_arc::<f32>(&[2], Arc::from(vec![0.0f32; 3])), Err(Error::DataLength { .. })));
+        let t = dev.tensor_from_vec(&[2], vec![1.0f32, 2.0]).unwrap();
+        assert!(matches!(t.with_host_slice(|_: &[f16]| ()), Err(Error::DTypeMismatch { .. })));
+        // Tensors made the usual way are host memory too.
+        let z = dev.zeros(&[3], DType::Bf16).unwrap();
+        assert_eq!(z.with_host_slice(|s: &[bf16]| s.len()).unwrap(), 3);
+    }
+
+    /// Without a GPU: the CUDA imports refuse a device of another backend with a typed error,
+    /// and the accessors answer `None`. (The imports themselves run in the device-check bundle.)
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_imports_refuse_other_devices() {
+        use cudarc::driver::{CudaContext, CudaStream};
+        // The constructor's signature is the one engines code against.
+        let _: fn(Arc<CudaContext>, Arc<CudaStream>) -> crate::Result<Device> = Device::from_cuda;
+        let dev = Device::cpu();
+        assert!(dev.cuda_context_and_stream().is_none());
+        // SAFETY: the call fails before the address is used (a CPU device).
+        let r = unsafe { Tensor::from_cuda_device_ptr(&dev, 256, 4, DType::F32, &[4]) };
+        match r {
+            Err(Error::InvalidParameter { op: "from_cuda_device_ptr", param: "device", .. }) => {}
+            other => panic!("expected InvalidParameter, got {other:?}"),
+        }
+        let t = dev.zeros(&[4], DType::F32).unwrap();
+        assert_eq!(t.cuda_device_ptr(), None);
+        let (e, back) = t.into_cuda_slice::<f32>().unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { op: "into_cuda_slice", .. }), "{e:?}");
+        assert_eq!(back.shape(), &[4]);
+    }
+
+    /// A machine without the driver library: every CUDA entry point says so instead of
+    /// panicking (cudarc's dynamic loading panics on the first driver call without it).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_missing_cuda_driver_is_an_error_not_a_panic() {
+        // SAFETY: only tries to open the library.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            println!("cuda driver present: the missing-driver path is not exercised here");
+            return;
+        }
+        for r in [Device::cuda(0), Device::with_backend(crate::BackendKind::Cuda)] {
+            match r {
+                Err(Error::BackendUnavailable { backend: crate::BackendKind::Cuda, reason }) => {
+                    assert!(reason.contains("driver"), "{reason}")
+                }
+                other => panic!("expected BackendUnavailable, got {other:?}"),
+            }
+        }
+    }
+
+    /// Built without a backend: asking for it is a typed "not compiled in" error, and the
+    /// probe lists it as absent with that reason.
+    #[cfg(not(all(feature = "cuda", feature = "wgpu")))]
+    #[test]
+    fn a_backend_not_compiled_in_is_reported_not_hidden() {
+        use crate::BackendKind;
+        let mut off = Vec::new();
+        if cfg!(not(feature = "cuda")) {
+            off.push((BackendKind::Cuda, Device::cuda(0)));
+        }
+        if cfg!(not(feature = "wgpu")) {
+            off.push((BackendKind::Wgpu, Device::wgpu(&crate::WgpuOptions::allow_software())));
+        }
+        let report = Device::auto().unwrap().probe_report().clone();
+        for (kind, r) in off {
+            match r {
+                Err(Error::BackendUnavailable { backend, reason }) => {
+                    assert_eq!(backend, kind);
+                    assert!(reason.contains("not compiled in"), "{reason}");
+                }
+                other => panic!("expected BackendUnavailable, got {other:?}"),
+            }
+            let e = report.entries.iter().find(|e| e.backend == kind).unwrap();
+            assert!(!e.available && e.detail.contains("not compiled in"), "{report}");
         }
     }
 }

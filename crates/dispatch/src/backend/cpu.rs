@@ -269,16 +269,20 @@ impl CpuStorage {
     }
 }
 
+/// The most inputs an op locks (a matmul's A, B, bias and C).
+const MAX_INPUTS: usize = 4;
+
 /// The locks of one op: read guards on its inputs and the write guard on its output, taken in
-/// address order (see the module documentation).
+/// address order (see the module documentation). Fixed-size arrays, not vectors: a small op
+/// allocates nothing to lock its buffers.
 struct Locks<'a> {
-    reads: Vec<(usize, RwLockReadGuard<'a, CpuData>)>,
+    reads: [Option<(usize, RwLockReadGuard<'a, CpuData>)>; MAX_INPUTS],
     write: RwLockWriteGuard<'a, CpuData>,
 }
 
 /// The inputs of a locked op, looked up by storage.
 struct Inputs<'g> {
-    reads: Vec<(usize, &'g CpuData)>,
+    reads: [Option<(usize, &'g CpuData)>; MAX_INPUTS],
 }
 
 impl<'g> Inputs<'g> {
@@ -286,6 +290,7 @@ impl<'g> Inputs<'g> {
         let key = s.key();
         self.reads
             .iter()
+            .flatten()
             .find(|(k, _)| *k == key)
             .map(|(_, d)| *d)
             .ok_or_else(|| internal("an input was not locked".into()))
@@ -293,22 +298,38 @@ impl<'g> Inputs<'g> {
 }
 
 impl<'a> Locks<'a> {
-    /// Locks `inputs` for reading and `out` for writing, in address order, each buffer once.
-    fn take(inputs: &[&'a CpuStorage], out: &'a CpuStorage) -> Result<Locks<'a>> {
+    /// Locks the present `inputs` for reading and `out` for writing, in address order, each
+    /// buffer once.
+    fn take(inputs: &[Option<&'a CpuStorage>], out: &'a CpuStorage) -> Result<Locks<'a>> {
         let out_key = out.key();
-        if inputs.iter().any(|s| s.key() == out_key) {
-            return Err(internal("an input shares the output's buffer".into()));
-        }
-        let mut order: Vec<&'a CpuStorage> = inputs.iter().copied().chain([out]).collect();
-        order.sort_by_key(|s| s.key());
-        order.dedup_by_key(|s| s.key());
-        let mut reads = Vec::with_capacity(order.len());
-        let mut write = None;
-        for s in order {
+        let mut order: [&'a CpuStorage; MAX_INPUTS + 1] = [out; MAX_INPUTS + 1];
+        let mut len = 1;
+        for s in inputs.iter().flatten() {
             if s.key() == out_key {
+                return Err(internal("an input shares the output's buffer".into()));
+            }
+            if len > MAX_INPUTS {
+                return Err(internal(format!("an op locked more than {MAX_INPUTS} inputs")));
+            }
+            order[len] = s;
+            len += 1;
+        }
+        let order = &mut order[..len];
+        order.sort_unstable_by_key(|s| s.key());
+        let mut reads: [Option<(usize, RwLockReadGuard<'a, CpuData>)>; MAX_INPUTS] = Default::default();
+        let mut write = None;
+        let (mut n, mut last) = (0, None);
+        for s in order.iter() {
+            let key = s.key();
+            if last == Some(key) {
+                continue;
+            }
+            last = Some(key);
+            if key == out_key {
                 write = Some(s.write());
             } else {
-                reads.push((s.key(), s.read()));
+                reads[n] = Some((key, s.read()));
+                n += 1;
             }
         }
         let write = write.ok_or_else(|| internal("the output was not locked".into()))?;
@@ -317,7 +338,10 @@ impl<'a> Locks<'a> {
 
     /// The inputs and the output, borrowed together.
     fn split(&mut self) -> (Inputs<'_>, &mut CpuData) {
-        let reads = self.reads.iter().map(|(k, g)| (*k, &**g)).collect();
+        let mut reads: [Option<(usize, &CpuData)>; MAX_INPUTS] = [None; MAX_INPUTS];
+        for (r, g) in reads.iter_mut().zip(&self.reads) {
+            *r = g.as_ref().map(|(k, g)| (*k, &**g));
+        }
         (Inputs { reads }, &mut *self.write)
     }
 }
@@ -419,8 +443,7 @@ impl BackendOps for CpuBackend {
         c: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let inputs: Vec<&CpuStorage> = [Some(a), Some(b), bias, c].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[Some(a), Some(b), bias, c], out)?;
         let (ins, out_data) = locks.split();
         let bias_f32 = match (bias, desc.bias_offset) {
             (Some(s), Some(off)) => {
@@ -454,8 +477,7 @@ impl BackendOps for CpuBackend {
         bias: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let inputs: Vec<&CpuStorage> = [Some(input), Some(weight), bias].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
         let (ins, out_data) = locks.split();
         let x = ins.get(input)?.as_f32()?;
         let w = ins.get(weight)?.as_f32()?;
@@ -478,8 +500,7 @@ impl BackendOps for CpuBackend {
     ) -> Result<()> {
         // In place when x is the output: only the output's write lock, and x is read from it.
         let in_place = x.key() == out.key();
-        let inputs: Vec<&CpuStorage> = [(!in_place).then_some(x), bias].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[(!in_place).then_some(x), bias], out)?;
         let (ins, out_data) = locks.split();
         let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
         let x = if in_place { None } else { Some(ins.get(x)?) };
@@ -492,7 +513,7 @@ impl BackendOps for CpuBackend {
     }
 
     fn copy(&self, dtype: DType, src: &CpuStorage, dst: &CpuStorage, len: usize) -> Result<()> {
-        let mut locks = Locks::take(&[src], dst)?;
+        let mut locks = Locks::take(&[Some(src)], dst)?;
         let (ins, out_data) = locks.split();
         let src = ins.get(src)?;
         let n = len * dtype.size_bytes();

@@ -7,9 +7,24 @@
 //!   driver older than the PTX needs and a GPU older than sm_80, with the minimum named.
 //! - **One context, one stream.** Every upload, launch and download goes on the backend's own
 //!   stream, so work is ordered without host waits; only [`BackendOps::download`] and
-//!   [`BackendOps::synchronize`] block. cudarc's per-buffer event tracking (which exists to
-//!   order buffers across streams) is switched off: with one stream it only adds an event
-//!   record per argument per launch.
+//!   [`BackendOps::synchronize`] block. On tilekit's own contexts ([`CudaBackend::new`]),
+//!   cudarc's per-buffer event tracking (which exists to order buffers across streams) is
+//!   switched off: with one stream it only adds an event record per argument per launch.
+//! - **An engine's context and stream** ([`CudaBackend::from_raw`], `Device::from_cuda`): the
+//!   same, on the engine's stream; the context is left as the engine set it (event tracking,
+//!   the pool's release threshold). Host waits, audited: launches take one parameter block
+//!   (no cudarc slice arguments, so no event bookkeeping); allocation and free are
+//!   stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync` on sm_80+, the only GPUs accepted);
+//!   error mapping never calls the driver beyond `cuGetErrorName`/`String`. The one wait
+//!   outside `download`/`synchronize` is an upload from pageable host memory: CUDA first
+//!   waits for the work queued before it on the stream, then returns once the bytes are
+//!   staged. That is tensor creation, never an op; an engine that needs uploads without a
+//!   wait copies from its own pinned memory into a `CudaSlice` and imports that.
+//! - **Engine memory** (`tensor_import.rs`): a buffer is tilekit's own `CudaSlice<u8>` or an
+//!   engine's device address, kept alive by the engine's `CudaSlice<T>` moved into it or, for
+//!   a raw pointer or a view, by the importer under an `unsafe` contract. Imports are checked
+//!   16-byte aligned, as tilekit's allocations (256-byte) always are: the kernels' 16-byte
+//!   vector paths assume it of every buffer start.
 //! - **Modules loaded lazily, once.** The first launch of a kernel loads its PTX file as a
 //!   driver module (the driver JIT-compiles it for the GPU at hand) and caches the module and
 //!   the function handle; later launches take both from the caches.
@@ -169,9 +184,11 @@ impl std::fmt::Debug for CudaMem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CudaMem::Own(b) => f.debug_tuple("Own").field(&b.len()).finish(),
-            CudaMem::Engine { ptr, keep } => {
-                f.debug_struct("Engine").field("ptr", &format_args!("{ptr:#x}")).field("owned", &keep.is_some()).finish()
-            }
+            CudaMem::Engine { ptr, keep } => f
+                .debug_struct("Engine")
+                .field("ptr", &format_args!("{ptr:#x}"))
+                .field("owned", &keep.is_some())
+                .finish(),
         }
     }
 }
@@ -626,9 +643,10 @@ impl BackendOps for CudaBackend {
             && let CudaMem::Own(buf) = &mut s.mem
         {
             let mut view = buf.slice_mut(0..bytes.len());
-            // From pageable host memory the driver copies through a staging buffer, and this
-            // call returns once `bytes` has been read: the one host wait outside `download` and
-            // `synchronize` (an upload, never an op; see the module documentation).
+            // From pageable host memory CUDA waits for the stream's earlier work, then copies
+            // through a staging buffer and returns once `bytes` has been read: the one host wait
+            // outside `download` and `synchronize` (an upload, never an op; see the module
+            // documentation).
             self.stream.memcpy_htod(bytes, &mut view).map_err(|e| map_err("upload", e))?;
         }
         s.bytes = bytes.len();
