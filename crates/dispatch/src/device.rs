@@ -187,6 +187,7 @@ impl Device {
     /// The probe: tries each backend in [`BackendKind::PROBE_ORDER`] and records why.
     fn auto_probe() -> Device {
         let mut entries = Vec::new();
+        #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_mut))]
         let mut chosen: Option<Backend> = None;
 
         #[cfg(not(feature = "cuda"))]

@@ -141,7 +141,7 @@ mod cuda_import {
     }
 
     fn check_align(op: &'static str, ptr: u64) -> Result<()> {
-        if ptr % IMPORT_ALIGN != 0 {
+        if !ptr.is_multiple_of(IMPORT_ALIGN) {
             return Err(Error::InvalidParameter {
                 op,
                 param: "ptr",
