@@ -293,7 +293,7 @@ mod cuda_import {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use crate::{DType, Device, Error, MatmulDesc, Tensor};
+    use crate::{DType, Device, Error, MatmulDesc};
     use half::{bf16, f16};
     use std::sync::Arc;
 
@@ -372,6 +372,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_imports_refuse_other_devices() {
+        use crate::Tensor;
         use cudarc::driver::{CudaContext, CudaStream};
         // The constructor's signature is the one engines code against.
         let _: fn(Arc<CudaContext>, Arc<CudaStream>) -> crate::Result<Device> = Device::from_cuda;
