@@ -1,6 +1,12 @@
 //! [`Device`]: one backend, chosen at run time, and the probe that chooses it.
 
-use crate::backend::{Backend, BackendOps, Storage, cpu, cuda, wgpu as wgpu_backend, with_backend};
+#[cfg(feature = "cuda")]
+use crate::backend::cuda;
+#[cfg(not(all(feature = "wgpu", feature = "cuda")))]
+use crate::backend::not_compiled_in;
+#[cfg(feature = "wgpu")]
+use crate::backend::wgpu as wgpu_backend;
+use crate::backend::{Backend, BackendOps, Storage, cpu, with_backend};
 use crate::{Error, Result, Tensor};
 use std::fmt;
 use std::sync::Arc;
@@ -181,8 +187,12 @@ impl Device {
     /// The probe: tries each backend in [`BackendKind::PROBE_ORDER`] and records why.
     fn auto_probe() -> Device {
         let mut entries = Vec::new();
+        #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_mut))]
         let mut chosen: Option<Backend> = None;
 
+        #[cfg(not(feature = "cuda"))]
+        entries.push(not_compiled_in_entry(BackendKind::Cuda));
+        #[cfg(feature = "cuda")]
         match cuda::probe() {
             Ok(detail) => match cuda::CudaBackend::new(0) {
                 Ok(b) => {
@@ -201,6 +211,9 @@ impl Device {
             }
         }
 
+        #[cfg(not(feature = "wgpu"))]
+        entries.push(not_compiled_in_entry(BackendKind::Wgpu));
+        #[cfg(feature = "wgpu")]
         let wgpu_entry = match wgpu_backend::probe_adapters() {
             Err(reason) => ProbeEntry { backend: BackendKind::Wgpu, available: false, chosen: false, detail: reason },
             Ok(adapters) if adapters.is_empty() => ProbeEntry {
@@ -249,6 +262,7 @@ impl Device {
                 }
             }
         };
+        #[cfg(feature = "wgpu")]
         entries.push(wgpu_entry);
 
         let cpu = cpu::CpuBackend;
@@ -282,6 +296,15 @@ impl Device {
     }
 
     /// A wgpu device on the first adapter `options` accepts (hardware adapters first).
+    /// [`Error::BackendUnavailable`] ("not compiled in") without the `wgpu` feature.
+    #[cfg(not(feature = "wgpu"))]
+    pub fn wgpu(options: &WgpuOptions) -> Result<Device> {
+        let _ = options;
+        Err(not_compiled_in(BackendKind::Wgpu))
+    }
+
+    /// A wgpu device on the first adapter `options` accepts (hardware adapters first).
+    #[cfg(feature = "wgpu")]
     pub fn wgpu(options: &WgpuOptions) -> Result<Device> {
         let b = wgpu_backend::WgpuBackend::new(options)?;
         let report = ProbeReport {
@@ -297,6 +320,7 @@ impl Device {
 
     /// Wraps a `wgpu::Device` and `wgpu::Queue` the caller already owns (an engine's own), so
     /// tilekit's kernels run on it without copies.
+    #[cfg(feature = "wgpu")]
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Device> {
         let b = wgpu_backend::WgpuBackend::from_raw(device, queue)?;
         let report = ProbeReport {
@@ -310,9 +334,42 @@ impl Device {
         Ok(Device::from_backend(Backend::Wgpu(b), report))
     }
 
-    /// A CUDA device on GPU `ordinal`.
+    /// A CUDA device on GPU `ordinal`, with its own context and stream.
+    /// [`Error::BackendUnavailable`] ("not compiled in") without the `cuda` feature.
+    #[cfg(not(feature = "cuda"))]
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        let b = cuda::CudaBackend::new(ordinal)?;
+        let _ = ordinal;
+        Err(not_compiled_in(BackendKind::Cuda))
+    }
+
+    /// A CUDA device on GPU `ordinal`, with its own context and stream.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        Ok(Device::from_cuda_backend(cuda::CudaBackend::new(ordinal)?))
+    }
+
+    /// Wraps a CUDA context and stream the caller already owns (an engine's own): every
+    /// tilekit launch, allocation and upload on this device is queued on `stream`, and no op
+    /// waits for the GPU (only [`Tensor::to_vec`] and friends, and [`Device::synchronize`],
+    /// do). The engine orders its own work against tilekit's by using the same stream, or by
+    /// events it records on it. `stream` must belong to `ctx`.
+    ///
+    /// The context's event tracking is left as the engine set it: with it on, cudarc orders
+    /// tilekit's use of engine slices against other streams; with it off (what tilekit's own
+    /// devices do), the engine orders them itself.
+    ///
+    /// Errors: [`Error::BackendUnavailable`] for a stream of another context, a GPU older than
+    /// the kernels need (sm_80) or a driver too old for the PTX.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(
+        ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+        stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Device> {
+        Ok(Device::from_cuda_backend(cuda::CudaBackend::from_raw(ctx, stream)?))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn from_cuda_backend(b: cuda::CudaBackend) -> Device {
         let report = ProbeReport {
             entries: vec![ProbeEntry {
                 backend: BackendKind::Cuda,
@@ -321,7 +378,7 @@ impl Device {
                 detail: b.description(),
             }],
         };
-        Ok(Device::from_backend(Backend::Cuda(b), report))
+        Device::from_backend(Backend::Cuda(b), report)
     }
 
     /// What the backend probe found when this device was made.
@@ -352,6 +409,7 @@ impl Device {
     /// The `wgpu::Device` and `wgpu::Queue` this device runs on (`None` on other backends), for
     /// engines that record their own passes around tilekit's ops. See [`Tensor::wgpu_buffer`].
     /// (A wgpu-only accessor: the one place outside `with_backend!` that names a backend.)
+    #[cfg(feature = "wgpu")]
     pub fn wgpu_device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
         match &self.inner.backend {
             Backend::Wgpu(b) => Some(b.raw()),
@@ -398,6 +456,16 @@ impl Device {
     pub(crate) fn download_storage(&self, t: &Tensor) -> Result<Vec<u8>> {
         with_backend!(self, be => download(be, t))
     }
+}
+
+/// The probe's line for a backend this build does not contain.
+#[cfg(not(all(feature = "wgpu", feature = "cuda")))]
+fn not_compiled_in_entry(backend: BackendKind) -> ProbeEntry {
+    let detail = match not_compiled_in(backend) {
+        Error::BackendUnavailable { reason, .. } => reason,
+        other => other.to_string(),
+    };
+    ProbeEntry { backend, available: false, chosen: false, detail }
 }
 
 fn kind_of<B: BackendOps>(_: &B) -> BackendKind {

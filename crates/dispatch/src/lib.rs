@@ -39,6 +39,7 @@ mod ops;
 pub mod profile;
 mod record;
 mod tensor;
+mod tensor_import;
 pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
@@ -62,5 +63,9 @@ pub mod kernels {
         catalogue, desc, dtype, tolerance,
     };
 }
+/// The cudarc this build of tilekit links (driver API, dynamic loading): an engine that hands
+/// tilekit its context, stream and slices ([`Device::from_cuda`]) must use these very types.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 /// GGUF quantized block formats (host dequantize / quantize) and the GGUF file reader.
 pub use tilekit_kernels::{gguf, quant};

@@ -122,6 +122,7 @@ impl Tensor {
     /// storage dtype — also f16 where the device packs it in `u32` words, whose bytes are the
     /// same — padded with zeros to a multiple of 16 bytes. Call [`Device::flush`] before
     /// submitting work that reads what tilekit wrote.
+    #[cfg(feature = "wgpu")]
     pub fn wgpu_buffer(&self) -> Option<&wgpu::Buffer> {
         match &self.buffer.storage {
             Storage::Wgpu(s) => Some(s.buffer()),
@@ -222,13 +223,13 @@ impl Tensor {
 }
 
 impl Device {
-    fn wrap(&self, dtype: DType, len: usize, storage: Storage, shape: &[usize]) -> Tensor {
+    pub(crate) fn wrap(&self, dtype: DType, len: usize, storage: Storage, shape: &[usize]) -> Tensor {
         let buffer = Buffer { device: self.clone(), dtype, len, storage };
         self.inner.live_bytes.fetch_add(buffer.counted_bytes(), Ordering::Relaxed);
         Tensor { buffer: Arc::new(buffer), shape: shape.to_vec() }
     }
 
-    fn check_len(shape: &[usize], actual: usize) -> Result<usize> {
+    pub(crate) fn check_len(shape: &[usize], actual: usize) -> Result<usize> {
         let expected = element_count(shape)?;
         if expected != actual {
             return Err(Error::DataLength { shape: shape.to_vec(), expected, actual });

@@ -72,6 +72,7 @@ impl TuneMode {
         std::env::var("TILEKIT_TUNE").ok().and_then(|v| TuneMode::parse(&v)).unwrap_or_default()
     }
 
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))] // The wgpu backend's tuner stores it.
     pub(crate) fn to_u8(self) -> u8 {
         match self {
             TuneMode::Off => 0,
@@ -80,6 +81,7 @@ impl TuneMode {
         }
     }
 
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn from_u8(v: u8) -> TuneMode {
         match v {
             0 => TuneMode::Off,
@@ -221,6 +223,6 @@ fn tune_conv_on<B: BackendOps>(
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "wgpu"))]
 #[allow(clippy::unwrap_used)]
 mod tests;

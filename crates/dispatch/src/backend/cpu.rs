@@ -62,16 +62,60 @@ use matmul::MatmulOperands;
 /// over work of a few ns per element, small enough (16 KiB of f32) to stay in L1.
 const CHUNK: usize = 4096;
 
+/// Host memory of one element type: tilekit's own vector, or an engine's `Arc<[T]>` adopted
+/// without a copy (`Device::tensor_from_arc`).
+#[derive(Debug)]
+pub(crate) enum HostBuf<T> {
+    /// A vector tilekit owns (allocated here, or an engine's `Vec` moved in).
+    Owned(Vec<T>),
+    /// Memory shared with the engine. Ops read it in place; they write it only while this is
+    /// the last reference (`Arc::get_mut`), since the engine may be reading its own clone.
+    Shared(Arc<[T]>),
+}
+
+impl<T> std::ops::Deref for HostBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            HostBuf::Owned(v) => v,
+            HostBuf::Shared(a) => a,
+        }
+    }
+}
+
+impl<T> From<Vec<T>> for HostBuf<T> {
+    fn from(v: Vec<T>) -> HostBuf<T> {
+        HostBuf::Owned(v)
+    }
+}
+
+impl<T> HostBuf<T> {
+    /// The elements, writable: always for owned memory; for shared memory only while no other
+    /// `Arc` points at it, else an error naming the op.
+    fn slice_mut(&mut self, op: &'static str) -> Result<&mut [T]> {
+        match self {
+            HostBuf::Owned(v) => Ok(v),
+            HostBuf::Shared(a) => Arc::get_mut(a).ok_or(Error::InvalidParameter {
+                op,
+                param: "out",
+                reason: "the output is host memory shared with its owner (an Arc<[T]> with other clones); \
+                         tilekit writes such memory only while it holds the last reference"
+                    .into(),
+            }),
+        }
+    }
+}
+
 /// Typed host storage.
 #[derive(Debug)]
-enum CpuData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    Bf16(Vec<bf16>),
+pub(crate) enum CpuData {
+    F32(HostBuf<f32>),
+    F16(HostBuf<f16>),
+    Bf16(HostBuf<bf16>),
 }
 
 impl CpuData {
-    fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             CpuData::F32(_) => DType::F32,
             CpuData::F16(_) => DType::F16,
@@ -79,10 +123,19 @@ impl CpuData {
         }
     }
 
+    /// The elements as little-endian bytes, in place.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            CpuData::F32(v) => bytemuck::cast_slice(&v[..]),
+            CpuData::F16(v) => bytemuck::cast_slice(&v[..]),
+            CpuData::Bf16(v) => bytemuck::cast_slice(&v[..]),
+        }
+    }
+
     /// The buffer as f32: borrowed when it is stored in f32, widened in parallel otherwise.
     fn as_f32(&self) -> Result<Cow<'_, [f32]>> {
         match self {
-            CpuData::F32(v) => Ok(Cow::Borrowed(v)),
+            CpuData::F32(v) => Ok(Cow::Borrowed(&v[..])),
             CpuData::F16(v) => widen(v).map(Cow::Owned),
             CpuData::Bf16(v) => widen(v).map(Cow::Owned),
         }
@@ -110,7 +163,7 @@ trait Elem: Copy + Send + Sync + 'static {
 impl Elem for f32 {
     fn of(data: &CpuData) -> Option<&[f32]> {
         match data {
-            CpuData::F32(v) => Some(v),
+            CpuData::F32(v) => Some(&v[..]),
             _ => None,
         }
     }
@@ -131,7 +184,7 @@ impl Elem for f32 {
 impl Elem for f16 {
     fn of(data: &CpuData) -> Option<&[f16]> {
         match data {
-            CpuData::F16(v) => Some(v),
+            CpuData::F16(v) => Some(&v[..]),
             _ => None,
         }
     }
@@ -146,7 +199,7 @@ impl Elem for f16 {
 impl Elem for bf16 {
     fn of(data: &CpuData) -> Option<&[bf16]> {
         match data {
-            CpuData::Bf16(v) => Some(v),
+            CpuData::Bf16(v) => Some(&v[..]),
             _ => None,
         }
     }
@@ -216,16 +269,20 @@ impl CpuStorage {
     }
 }
 
+/// The most inputs an op locks (a matmul's A, B, bias and C).
+const MAX_INPUTS: usize = 4;
+
 /// The locks of one op: read guards on its inputs and the write guard on its output, taken in
-/// address order (see the module documentation).
+/// address order (see the module documentation). Fixed-size arrays, not vectors: a small op
+/// allocates nothing to lock its buffers.
 struct Locks<'a> {
-    reads: Vec<(usize, RwLockReadGuard<'a, CpuData>)>,
+    reads: [Option<(usize, RwLockReadGuard<'a, CpuData>)>; MAX_INPUTS],
     write: RwLockWriteGuard<'a, CpuData>,
 }
 
 /// The inputs of a locked op, looked up by storage.
 struct Inputs<'g> {
-    reads: Vec<(usize, &'g CpuData)>,
+    reads: [Option<(usize, &'g CpuData)>; MAX_INPUTS],
 }
 
 impl<'g> Inputs<'g> {
@@ -233,6 +290,7 @@ impl<'g> Inputs<'g> {
         let key = s.key();
         self.reads
             .iter()
+            .flatten()
             .find(|(k, _)| *k == key)
             .map(|(_, d)| *d)
             .ok_or_else(|| internal("an input was not locked".into()))
@@ -240,22 +298,38 @@ impl<'g> Inputs<'g> {
 }
 
 impl<'a> Locks<'a> {
-    /// Locks `inputs` for reading and `out` for writing, in address order, each buffer once.
-    fn take(inputs: &[&'a CpuStorage], out: &'a CpuStorage) -> Result<Locks<'a>> {
+    /// Locks the present `inputs` for reading and `out` for writing, in address order, each
+    /// buffer once.
+    fn take(inputs: &[Option<&'a CpuStorage>], out: &'a CpuStorage) -> Result<Locks<'a>> {
         let out_key = out.key();
-        if inputs.iter().any(|s| s.key() == out_key) {
-            return Err(internal("an input shares the output's buffer".into()));
-        }
-        let mut order: Vec<&'a CpuStorage> = inputs.iter().copied().chain([out]).collect();
-        order.sort_by_key(|s| s.key());
-        order.dedup_by_key(|s| s.key());
-        let mut reads = Vec::with_capacity(order.len());
-        let mut write = None;
-        for s in order {
+        let mut order: [&'a CpuStorage; MAX_INPUTS + 1] = [out; MAX_INPUTS + 1];
+        let mut len = 1;
+        for s in inputs.iter().flatten() {
             if s.key() == out_key {
+                return Err(internal("an input shares the output's buffer".into()));
+            }
+            if len > MAX_INPUTS {
+                return Err(internal(format!("an op locked more than {MAX_INPUTS} inputs")));
+            }
+            order[len] = s;
+            len += 1;
+        }
+        let order = &mut order[..len];
+        order.sort_unstable_by_key(|s| s.key());
+        let mut reads: [Option<(usize, RwLockReadGuard<'a, CpuData>)>; MAX_INPUTS] = Default::default();
+        let mut write = None;
+        let (mut n, mut last) = (0, None);
+        for s in order.iter() {
+            let key = s.key();
+            if last == Some(key) {
+                continue;
+            }
+            last = Some(key);
+            if key == out_key {
                 write = Some(s.write());
             } else {
-                reads.push((s.key(), s.read()));
+                reads[n] = Some((key, s.read()));
+                n += 1;
             }
         }
         let write = write.ok_or_else(|| internal("the output was not locked".into()))?;
@@ -264,7 +338,10 @@ impl<'a> Locks<'a> {
 
     /// The inputs and the output, borrowed together.
     fn split(&mut self) -> (Inputs<'_>, &mut CpuData) {
-        let reads = self.reads.iter().map(|(k, g)| (*k, &**g)).collect();
+        let mut reads: [Option<(usize, &CpuData)>; MAX_INPUTS] = [None; MAX_INPUTS];
+        for (r, g) in reads.iter_mut().zip(&self.reads) {
+            *r = g.as_ref().map(|(k, g)| (*k, &**g));
+        }
         (Inputs { reads }, &mut *self.write)
     }
 }
@@ -293,9 +370,9 @@ impl BackendOps for CpuBackend {
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
         let oom = |_| Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
         Ok(CpuStorage::new(match dtype {
-            DType::F32 => CpuData::F32(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
-            DType::F16 => CpuData::F16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
-            DType::Bf16 => CpuData::Bf16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?),
+            DType::F32 => CpuData::F32(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
+            DType::F16 => CpuData::F16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
+            DType::Bf16 => CpuData::Bf16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
         }))
     }
 
@@ -318,9 +395,9 @@ impl BackendOps for CpuBackend {
         let oom = || Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
         // `try_reserve_exact` turns an impossible allocation into an error instead of an abort.
         Ok(CpuStorage::new(match dtype {
-            DType::F32 => CpuData::F32(zeroed_vec(len, 0.0f32).ok_or_else(oom)?),
-            DType::F16 => CpuData::F16(zeroed_vec(len, f16::ZERO).ok_or_else(oom)?),
-            DType::Bf16 => CpuData::Bf16(zeroed_vec(len, bf16::ZERO).ok_or_else(oom)?),
+            DType::F32 => CpuData::F32(zeroed_vec(len, 0.0f32).ok_or_else(oom)?.into()),
+            DType::F16 => CpuData::F16(zeroed_vec(len, f16::ZERO).ok_or_else(oom)?.into()),
+            DType::Bf16 => CpuData::Bf16(zeroed_vec(len, bf16::ZERO).ok_or_else(oom)?.into()),
         }))
     }
 
@@ -329,18 +406,30 @@ impl BackendOps for CpuBackend {
         let storage = self.alloc_zeroed(dtype, len)?;
         let n = len * dtype.size_bytes();
         match &mut *storage.write() {
-            CpuData::F32(v) => bytemuck::cast_slice_mut::<f32, u8>(v).copy_from_slice(&bytes[..n]),
-            CpuData::F16(v) => bytemuck::cast_slice_mut::<f16, u8>(v).copy_from_slice(&bytes[..n]),
-            CpuData::Bf16(v) => bytemuck::cast_slice_mut::<bf16, u8>(v).copy_from_slice(&bytes[..n]),
+            CpuData::F32(v) => bytemuck::cast_slice_mut::<f32, u8>(v.slice_mut("upload")?).copy_from_slice(&bytes[..n]),
+            CpuData::F16(v) => bytemuck::cast_slice_mut::<f16, u8>(v.slice_mut("upload")?).copy_from_slice(&bytes[..n]),
+            CpuData::Bf16(v) => {
+                bytemuck::cast_slice_mut::<bf16, u8>(v.slice_mut("upload")?).copy_from_slice(&bytes[..n])
+            }
         }
         Ok(storage)
     }
 
+    /// The engine's vector or `Arc<[T]>` becomes the buffer itself: no copy.
+    fn adopt_host(&self, data: CpuData) -> Result<CpuStorage> {
+        Ok(CpuStorage::new(data))
+    }
+
+    fn with_host_data(&self, storage: &CpuStorage, f: &mut dyn FnMut(&CpuData)) -> bool {
+        f(&storage.read());
+        true
+    }
+
     fn download(&self, storage: &CpuStorage, _dtype: DType) -> Result<Vec<u8>> {
         Ok(match &*storage.read() {
-            CpuData::F32(v) => bytemuck::cast_slice(v).to_vec(),
-            CpuData::F16(v) => bytemuck::cast_slice(v).to_vec(),
-            CpuData::Bf16(v) => bytemuck::cast_slice(v).to_vec(),
+            CpuData::F32(v) => bytemuck::cast_slice(&v[..]).to_vec(),
+            CpuData::F16(v) => bytemuck::cast_slice(&v[..]).to_vec(),
+            CpuData::Bf16(v) => bytemuck::cast_slice(&v[..]).to_vec(),
         })
     }
 
@@ -354,8 +443,7 @@ impl BackendOps for CpuBackend {
         c: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let inputs: Vec<&CpuStorage> = [Some(a), Some(b), bias, c].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[Some(a), Some(b), bias, c], out)?;
         let (ins, out_data) = locks.split();
         let bias_f32 = match (bias, desc.bias_offset) {
             (Some(s), Some(off)) => {
@@ -374,9 +462,9 @@ impl BackendOps for CpuBackend {
             c: c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?,
         };
         match out_data {
-            CpuData::F32(o) => ops.run(desc, o),
-            CpuData::F16(o) => ops.run(desc, o),
-            CpuData::Bf16(o) => ops.run(desc, o),
+            CpuData::F32(o) => ops.run(desc, o.slice_mut("matmul")?),
+            CpuData::F16(o) => ops.run(desc, o.slice_mut("matmul")?),
+            CpuData::Bf16(o) => ops.run(desc, o.slice_mut("matmul")?),
         }
     }
 
@@ -389,17 +477,16 @@ impl BackendOps for CpuBackend {
         bias: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let inputs: Vec<&CpuStorage> = [Some(input), Some(weight), bias].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
         let (ins, out_data) = locks.split();
         let x = ins.get(input)?.as_f32()?;
         let w = ins.get(weight)?.as_f32()?;
         let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
         let conv = Conv { d: *desc, x: &x, w: &w, bias: bias.as_deref() };
         match out_data {
-            CpuData::F32(o) => conv.run(o),
-            CpuData::F16(o) => conv.run(o),
-            CpuData::Bf16(o) => conv.run(o),
+            CpuData::F32(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+            CpuData::F16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+            CpuData::Bf16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
         }
     }
 
@@ -413,33 +500,32 @@ impl BackendOps for CpuBackend {
     ) -> Result<()> {
         // In place when x is the output: only the output's write lock, and x is read from it.
         let in_place = x.key() == out.key();
-        let inputs: Vec<&CpuStorage> = [(!in_place).then_some(x), bias].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[(!in_place).then_some(x), bias], out)?;
         let (ins, out_data) = locks.split();
         let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
         let x = if in_place { None } else { Some(ins.get(x)?) };
         let act = Act { desc: *desc, bias: bias.as_deref() };
         match out_data {
-            CpuData::F32(o) => act.run(x, o),
-            CpuData::F16(o) => act.run(x, o),
-            CpuData::Bf16(o) => act.run(x, o),
+            CpuData::F32(o) => act.run(x, o.slice_mut("activation")?),
+            CpuData::F16(o) => act.run(x, o.slice_mut("activation")?),
+            CpuData::Bf16(o) => act.run(x, o.slice_mut("activation")?),
         }
     }
 
     fn copy(&self, dtype: DType, src: &CpuStorage, dst: &CpuStorage, len: usize) -> Result<()> {
-        let mut locks = Locks::take(&[src], dst)?;
+        let mut locks = Locks::take(&[Some(src)], dst)?;
         let (ins, out_data) = locks.split();
         let src = ins.get(src)?;
         let n = len * dtype.size_bytes();
         let bytes: &[u8] = match src {
-            CpuData::F32(v) => bytemuck::cast_slice(v),
-            CpuData::F16(v) => bytemuck::cast_slice(v),
-            CpuData::Bf16(v) => bytemuck::cast_slice(v),
+            CpuData::F32(v) => bytemuck::cast_slice(&v[..]),
+            CpuData::F16(v) => bytemuck::cast_slice(&v[..]),
+            CpuData::Bf16(v) => bytemuck::cast_slice(&v[..]),
         };
         let dst: &mut [u8] = match out_data {
-            CpuData::F32(v) => bytemuck::cast_slice_mut(v),
-            CpuData::F16(v) => bytemuck::cast_slice_mut(v),
-            CpuData::Bf16(v) => bytemuck::cast_slice_mut(v),
+            CpuData::F32(v) => bytemuck::cast_slice_mut(v.slice_mut("copy")?),
+            CpuData::F16(v) => bytemuck::cast_slice_mut(v.slice_mut("copy")?),
+            CpuData::Bf16(v) => bytemuck::cast_slice_mut(v.slice_mut("copy")?),
         };
         match (dst.get_mut(..n), bytes.get(..n)) {
             (Some(d), Some(s)) => {

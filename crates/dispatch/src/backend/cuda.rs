@@ -7,9 +7,24 @@
 //!   driver older than the PTX needs and a GPU older than sm_80, with the minimum named.
 //! - **One context, one stream.** Every upload, launch and download goes on the backend's own
 //!   stream, so work is ordered without host waits; only [`BackendOps::download`] and
-//!   [`BackendOps::synchronize`] block. cudarc's per-buffer event tracking (which exists to
-//!   order buffers across streams) is switched off: with one stream it only adds an event
-//!   record per argument per launch.
+//!   [`BackendOps::synchronize`] block. On tilekit's own contexts ([`CudaBackend::new`]),
+//!   cudarc's per-buffer event tracking (which exists to order buffers across streams) is
+//!   switched off: with one stream it only adds an event record per argument per launch.
+//! - **An engine's context and stream** ([`CudaBackend::from_raw`], `Device::from_cuda`): the
+//!   same, on the engine's stream; the context is left as the engine set it (event tracking,
+//!   the pool's release threshold). Host waits, audited: launches take one parameter block
+//!   (no cudarc slice arguments, so no event bookkeeping); allocation and free are
+//!   stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync` on sm_80+, the only GPUs accepted);
+//!   error mapping never calls the driver beyond `cuGetErrorName`/`String`. The one wait
+//!   outside `download`/`synchronize` is an upload from pageable host memory: CUDA first
+//!   waits for the work queued before it on the stream, then returns once the bytes are
+//!   staged. That is tensor creation, never an op; an engine that needs uploads without a
+//!   wait copies from its own pinned memory into a `CudaSlice` and imports that.
+//! - **Engine memory** (`tensor_import.rs`): a buffer is tilekit's own `CudaSlice<u8>` or an
+//!   engine's device address, kept alive by the engine's `CudaSlice<T>` moved into it or, for
+//!   a raw pointer or a view, by the importer under an `unsafe` contract. Imports are checked
+//!   16-byte aligned, as tilekit's allocations (256-byte) always are: the kernels' 16-byte
+//!   vector paths assume it of every buffer start.
 //! - **Modules loaded lazily, once.** The first launch of a kernel loads its PTX file as a
 //!   driver module (the driver JIT-compiles it for the GPU at hand) and caches the module and
 //!   the function handle; later launches take both from the caches.
@@ -150,8 +165,61 @@ unsafe impl<T: bytemuck::Pod> DeviceRepr for KernelArg<T> {}
 /// A device buffer. `bytes` is the size asked for; the allocation may be larger (never empty).
 #[derive(Debug)]
 pub(crate) struct CudaStorage {
-    buf: CudaSlice<u8>,
+    mem: CudaMem,
     bytes: usize,
+}
+
+/// Where a buffer's memory comes from.
+enum CudaMem {
+    /// Allocated by tilekit on the backend's stream.
+    Own(CudaSlice<u8>),
+    /// An engine's memory: `ptr` is its device address (16-byte aligned, checked at import).
+    /// `keep` holds the engine's `CudaSlice<T>` when it was handed over by value (so it is freed
+    /// with the tensor, on its own stream, or given back by `take_engine_slice`); `None` for a
+    /// raw pointer or a view, whose owner keeps the memory alive (the `unsafe` contract).
+    Engine { ptr: u64, keep: Option<Box<dyn std::any::Any + Send + Sync>> },
+}
+
+impl std::fmt::Debug for CudaMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CudaMem::Own(b) => f.debug_tuple("Own").field(&b.len()).finish(),
+            CudaMem::Engine { ptr, keep } => f
+                .debug_struct("Engine")
+                .field("ptr", &format_args!("{ptr:#x}"))
+                .field("owned", &keep.is_some())
+                .finish(),
+        }
+    }
+}
+
+/// The alignment tilekit's kernels assume of every buffer start (16-byte vector loads).
+pub(crate) const IMPORT_ALIGN: u64 = 16;
+
+impl CudaStorage {
+    /// A buffer over an engine's device memory: `bytes` at `ptr`, kept alive by `keep` or by
+    /// the caller (see [`CudaMem::Engine`]).
+    pub(crate) fn engine(ptr: u64, bytes: usize, keep: Option<Box<dyn std::any::Any + Send + Sync>>) -> CudaStorage {
+        CudaStorage { mem: CudaMem::Engine { ptr, keep }, bytes }
+    }
+
+    /// The engine's `CudaSlice<T>` this buffer was made from, handed back (`None` when it was
+    /// not made from a `CudaSlice<T>` of this `T`, or was already taken).
+    pub(crate) fn take_engine_slice<T: 'static>(&mut self) -> Option<CudaSlice<T>> {
+        let CudaMem::Engine { keep, .. } = &mut self.mem else { return None };
+        if !keep.as_ref().is_some_and(|k| k.is::<CudaSlice<T>>()) {
+            return None;
+        }
+        keep.take().and_then(|k| k.downcast::<CudaSlice<T>>().ok()).map(|b| *b)
+    }
+
+    /// The device address of the first element, for engines.
+    pub(crate) fn device_address(&self, stream: &Arc<CudaStream>) -> u64 {
+        match &self.mem {
+            CudaMem::Own(b) => b.device_ptr(stream).0,
+            CudaMem::Engine { ptr, .. } => *ptr,
+        }
+    }
 }
 
 /// The CUDA backend on one device.
@@ -268,6 +336,60 @@ impl CudaBackend {
         })
     }
 
+    /// A backend on an engine's context and stream (`Device::from_cuda`). Unlike
+    /// [`CudaBackend::new`] it changes nothing about the context (event tracking, the memory
+    /// pool's release threshold stay as the engine set them).
+    pub(crate) fn from_raw(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<CudaBackend> {
+        if !Arc::ptr_eq(stream.context(), &ctx) {
+            return Err(unavailable("the CUDA stream belongs to another context than the one handed in".into()));
+        }
+        // A context exists, so the driver library is loaded and initialised.
+        let driver_api = driver_api_version().map_err(|e| map_err("cuDriverGetVersion", e))?;
+        if driver_api < cat::MIN_DRIVER_API {
+            return Err(unavailable(format!(
+                "the NVIDIA driver supports CUDA {}, but tilekit's PTX (ISA {}) needs CUDA {}: driver {} or newer",
+                version_string(driver_api),
+                cat::PTX_ISA,
+                version_string(cat::MIN_DRIVER_API),
+                cat::MIN_DRIVER
+            )));
+        }
+        let cc = ctx.compute_capability().map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        let name = ctx.name().map_err(|e| map_err("cuDeviceGetName", e))?;
+        if cc < cat::MIN_COMPUTE_CAPABILITY {
+            return Err(unavailable(format!(
+                "{name} has compute capability {}.{}; tilekit's CUDA kernels need {}.{} or newer",
+                cc.0,
+                cc.1,
+                cat::MIN_COMPUTE_CAPABILITY.0,
+                cat::MIN_COMPUTE_CAPABILITY.1
+            )));
+        }
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            name,
+            cc,
+            sms: u32::try_from(sms).unwrap_or(1),
+            driver_api,
+            modules: Mutex::new([None, None, None, None]),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The context this backend runs in.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch, allocation and copy of this backend goes on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// The function handle of `kernel`, loading its module on first use.
     fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
         if let Some(f) = lock(&self.functions).get(kernel.entry) {
@@ -296,10 +418,11 @@ impl CudaBackend {
 
     /// The device address of a buffer.
     fn ptr(&self, s: &CudaStorage) -> u64 {
-        // Event tracking is off, so the returned guard records nothing; dropping it at once is
-        // fine.
-        let (p, _guard) = s.buf.device_ptr(&self.stream);
-        p
+        // On tilekit's own contexts event tracking is off, so the guard records nothing. On an
+        // engine's context with tracking on, taking the address makes the stream wait (on the
+        // GPU, not the host) for the buffer's last write, and dropping the guard records a read
+        // event: cudarc's own cross-stream ordering, which costs no host wait.
+        s.device_address(&self.stream)
     }
 
     /// Launches `kernel` on the backend's stream with one parameter block.
@@ -408,6 +531,8 @@ impl CudaBackend {
         if c.is_some() && desc.c.is_some() {
             flags |= cat::MM_HAS_C;
         }
+        // Every buffer start is 16-byte aligned: tilekit's allocations are 256-byte aligned and
+        // imports are checked (`IMPORT_ALIGN`).
         if aligned(&desc.a, per16) {
             flags |= cat::MM_A_VEC;
         }
@@ -482,7 +607,7 @@ impl BackendOps for CudaBackend {
             Error::OutOfMemory { backend, .. } => Error::OutOfMemory { backend, bytes: alloc as u64 },
             other => other,
         })?;
-        Ok(CudaStorage { buf, bytes })
+        Ok(CudaStorage { mem: CudaMem::Own(buf), bytes })
     }
 
     fn storage_of(storage: &super::Storage) -> Option<&Self::Storage> {
@@ -509,13 +634,19 @@ impl BackendOps for CudaBackend {
             Error::OutOfMemory { backend, .. } => Error::OutOfMemory { backend, bytes: alloc as u64 },
             other => other,
         })?;
-        Ok(CudaStorage { buf, bytes })
+        Ok(CudaStorage { mem: CudaMem::Own(buf), bytes })
     }
 
     fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<CudaStorage> {
         let mut s = self.alloc_zeroed(dtype, bytes.len() / dtype.size_bytes())?;
-        if !bytes.is_empty() {
-            let mut view = s.buf.slice_mut(0..bytes.len());
+        if !bytes.is_empty()
+            && let CudaMem::Own(buf) = &mut s.mem
+        {
+            let mut view = buf.slice_mut(0..bytes.len());
+            // From pageable host memory CUDA waits for the stream's earlier work, then copies
+            // through a staging buffer and returns once `bytes` has been read: the one host wait
+            // outside `download` and `synchronize` (an upload, never an op; see the module
+            // documentation).
             self.stream.memcpy_htod(bytes, &mut view).map_err(|e| map_err("upload", e))?;
         }
         s.bytes = bytes.len();
@@ -526,8 +657,22 @@ impl BackendOps for CudaBackend {
         if s.bytes == 0 {
             return Ok(Vec::new());
         }
-        let view = s.buf.slice(0..s.bytes);
-        let v = self.stream.clone_dtoh(&view).map_err(|e| map_err("download", e))?;
+        let v = match &s.mem {
+            CudaMem::Own(buf) => {
+                let view = buf.slice(0..s.bytes);
+                self.stream.clone_dtoh(&view).map_err(|e| map_err("download", e))?
+            }
+            CudaMem::Engine { ptr, .. } => {
+                let mut v = vec![0u8; s.bytes];
+                self.ctx.bind_to_thread().map_err(|e| map_err("download", e))?;
+                // SAFETY: `ptr` addresses at least `s.bytes` bytes of live device memory of this
+                // context (checked at import, or the importer's `unsafe` contract); `v` is a
+                // host buffer of that size that stays in place until the synchronisation below.
+                unsafe { result::memcpy_dtoh_async(&mut v, *ptr, self.stream.cu_stream()) }
+                    .map_err(|e| map_err("download", e))?;
+                v
+            }
+        };
         // `clone_dtoh` copies on the stream; waiting here makes the bytes final.
         self.stream.synchronize().map_err(|e| map_err("download", e))?;
         Ok(v)
@@ -685,6 +830,31 @@ impl BackendOps for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| map_err("synchronize", e))
+    }
+}
+
+/// The context and stream of a CUDA device (`None` on other backends).
+pub(crate) fn parts(backend: &super::Backend) -> Option<(Arc<CudaContext>, Arc<CudaStream>)> {
+    match backend {
+        super::Backend::Cuda(b) => Some((b.context().clone(), b.stream().clone())),
+        _ => None,
+    }
+}
+
+/// The device address of a tensor's buffer on a CUDA device (`None` elsewhere).
+pub(crate) fn address_of(device: &crate::Device, storage: &super::Storage) -> Option<u64> {
+    match (&device.inner.backend, storage) {
+        (super::Backend::Cuda(b), super::Storage::Cuda(s)) => Some(s.device_address(b.stream())),
+        _ => None,
+    }
+}
+
+/// The engine's `CudaSlice<T>` behind a buffer, taken out of it (see
+/// [`CudaStorage::take_engine_slice`]).
+pub(crate) fn take_slice<T: 'static>(storage: &mut super::Storage) -> Option<CudaSlice<T>> {
+    match storage {
+        super::Storage::Cuda(s) => s.take_engine_slice::<T>(),
+        _ => None,
     }
 }
 

@@ -10,7 +10,9 @@
 //! reports what it alone can know (out of memory, a lost device, an unsupported dtype).
 
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(feature = "wgpu")]
 pub(crate) mod wgpu;
 
 use crate::profile::LaunchInfo;
@@ -61,6 +63,17 @@ pub(crate) trait BackendOps {
     fn upload(&self, dtype: DType, bytes: &[u8]) -> Result<Self::Storage>;
     /// The buffer's contents as little-endian bytes. Waits for queued work.
     fn download(&self, storage: &Self::Storage, dtype: DType) -> Result<Vec<u8>>;
+    /// A buffer over host memory its owner hands over (`Device::tensor_from_vec`,
+    /// `Device::tensor_from_arc`): adopted without a copy where tensors live in host memory
+    /// (the CPU backend), uploaded elsewhere.
+    fn adopt_host(&self, data: cpu::CpuData) -> Result<Self::Storage> {
+        self.upload(data.dtype(), data.bytes())
+    }
+    /// Calls `f` on the host memory behind `storage`, without a copy, and returns `true`, where
+    /// tensors live in host memory (CPU); `false` elsewhere.
+    fn with_host_data(&self, _storage: &Self::Storage, _f: &mut dyn FnMut(&cpu::CpuData)) -> bool {
+        false
+    }
     /// See [`MatmulDesc`].
     #[allow(clippy::too_many_arguments)]
     fn matmul(
@@ -189,18 +202,23 @@ macro_rules! with_backend {
     ($device:expr, $b:ident => $body:expr) => {
         match &$device.inner.backend {
             $crate::backend::Backend::Cpu($b) => $body,
+            #[cfg(feature = "wgpu")]
             $crate::backend::Backend::Wgpu($b) => $body,
+            #[cfg(feature = "cuda")]
             $crate::backend::Backend::Cuda($b) => $body,
         }
     };
 }
 pub(crate) use with_backend;
 
-/// The backend a device runs on.
+/// The backend a device runs on. A backend whose cargo feature is off has no variant (its
+/// [`BackendKind`] stays, and asking for it is a "not compiled in" error: `device.rs`).
 #[derive(Debug)]
 pub(crate) enum Backend {
     Cpu(cpu::CpuBackend),
+    #[cfg(feature = "wgpu")]
     Wgpu(wgpu::WgpuBackend),
+    #[cfg(feature = "cuda")]
     Cuda(cuda::CudaBackend),
 }
 
@@ -208,7 +226,9 @@ pub(crate) enum Backend {
 #[derive(Debug)]
 pub(crate) enum Storage {
     Cpu(cpu::CpuStorage),
+    #[cfg(feature = "wgpu")]
     Wgpu(wgpu::WgpuStorage),
+    #[cfg(feature = "cuda")]
     Cuda(cuda::CudaStorage),
 }
 
@@ -216,9 +236,22 @@ impl Storage {
     pub(crate) fn kind(&self) -> BackendKind {
         match self {
             Storage::Cpu(_) => BackendKind::Cpu,
+            #[cfg(feature = "wgpu")]
             Storage::Wgpu(_) => BackendKind::Wgpu,
+            #[cfg(feature = "cuda")]
             Storage::Cuda(_) => BackendKind::Cuda,
         }
+    }
+}
+
+/// The error for a backend this build of tilekit does not contain.
+#[allow(dead_code)] // Unused when every backend is compiled in.
+pub(crate) fn not_compiled_in(backend: BackendKind) -> Error {
+    Error::BackendUnavailable {
+        backend,
+        reason: format!(
+            "not compiled in: this build of tilekit has no {backend} backend (enable the `{backend}` cargo feature)"
+        ),
     }
 }
 

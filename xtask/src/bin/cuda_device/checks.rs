@@ -68,13 +68,20 @@ pub fn compare(got: &[f32], want: &[f32], dtype: DType, want_dtype: DType, rule:
 }
 
 pub struct Checker {
-    cpu: Device,
+    pub(crate) cpu: Device,
     passed: usize,
     failed: Vec<String>,
 }
 
 impl Checker {
-    fn record(&mut self, name: String, got: Result<Vec<f32>>, want: Result<Vec<f32>>, dtype: DType, rule: Rule) {
+    pub(crate) fn record(
+        &mut self,
+        name: String,
+        got: Result<Vec<f32>>,
+        want: Result<Vec<f32>>,
+        dtype: DType,
+        rule: Rule,
+    ) {
         match (got, want) {
             (Ok(g), Ok(w)) => {
                 let (worst, max_abs) = compare(&g, &w, dtype, dtype, rule);
@@ -115,6 +122,7 @@ pub fn check(gpu: &Device, json_path: Option<&str>) -> Result<()> {
     check_conv(gpu, &mut ck)?;
     check_activation(gpu, &mut ck)?;
     check_refs(gpu, &mut ck)?;
+    crate::interop::check_interop(&mut ck)?;
     let secs = t0.elapsed().as_secs_f64();
     println!("check: {} passed, {} failed ({secs:.1} s)", ck.passed, ck.failed.len());
     // The tensors of every check are dropped by now: free memory should be back where it was.

@@ -16,7 +16,11 @@
 //!   pedantic-mode handle, on exact inputs) or the CPU backend. Results are written as JSON
 //!   after every section, so a timeout keeps what was measured.
 //!
-//! Modules: `data` (inputs), `checks` (the check mode and the comparison rule), `bench`,
+//!   The check mode ends with the engine-interop check (`interop`): an engine's own context,
+//!   stream and `CudaSlice`s, a tilekit matmul and ReLU on them, the result read back by the
+//!   engine on its stream.
+//!
+//! Modules: `data` (inputs), `checks` (the check mode and the comparison rule), `interop`, `bench`,
 //! `timing`, `cublas` (the baseline's two handles).
 #![allow(clippy::unwrap_used)] // A measurement tool: a failed setup should stop it loudly.
 
@@ -24,6 +28,7 @@ mod bench;
 mod checks;
 mod cublas;
 mod data;
+mod interop;
 mod timing;
 
 use anyhow::{Result, bail};

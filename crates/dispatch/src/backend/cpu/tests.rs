@@ -311,7 +311,7 @@ fn activation_op_in_every_dtype() {
                         .collect();
                     let (got, got_in_place) = match dtype {
                         DType::F32 => {
-                            let data = CpuData::F32(xr.clone());
+                            let data = CpuData::F32(xr.clone().into());
                             let mut o = vec![0.0f32; len];
                             a.run(Some(&data), &mut o).expect("run");
                             let mut ip = xr.clone();
@@ -319,7 +319,7 @@ fn activation_op_in_every_dtype() {
                             (o, ip)
                         }
                         DType::F16 => {
-                            let data = CpuData::F16(store(&xr, f16::ZERO));
+                            let data = CpuData::F16(store(&xr, f16::ZERO).into());
                             let mut o = vec![f16::ZERO; len];
                             a.run(Some(&data), &mut o).expect("run");
                             let mut ip = store(&xr, f16::ZERO);
@@ -327,7 +327,7 @@ fn activation_op_in_every_dtype() {
                             (load(&o), load(&ip))
                         }
                         DType::Bf16 => {
-                            let data = CpuData::Bf16(store(&xr, bf16::ZERO));
+                            let data = CpuData::Bf16(store(&xr, bf16::ZERO).into());
                             let mut o = vec![bf16::ZERO; len];
                             a.run(Some(&data), &mut o).expect("run");
                             let mut ip = store(&xr, bf16::ZERO);
