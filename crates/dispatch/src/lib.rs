@@ -37,6 +37,7 @@ mod device;
 mod error;
 mod ops;
 pub mod profile;
+#[cfg(feature = "wgpu")]
 mod record;
 mod tensor;
 mod tensor_import;
@@ -51,6 +52,7 @@ pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout,
 pub use tune::{TuneMode, TuneReport};
 /// The wgpu tilekit is built against. An engine's `wgpu` must be this exact major version
 /// (wgpu's types do not cross versions); depending on `tilekit::wgpu` guarantees it.
+#[cfg(feature = "wgpu")]
 pub use wgpu;
 
 /// The kernel catalogue, descriptors and activation formulas of `tilekit-kernels`, re-exported

@@ -133,6 +133,7 @@ impl Tensor {
     /// The byte offset of the tensor's first element in [`Tensor::wgpu_buffer`] (0 for
     /// tilekit's own buffers, the import offset for [`Tensor::from_wgpu_buffer`]; `None` on
     /// other backends).
+    #[cfg(feature = "wgpu")]
     pub fn wgpu_byte_offset(&self) -> Option<u64> {
         match &self.buffer.storage {
             Storage::Wgpu(s) => Some(s.byte_offset()),
@@ -161,6 +162,7 @@ impl Tensor {
     /// The buffer must come from the same `wgpu::Device` as `device` (see
     /// [`Device::from_wgpu`]). Two tensors over one buffer are separate tensors to tilekit: an
     /// op that writes one while reading the other is refused with [`Error::Aliasing`].
+    #[cfg(feature = "wgpu")]
     pub fn from_wgpu_buffer(
         device: &Device,
         buffer: wgpu::Buffer,
