@@ -13,12 +13,10 @@ fn rounded(dtype: DType, v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| dtype.round_f32(x) as f64).collect()
 }
 
-/// `act(W·x + b + residual)` over `[n, cin, hw]` in f64.
+/// `act(W·x + b + residual)` over an input `[n, cin, hw]` in f64.
 fn pointwise(
     x: &[f64],
-    n: usize,
-    cin: usize,
-    hw: usize,
+    [n, cin, hw]: [usize; 3],
     w: &[f64],
     b: &[f64],
     act: Activation,
@@ -62,11 +60,11 @@ pub fn forward(weights: &Weights, dtype: DType, shape: [usize; 4], input: &[f32]
     reference::depthwise_conv2d(&desc, &r(input), &one_hot, None, &mut patches);
     (h, w) = (oh, ow);
     let stem = next();
-    let mut x = pointwise(&patches, n, 27, h * w, &r(&stem.weight), &r(&stem.bias), Activation::Relu6, None);
+    let mut x = pointwise(&patches, [n, 27, h * w], &r(&stem.weight), &r(&stem.bias), Activation::Relu6, None);
     for spec in arch::blocks() {
         let hidden = if spec.has_expand() {
             let c = next();
-            pointwise(&x, n, spec.inp, h * w, &r(&c.weight), &r(&c.bias), Activation::Relu6, None)
+            pointwise(&x, [n, spec.inp, h * w], &r(&c.weight), &r(&c.bias), Activation::Relu6, None)
         } else {
             x.clone()
         };
@@ -82,10 +80,10 @@ pub fn forward(weights: &Weights, dtype: DType, shape: [usize; 4], input: &[f32]
         (h, w) = (oh, ow);
         let c = next();
         let residual = spec.residual().then_some(x.as_slice());
-        x = pointwise(&filtered, n, spec.hidden, h * w, &r(&c.weight), &r(&c.bias), Activation::None, residual);
+        x = pointwise(&filtered, [n, spec.hidden, h * w], &r(&c.weight), &r(&c.bias), Activation::None, residual);
     }
     let head = next();
-    let x = pointwise(&x, n, 320, h * w, &r(&head.weight), &r(&head.bias), Activation::Relu6, None);
+    let x = pointwise(&x, [n, 320, h * w], &r(&head.weight), &r(&head.bias), Activation::Relu6, None);
     let hw = h * w;
     let pooled: Vec<f64> = x.chunks(hw).map(|c| c.iter().sum::<f64>() / hw as f64).collect();
     let desc = MatmulDesc {
