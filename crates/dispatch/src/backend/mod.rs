@@ -225,7 +225,7 @@ impl Storage {
 #[cfg(test)]
 mod tidy {
     /// The files of the public face. A new file that dispatches on the backend belongs here.
-    const FILES: [(&str, &str); 9] = [
+    const FILES: [(&str, &str); 12] = [
         ("device.rs", include_str!("../device.rs")),
         ("profile.rs", include_str!("../profile.rs")),
         ("tune.rs", include_str!("../tune.rs")),
@@ -235,6 +235,9 @@ mod tidy {
         ("ops/conv.rs", include_str!("../ops/conv.rs")),
         ("ops/activation.rs", include_str!("../ops/activation.rs")),
         ("ops/bench_refs.rs", include_str!("../ops/bench_refs.rs")),
+        ("ops/pointwise.rs", include_str!("../ops/pointwise.rs")),
+        ("ops/pool.rs", include_str!("../ops/pool.rs")),
+        ("ops/im2col.rs", include_str!("../ops/im2col.rs")),
     ];
 
     /// The wgpu-only accessors (`Device::wgpu_device`, `Tensor::wgpu_buffer`): the only
