@@ -10,6 +10,11 @@
 //!   fused bias and activation.
 //! - [`Device::activation`]: `act(x + bias)`, in place or not.
 //!
+//! Built on those kernels, the layers a convolutional network needs besides them:
+//! [`Device::pointwise_conv2d`] (1×1 conv with bias, residual and activation, NCHW/NHWC),
+//! [`Device::global_avg_pool`] (mean over H×W) and [`Device::im2col`] (patches as channels,
+//! for a dense conv as im2col + pointwise).
+//!
 //! ```
 //! use tilekit::{Activation, DType, Device, MatmulOptions};
 //!
@@ -45,7 +50,7 @@ pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result};
-pub use ops::{Conv2dOptions, MatmulOptions};
+pub use ops::{Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};

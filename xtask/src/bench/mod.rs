@@ -30,6 +30,7 @@ mod check;
 mod compare;
 mod launch;
 mod measure;
+mod network;
 mod ort;
 mod report;
 mod workload;
@@ -169,6 +170,9 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         profiles.extend(trace);
+        if args.suite.is_empty() || args.suite.iter().any(|s| s == "mobilenet") {
+            progress.suspend(|| network::bench(dev, &dtypes, args.quick))?;
+        }
     }
     progress.finish_and_clear();
     report::print_tune_summary(&rows);

@@ -4,10 +4,15 @@
 mod activation;
 mod bench_refs;
 mod conv;
+mod im2col;
 mod matmul;
+mod pointwise;
+mod pool;
 
 pub use conv::Conv2dOptions;
+pub use im2col::Im2colOptions;
 pub use matmul::MatmulOptions;
+pub use pointwise::PointwiseOptions;
 
 use crate::backend::BackendOps;
 use crate::{Device, Error, Result, Tensor};

@@ -1,0 +1,161 @@
+//! MobileNetV2 on a tilekit device: the folded weights uploaded once, then a forward pass of
+//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier).
+
+use crate::arch::{self, BlockSpec, HEAD_CHANNELS, NUM_CLASSES, STEM_CHANNELS};
+use crate::{ModelError, Weights};
+use tilekit::{
+    Activation, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PointwiseOptions, Tensor,
+};
+
+/// A conv's weight and bias on the device.
+#[derive(Debug)]
+struct Conv {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+/// One inverted-residual block's parameters on the device.
+#[derive(Debug)]
+pub struct BlockWeights {
+    /// The block's geometry.
+    pub spec: BlockSpec,
+    expand: Option<Conv>,
+    depthwise: Conv,
+    project: Conv,
+}
+
+/// One inverted-residual block, unfused: expand (1×1 + ReLU6, if the block has it), depthwise
+/// (3×3, stride 1 or 2, padding 1, + ReLU6), project (1×1, linear, plus the input when the
+/// block is residual). The one place a block runs, so it can be routed to a fused kernel.
+pub fn block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Result<Tensor, tilekit::Error> {
+    let expanded;
+    let hidden = match &w.expand {
+        Some(e) => {
+            let opts = PointwiseOptions { layout, activation: Activation::Relu6, residual: None };
+            expanded = dev.pointwise_conv2d(x, &e.weight, Some(&e.bias), &opts)?;
+            &expanded
+        }
+        None => x,
+    };
+    let s = w.spec.stride;
+    let conv =
+        Conv2dOptions { stride: [s, s], padding: [1; 4], layout, activation: Activation::Relu6, ..Default::default() };
+    let filtered = dev.depthwise_conv2d(hidden, &w.depthwise.weight, Some(&w.depthwise.bias), &conv)?;
+    let opts = PointwiseOptions { layout, activation: Activation::None, residual: w.spec.residual().then_some(x) };
+    dev.pointwise_conv2d(&filtered, &w.project.weight, Some(&w.project.bias), &opts)
+}
+
+/// MobileNetV2 with its weights on one device, in one dtype and layout.
+#[derive(Debug)]
+pub struct MobileNetV2 {
+    device: Device,
+    dtype: DType,
+    layout: Layout,
+    /// The stem as a pointwise conv over im2col patches: `[32, 27]`.
+    stem: Conv,
+    blocks: Vec<BlockWeights>,
+    head: Conv,
+    fc_weight: Tensor,
+    fc_bias: Tensor,
+}
+
+impl MobileNetV2 {
+    /// Uploads `weights` to `device` in `dtype` (rounded to nearest even), for a network run
+    /// in `layout`.
+    pub fn new(device: &Device, weights: &Weights, dtype: DType, layout: Layout) -> Result<MobileNetV2, ModelError> {
+        device.check_dtype(dtype)?;
+        let up = |c: &crate::FoldedConv, shape: &[usize]| -> Result<Conv, tilekit::Error> {
+            Ok(Conv {
+                weight: device.tensor_from_f32(shape, dtype, &c.weight)?,
+                bias: device.tensor_from_f32(&[c.shape[0]], dtype, &c.bias)?,
+            })
+        };
+        let mut convs = weights.convs.iter();
+        let mut next = || convs.next().ok_or_else(|| ModelError::Input("the weights have too few convs".into()));
+        let stem = up(next()?, &[STEM_CHANNELS, 27])?;
+        let mut blocks = Vec::new();
+        for spec in arch::blocks() {
+            let expand = if spec.has_expand() {
+                let c = next()?;
+                Some(up(c, &c.shape)?)
+            } else {
+                None
+            };
+            let c = next()?;
+            let depthwise = up(c, &c.shape)?;
+            let c = next()?;
+            let project = up(c, &c.shape)?;
+            blocks.push(BlockWeights { spec, expand, depthwise, project });
+        }
+        let c = next()?;
+        let head = up(c, &c.shape)?;
+        let fc_weight = device.tensor_from_f32(&[NUM_CLASSES, HEAD_CHANNELS], dtype, &weights.fc_weight)?;
+        let fc_bias = device.tensor_from_f32(&[NUM_CLASSES], dtype, &weights.fc_bias)?;
+        Ok(MobileNetV2 { device: device.clone(), dtype, layout, stem, blocks, head, fc_weight, fc_bias })
+    }
+
+    /// The device the network runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The 17 blocks' parameters on the device.
+    pub fn blocks(&self) -> &[BlockWeights] {
+        &self.blocks
+    }
+
+    /// Uploads an NCHW float32 image batch `[N, 3, H, W]` in the network's dtype and layout
+    /// (transposed to NHWC on the host, before the network, if it runs in NHWC).
+    pub fn upload_input(&self, shape: &[usize], data: &[f32]) -> Result<Tensor, ModelError> {
+        let &[n, c, h, w] = shape else {
+            return Err(ModelError::Input(format!("shape {shape:?}: expected [N, 3, H, W]")));
+        };
+        if c != 3 || h < 32 || w < 32 || n == 0 {
+            return Err(ModelError::Input(format!(
+                "shape {shape:?}: expected [N, 3, H, W] with N >= 1 and H, W >= 32"
+            )));
+        }
+        if data.len() != n * c * h * w {
+            return Err(ModelError::Input(format!("{} values for shape {shape:?}", data.len())));
+        }
+        Ok(match self.layout {
+            Layout::Nchw => self.device.tensor_from_f32(shape, self.dtype, data)?,
+            Layout::Nhwc => {
+                let mut t = vec![0.0f32; data.len()];
+                for b in 0..n {
+                    for ch in 0..c {
+                        for i in 0..h * w {
+                            t[(b * h * w + i) * c + ch] = data[(b * c + ch) * h * w + i];
+                        }
+                    }
+                }
+                self.device.tensor_from_f32(&[n, h, w, c], self.dtype, &t)?
+            }
+        })
+    }
+
+    /// The forward pass on an uploaded input (see [`MobileNetV2::upload_input`]): logits
+    /// `[N, 1000]` in the network's dtype, left on the device.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor, ModelError> {
+        let dev = &self.device;
+        let layout = self.layout;
+        let im2col = Im2colOptions { kernel: [3, 3], stride: [2, 2], padding: [1; 4], dilation: [1, 1], layout };
+        let patches = dev.im2col(input, &im2col)?;
+        let relu6 = PointwiseOptions { layout, activation: Activation::Relu6, residual: None };
+        let mut x = dev.pointwise_conv2d(&patches, &self.stem.weight, Some(&self.stem.bias), &relu6)?;
+        drop(patches);
+        for b in &self.blocks {
+            x = block(dev, &x, b, layout)?;
+        }
+        let x = dev.pointwise_conv2d(&x, &self.head.weight, Some(&self.head.bias), &relu6)?;
+        let pooled = dev.global_avg_pool(&x, layout)?;
+        let fc = MatmulOptions { trans_b: true, bias: Some(&self.fc_bias), ..Default::default() };
+        Ok(dev.matmul(&pooled, &self.fc_weight, &fc)?)
+    }
+
+    /// Uploads, runs and reads back: logits `[N, 1000]` as f32, row-major.
+    pub fn run(&self, shape: &[usize], data: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let x = self.upload_input(shape, data)?;
+        Ok(self.forward(&x)?.to_f32_vec()?)
+    }
+}

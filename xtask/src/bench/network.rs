@@ -1,0 +1,97 @@
+//! The `mobilenet` suite's whole-network rows: MobileNetV2 (random torchvision-named weights,
+//! BatchNorm folded) per backend, dtype and layout, latency per image.
+//!
+//! Each configuration is first checked against the f64 reference forward pass
+//! (`tilekit_models::reference`) with the end-to-end test's tolerance, then timed: one warm-up,
+//! then `runs` forward passes, each from the uploaded input to the logits read back. The size is
+//! 224×224 (the model's), or 64×64 on a software adapter in `--quick` mode. The ratio column is
+//! against the f32 NCHW run of the same device in the same run.
+
+use anyhow::{Context, Result, anyhow};
+use std::time::Instant;
+use tilekit::{DType, Device, Layout};
+use tilekit_models::{MobileNetV2, Weights, reference, synthetic};
+
+/// Multiply-adds ×2 of MobileNetV2 at `h × w` (convs, pool and classifier), for a GFLOP/s column.
+fn flops(h: usize, w: usize) -> f64 {
+    let (mut h, mut w) = (h.div_ceil(2), w.div_ceil(2));
+    let mut f = 2.0 * (h * w * 32 * 27) as f64;
+    for b in tilekit_models::arch::blocks() {
+        if b.has_expand() {
+            f += 2.0 * (h * w * b.inp * b.hidden) as f64;
+        }
+        (h, w) = (h.div_ceil(b.stride), w.div_ceil(b.stride));
+        f += 2.0 * (h * w * b.hidden * 9) as f64 + 2.0 * (h * w * b.hidden * b.oup) as f64;
+    }
+    f + 2.0 * (h * w * 320 * 1280) as f64 + 2.0 * 1280.0 * 1000.0
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 => 5e-3,
+        DType::Bf16 => 4e-2,
+    }
+}
+
+/// Benches the whole network on `dev` for each of `dtypes` and both layouts; prints a table.
+pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
+    let size = if quick && dev.is_software() { 64 } else { 224 };
+    let runs = if quick || dev.is_software() { 3 } else { 10 };
+    let bytes = synthetic::to_safetensors(&synthetic::state_dict(2026)).map_err(|e| anyhow!("{e}"))?;
+    let weights = Weights::from_bytes(&bytes)?;
+    let input = synthetic::input(7, 1, size, size);
+    println!(
+        "\n   mobilenet_v2 whole network, batch 1, {size}x{size}, {:.2} GFLOP per image, median of {runs}",
+        flops(size, size) / 1e9
+    );
+    println!(
+        "   {:<6} {:<6} {:>12} {:>10} {:>10} {:>12} {:>10}",
+        "dtype", "layout", "ms/image", "images/s", "GFLOP/s", "vs f32 nchw", "check"
+    );
+    let mut base = None;
+    for &dtype in dtypes {
+        if dev.check_dtype(dtype).is_err() {
+            continue;
+        }
+        let want = reference::forward(&weights, dtype, [1, 3, size, size], &input);
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let net = MobileNetV2::new(dev, &weights, dtype, layout)?;
+            let got = net.run(&[1, 3, size, size], &input).context("mobilenet_v2")?;
+            let err = got.iter().zip(&want).fold(0.0f64, |m, (g, r)| m.max((*g as f64 - r).abs())) / scale;
+            if err > tolerance(dtype) {
+                println!(
+                    "   {:<6} {:<6} FAILED its check: relative logit error {err:.2e}",
+                    dtype.to_string(),
+                    layout.name()
+                );
+                continue;
+            }
+            let x = net.upload_input(&[1, 3, size, size], &input)?;
+            let mut times = Vec::new();
+            for _ in 0..runs {
+                let t = Instant::now();
+                net.forward(&x)?.to_f32_vec()?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            if dtype == DType::F32 && layout == Layout::Nchw {
+                base = Some(median);
+            }
+            let ratio = base.map(|b| format!("{:.2}x", b / median)).unwrap_or_else(|| "-".into());
+            println!(
+                "   {:<6} {:<6} {:>12.2} {:>10.1} {:>10.1} {:>12} {:>10}",
+                dtype.to_string(),
+                layout.name(),
+                median * 1e3,
+                1.0 / median,
+                flops(size, size) / median / 1e9,
+                ratio,
+                format!("{err:.1e}")
+            );
+        }
+    }
+    Ok(())
+}
