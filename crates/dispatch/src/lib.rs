@@ -9,6 +9,8 @@
 //! - [`Device::depthwise_conv2d`]: stride, padding, dilation, channel multiplier, NCHW/NHWC,
 //!   fused bias and activation.
 //! - [`Device::activation`]: `act(x + bias)`, in place or not.
+//! - [`Device::matmul_quant`]: the matmul with `B` a quantized weight [`QTensor`] `[N, K]`
+//!   (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K blocks, dequantized inside the kernel).
 //!
 //! ```
 //! use tilekit::{Activation, DType, Device, MatmulOptions};
@@ -37,13 +39,15 @@ mod device;
 mod error;
 mod ops;
 pub mod profile;
+mod quant_tensor;
 mod tensor;
 pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
-pub use error::{Error, Result};
+pub use error::{Error, Result, SharedGgufError};
 pub use ops::{Conv2dOptions, MatmulOptions};
 pub use profile::{KernelRecord, Profile, Timing};
+pub use quant_tensor::QTensor;
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
 pub use tune::{TuneMode, TuneReport};

@@ -5,6 +5,7 @@ mod activation;
 mod bench_refs;
 mod conv;
 mod matmul;
+mod quant;
 
 pub use conv::Conv2dOptions;
 pub use matmul::MatmulOptions;
