@@ -53,7 +53,7 @@ impl QWeights<'_> {
         let g = PlaneGeometry::of(self.ty).ok_or_else(|| internal(format!("{} is not quantized", self.ty)))?;
         let bs = self.ty.block_size();
         let blocks = self.n.checked_mul(self.k / bs).ok_or_else(|| internal("block count overflows".into()))?;
-        if self.k % bs != 0
+        if !self.k.is_multiple_of(bs)
             || blocks.checked_mul(g.scale_bytes).is_none_or(|b| b > self.scales.len())
             || blocks.checked_mul(g.body_bytes).is_none_or(|b| b > self.body.len())
         {
