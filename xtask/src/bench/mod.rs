@@ -30,6 +30,7 @@ mod check;
 mod compare;
 mod measure;
 mod ort;
+mod quant;
 mod report;
 mod workload;
 
@@ -163,6 +164,9 @@ pub fn run(args: Args) -> Result<()> {
         profiles.extend(trace);
     }
     progress.finish_and_clear();
+    if args.suite.is_empty() || args.suite.iter().any(|s| s == "decode") {
+        quant::run(&devices, args.quick)?;
+    }
     report::print_tune_summary(&rows);
     report::print_ort_summary(&rows);
 
