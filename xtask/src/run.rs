@@ -16,12 +16,19 @@
 //!
 //! Inputs are C-order float32 (or float16) arrays; `--dtype` is the storage precision on the
 //! device (inputs are rounded to nearest even); the output is always float32.
+//!
+//! `matmul --b FILE.gguf:TENSOR_NAME` reads B from a GGUF file instead (memory-mapped). Its
+//! numpy-order shape is `[N, K]` (GGUF's `ne0 = K`), so it goes with `--transpose-b`. A dense
+//! F32, F16 or BF16 tensor is converted losslessly to `--dtype`, which must be at least as wide
+//! (f32 takes all three; f16 and bf16 take only themselves); a quantized one (Q8_0, Q4_0, Q4_1,
+//! Q4_K, Q6_K) stays quantized and runs through `Device::matmul_quant`, with A in `--dtype`.
 
 use crate::npy;
 use anyhow::{Context, Result};
 use clap::{Args as ClapArgs, Subcommand};
 use std::path::{Path, PathBuf};
-use tilekit::{Activation, BackendKind, Conv2dOptions, DType, Device, Layout, MatmulOptions, Tensor};
+use tilekit::gguf::GgufFile;
+use tilekit::{Activation, BackendKind, Conv2dOptions, DType, Device, Layout, MatmulOptions, QTensor, Tensor};
 
 /// Arguments of `cargo xtask run`.
 #[derive(ClapArgs, Debug)]
@@ -60,7 +67,8 @@ struct MatmulArgs {
     /// A: [M, K] or [batch, M, K] ([K, M] / [batch, K, M] with --transpose-a).
     #[arg(long)]
     a: PathBuf,
-    /// B: [K, N] or [batch, K, N] ([N, K] / [batch, N, K] with --transpose-b).
+    /// B: [K, N] or [batch, K, N] ([N, K] / [batch, N, K] with --transpose-b), or
+    /// FILE.gguf:TENSOR_NAME, a GGUF tensor [N, K] (with --transpose-b).
     #[arg(long)]
     b: PathBuf,
     /// A bias of N elements, added to every row.
@@ -187,6 +195,46 @@ fn load(dev: &Device, dtype: DType, flag: &str, path: &Path) -> Result<Tensor> {
     dev.tensor_from_f32(&arr.shape, dtype, &arr.data).with_context(|| format!("--{flag} {}", path.display()))
 }
 
+/// The B operand of `run matmul`: dense, or a quantized GGUF tensor.
+enum B {
+    Dense(Tensor),
+    Quant(QTensor),
+}
+
+/// `FILE.gguf:TENSOR_NAME` split at the colon after `.gguf`, if `path` has that form.
+fn gguf_spec(path: &Path) -> Option<(PathBuf, String)> {
+    let s = path.to_str()?;
+    let at = s.to_ascii_lowercase().rfind(".gguf:")?;
+    let (file, name) = (&s[..at + 5], &s[at + 6..]);
+    Some((PathBuf::from(file), name.to_string()))
+}
+
+/// Reads `--b`: a `.npy` file, or a tensor of a GGUF file (see the module documentation).
+fn load_b(dev: &Device, dtype: DType, path: &Path) -> Result<B> {
+    let Some((file, name)) = gguf_spec(path) else {
+        return load(dev, dtype, "b", path).map(B::Dense);
+    };
+    let ctx = || format!("--b {}", path.display());
+    let gguf = GgufFile::open(&file).with_context(ctx)?;
+    let t = gguf.tensor(&name).with_context(ctx)?;
+    let ty = t.ggml_type();
+    if ty.is_quantized() {
+        return Ok(B::Quant(dev.quant_tensor_from_gguf(&t).with_context(ctx)?));
+    }
+    let stored = ty.dense_dtype().with_context(|| format!("{}: {ty} is neither dense nor quantized", ctx()))?;
+    // Lossless only into a type at least as wide: f32 holds every f16 and bf16; f16 and bf16
+    // hold only themselves.
+    if stored != dtype && dtype != DType::F32 {
+        anyhow::bail!(
+            "{}: tensor {name:?} is stored as {ty}; --dtype {dtype} cannot hold it exactly (use --dtype f32{})",
+            ctx(),
+            if stored == DType::F32 { "" } else { " or the stored type" }
+        );
+    }
+    let values = t.dequantize().with_context(ctx)?;
+    Ok(B::Dense(dev.tensor_from_f32(t.shape(), dtype, &values).with_context(ctx)?))
+}
+
 fn load_opt(dev: &Device, dtype: DType, flag: &str, path: Option<&PathBuf>) -> Result<Option<Tensor>> {
     path.map(|p| load(dev, dtype, flag, p)).transpose()
 }
@@ -202,7 +250,7 @@ pub fn run(args: Args) -> Result<()> {
             let c = &a.common;
             let dev = device(&c.backend, c.dtype)?;
             let ta = load(&dev, c.dtype, "a", &a.a)?;
-            let tb = load(&dev, c.dtype, "b", &a.b)?;
+            let tb = load_b(&dev, c.dtype, &a.b)?;
             let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
             let cc = load_opt(&dev, c.dtype, "c", a.c.as_ref())?;
             let opts = MatmulOptions {
@@ -215,7 +263,10 @@ pub fn run(args: Args) -> Result<()> {
                 activation: a.activation,
                 ..MatmulOptions::default()
             };
-            let y = dev.matmul(&ta, &tb, &opts)?;
+            let y = match &tb {
+                B::Dense(tb) => dev.matmul(&ta, tb, &opts)?,
+                B::Quant(qw) => dev.matmul_quant(&ta, qw, &opts)?,
+            };
             save(&c.out, &y)
         }
         Op::DepthwiseConv2d(a) => {
@@ -364,6 +415,94 @@ mod tests {
                 let msg = format!("{err:#}");
                 assert!(!msg.contains('\n'), "{args:?}: {msg}");
             }
+        }
+    }
+
+    /// A GGUF v3 file with the given tensors `(name, numpy shape, ggml type id, data)`.
+    fn write_gguf(path: &Path, tensors: &[(&str, &[usize], u32, Vec<u8>)]) {
+        let mut f = b"GGUF".to_vec();
+        f.extend(3u32.to_le_bytes());
+        f.extend((tensors.len() as u64).to_le_bytes());
+        f.extend(0u64.to_le_bytes());
+        let mut data = Vec::new();
+        for (name, shape, ty, bytes) in tensors {
+            f.extend((name.len() as u64).to_le_bytes());
+            f.extend(name.as_bytes());
+            f.extend((shape.len() as u32).to_le_bytes());
+            for d in shape.iter().rev() {
+                f.extend((*d as u64).to_le_bytes());
+            }
+            f.extend(ty.to_le_bytes());
+            f.extend((data.len() as u64).to_le_bytes());
+            data.extend(bytes);
+            data.resize(data.len().next_multiple_of(32), 0);
+        }
+        f.resize(f.len().next_multiple_of(32), 0);
+        f.extend(data);
+        std::fs::write(path, f).unwrap();
+    }
+
+    #[test]
+    fn matmul_reads_b_from_a_gguf_file() {
+        use tilekit::quant::{GgmlType, dequantize, quantize};
+        let d = scratch("gguf");
+        let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+        let (n, k) = (3, 64);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
+        let q8 = quantize(GgmlType::Q8_0, &w, &[n, k]).unwrap();
+        let w16: Vec<u8> = w.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
+        let file = p("w.gguf");
+        write_gguf(
+            Path::new(&file),
+            &[("q", &[n, k], GgmlType::Q8_0.id(), q8.clone()), ("h", &[n, k], GgmlType::F16.id(), w16)],
+        );
+        let a: Vec<f32> = (0..2 * k).map(|i| (i % 3) as f32 - 1.0).collect();
+        npy::write(Path::new(&p("a.npy")), &[2, k], &a).unwrap();
+        // The F16 weights are quarter steps, so those sums are exact in f32 and compared exactly;
+        // the Q8_0 ones are multiples of an arbitrary f16 scale, compared within 1e-5 of the
+        // row's magnitude (far below one quantization step).
+        let expect = |w: &[f32]| -> Vec<f32> {
+            let mut y = Vec::new();
+            for i in 0..2 {
+                for j in 0..n {
+                    y.push((0..k).map(|p| a[i * k + p] * w[j * k + p]).sum());
+                }
+            }
+            y
+        };
+        let wq = dequantize(GgmlType::Q8_0, &q8, &[n, k]).unwrap();
+        for (spec, dtype, want) in [
+            (format!("{file}:q"), "f32", expect(&wq)),
+            (format!("{file}:q"), "bf16", vec![]),
+            (format!("{file}:h"), "f32", expect(&w)),
+            (format!("{file}:h"), "f16", expect(&w)),
+        ] {
+            let args = ["matmul", "--a", &p("a.npy"), "--b", &spec, "--transpose-b", "--dtype", dtype];
+            cli(&[&args[..], &["--backend", "cpu", "--out", &p("y.npy")]].concat()).unwrap();
+            let y = npy::read(Path::new(&p("y.npy"))).unwrap();
+            assert_eq!(y.shape, vec![2, n], "{spec} {dtype}");
+            if spec.ends_with(":h") {
+                assert_eq!(y.data, want, "{spec} {dtype}");
+            } else if !want.is_empty() {
+                for (g, e) in y.data.iter().zip(&want) {
+                    assert!((g - e).abs() <= 1e-5 * k as f32, "{spec} {dtype}: {g} vs {e}");
+                }
+            }
+        }
+        // An F16 tensor does not fit bf16 losslessly; a missing name, a missing --transpose-b
+        // and a missing file are one-line errors.
+        for args in [
+            vec!["--b", &format!("{file}:h"), "--transpose-b", "--dtype", "bf16"],
+            vec!["--b", &format!("{file}:nope"), "--transpose-b"],
+            vec!["--b", &format!("{file}:q")],
+            vec!["--b", &format!("{}:q", p("missing.gguf")), "--transpose-b"],
+        ] {
+            let out = p("y.npy");
+            let a_path = p("a.npy");
+            let full = [&["matmul", "--a", &a_path][..], &args, &["--backend", "cpu", "--out", &out]].concat();
+            let err = cli(&full).expect_err("must fail");
+            let msg = format!("{err:#}");
+            assert!(!msg.contains('\n'), "{full:?}: {msg}");
         }
     }
 }

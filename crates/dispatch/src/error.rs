@@ -1,6 +1,9 @@
 //! The one error type of tilekit.
 
 use crate::{BackendKind, DType};
+use std::sync::Arc;
+use tilekit_kernels::gguf::GgufError;
+use tilekit_kernels::quant::{GgmlType, QuantError};
 
 /// Shorthand for `Result<T, tilekit::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -170,4 +173,65 @@ pub enum Error {
         /// What it said.
         message: String,
     },
+    /// A quantized tensor's bytes or shape do not fit its type (a row length that is not a
+    /// multiple of the block size, a byte count that does not match the shape).
+    #[error(transparent)]
+    Quant(QuantError),
+    /// Reading a GGUF file failed (see [`GgufError`], reachable through [`SharedGgufError`]);
+    /// [`Error::gguf`] makes one.
+    #[error(transparent)]
+    Gguf(SharedGgufError),
+    /// The backend has no kernel for an op on this quantized type.
+    #[error("{op}: {ty} weights are not supported on the {backend} backend: {reason}")]
+    UnsupportedQuantType {
+        /// The op that was called.
+        op: &'static str,
+        /// The weight's type.
+        ty: GgmlType,
+        /// The backend asked.
+        backend: BackendKind,
+        /// Why not.
+        reason: String,
+    },
+}
+
+/// A [`GgufError`] behind an `Arc`, so that [`Error`] stays `Clone` (an I/O error is not).
+/// Two values are equal when they are the same error (one `Arc`).
+#[derive(Debug, Clone)]
+pub struct SharedGgufError(pub Arc<GgufError>);
+
+impl SharedGgufError {
+    /// The GGUF error.
+    pub fn get(&self) -> &GgufError {
+        &self.0
+    }
+}
+
+impl PartialEq for SharedGgufError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Display for SharedGgufError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedGgufError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Display already shows the GGUF error itself; its cause (an I/O error) comes next.
+        std::error::Error::source(&*self.0)
+    }
+}
+
+// There are deliberately no `From<QuantError>` / `From<GgufError>` impls: with only the
+// reflexive `From<Error>`, `?` on a closure's `Result<_, _>` infers `Error` inside tilekit (the
+// wgpu backend's error scopes rely on it); a second impl makes those calls ambiguous.
+impl Error {
+    /// [`Error::Gguf`] from a [`GgufError`].
+    pub fn gguf(e: GgufError) -> Error {
+        Error::Gguf(SharedGgufError(Arc::new(e)))
+    }
 }

@@ -9,6 +9,8 @@
 //! - [`Device::depthwise_conv2d`]: stride, padding, dilation, channel multiplier, NCHW/NHWC,
 //!   fused bias and activation.
 //! - [`Device::activation`]: `act(x + bias)`, in place or not.
+//! - [`Device::matmul_quant`]: the matmul with `B` a quantized weight [`QTensor`] `[N, K]`
+//!   (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K blocks, dequantized inside the kernel).
 //!
 //! Built on those kernels, the layers a convolutional network needs besides them:
 //! [`Device::pointwise_conv2d`] (1×1 conv with bias, residual and activation, NCHW/NHWC),
@@ -44,14 +46,16 @@ mod ops;
 pub mod profile;
 #[cfg(feature = "wgpu")]
 mod record;
+mod quant_tensor;
 mod tensor;
 mod tensor_import;
 pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
-pub use error::{Error, Result};
+pub use error::{Error, Result, SharedGgufError};
 pub use ops::{Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
 pub use profile::{KernelRecord, Profile, Timing};
+pub use quant_tensor::QTensor;
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
 pub use tune::{TuneMode, TuneReport};

@@ -46,6 +46,11 @@
 //!   rounding does not hold below the normal range), and `f32`'s smallest normal (2⁻¹²⁶) for
 //!   f32 and bf16, so a backend that flushes `f32` subnormals to zero (WGSL may) still passes.
 //!
+//! # Quantized weights
+//! `matmul_quant` (a GGUF-quantized `B`) is held to the same bound with `B = dequantize(W)`:
+//! the dequantized weights are exact `f32` values (`crate::quant`), so the reference takes
+//! them as stored inputs and nothing else changes.
+//!
 //! # Non-finite values
 //! A NaN reference needs a NaN result. An infinite result is right only where the exact value,
 //! pushed outwards by the bound, overflows the storage dtype (f16 results above 65504 become

@@ -32,6 +32,7 @@ mod launch;
 mod measure;
 mod network;
 mod ort;
+mod quant;
 mod report;
 mod workload;
 
@@ -175,6 +176,9 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     progress.finish_and_clear();
+    if args.suite.is_empty() || args.suite.iter().any(|s| s == "decode") {
+        quant::run(&devices, args.quick)?;
+    }
     report::print_tune_summary(&rows);
     report::print_ort_summary(&rows);
 

@@ -50,6 +50,7 @@ mod activation;
 mod depthwise;
 mod gemv;
 mod matmul;
+mod quant;
 mod simd;
 #[cfg(test)]
 mod tests;
@@ -465,6 +466,41 @@ impl BackendOps for CpuBackend {
             CpuData::F32(o) => ops.run(desc, o.slice_mut("matmul")?),
             CpuData::F16(o) => ops.run(desc, o.slice_mut("matmul")?),
             CpuData::Bf16(o) => ops.run(desc, o.slice_mut("matmul")?),
+        }
+    }
+
+    fn matmul_quant(
+        &self,
+        desc: &MatmulDesc,
+        _dtype: DType,
+        a: &CpuStorage,
+        w: &super::QuantView<'_, CpuStorage>,
+        bias: Option<&CpuStorage>,
+        c: Option<&CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        let inputs: Vec<&CpuStorage> = [Some(a), Some(w.scales), Some(w.body), bias, c].into_iter().flatten().collect();
+        let mut locks = Locks::take(&inputs, out)?;
+        let (ins, out_data) = locks.split();
+        let plane = |s: &CpuStorage| -> Result<&[u8]> {
+            match ins.get(s)? {
+                CpuData::F32(v) => Ok(bytemuck::cast_slice(v)),
+                _ => Err(internal("a quantized plane is not a word buffer".into())),
+            }
+        };
+        let a_f32 = ins.get(a)?.as_f32()?;
+        let bias_f32 = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
+        let c_f32 = c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
+        let ops = quant::QuantOperands {
+            a: &a_f32,
+            w: quant::QWeights { ty: w.ty, n: w.n, k: w.k, scales: plane(w.scales)?, body: plane(w.body)? },
+            bias: bias_f32.as_deref(),
+            c: c_f32.as_deref(),
+        };
+        match out_data {
+            CpuData::F32(o) => ops.run(desc, o),
+            CpuData::F16(o) => ops.run(desc, o),
+            CpuData::Bf16(o) => ops.run(desc, o),
         }
     }
 

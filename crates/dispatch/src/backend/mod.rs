@@ -19,7 +19,18 @@ use crate::profile::LaunchInfo;
 use crate::tune::{TuneMode, TuneReport};
 use crate::{BackendKind, Error, Result};
 use std::path::PathBuf;
+use tilekit_kernels::quant::GgmlType;
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
+
+/// A quantized weight `[n, k]` as a backend sees it: its type and its two planes (see
+/// `quant_tensor.rs` for their layout).
+pub(crate) struct QuantView<'a, S> {
+    pub(crate) ty: GgmlType,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) scales: &'a S,
+    pub(crate) body: &'a S,
+}
 
 /// The error of a tuning call on a backend without tunable kernels.
 pub(crate) fn nothing_to_tune(backend: BackendKind) -> Error {
@@ -86,6 +97,26 @@ pub(crate) trait BackendOps {
         c: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// `Device::matmul_quant`: `desc` with `trans_b` and `B` the quantized `w` (`desc.b` is
+    /// unused). Backends without kernels for `w.ty` return [`Error::UnsupportedQuantType`].
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_quant(
+        &self,
+        _desc: &MatmulDesc,
+        _dtype: DType,
+        _a: &Self::Storage,
+        w: &QuantView<'_, Self::Storage>,
+        _bias: Option<&Self::Storage>,
+        _c: Option<&Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<()> {
+        Err(Error::UnsupportedQuantType {
+            op: "matmul_quant",
+            ty: w.ty,
+            backend: Self::KIND,
+            reason: "this backend has no quantized matmul kernels yet".into(),
+        })
+    }
     /// See [`Conv2dDesc`].
     fn depthwise_conv2d(
         &self,
@@ -272,6 +303,8 @@ mod tidy {
         ("ops/pointwise.rs", include_str!("../ops/pointwise.rs")),
         ("ops/pool.rs", include_str!("../ops/pool.rs")),
         ("ops/im2col.rs", include_str!("../ops/im2col.rs")),
+        ("ops/quant.rs", include_str!("../ops/quant.rs")),
+        ("quant_tensor.rs", include_str!("../quant_tensor.rs")),
     ];
 
     /// The wgpu-only accessors (`Device::wgpu_device`, `Tensor::wgpu_buffer`,

@@ -45,7 +45,7 @@ impl Default for MatmulOptions<'_> {
 }
 
 /// `(batch, rows, cols)` of a rank-2 or rank-3 operand.
-fn dims(name: &'static str, t: &Tensor) -> Result<(Option<usize>, usize, usize)> {
+pub(super) fn dims(name: &'static str, t: &Tensor) -> Result<(Option<usize>, usize, usize)> {
     match *t.shape() {
         [r, c] => Ok((None, r, c)),
         [b, r, c] => Ok((Some(b), r, c)),
@@ -54,7 +54,7 @@ fn dims(name: &'static str, t: &Tensor) -> Result<(Option<usize>, usize, usize)>
 }
 
 /// The view of a dense operand: batch stride 0 broadcasts a rank-2 or batch-1 operand.
-fn dense_view(batch: Option<usize>, rows: usize, cols: usize) -> MatrixView {
+pub(super) fn dense_view(batch: Option<usize>, rows: usize, cols: usize) -> MatrixView {
     let bs = match batch {
         Some(b) if b > 1 => rows * cols,
         _ => 0,

@@ -8,6 +8,7 @@ mod im2col;
 mod matmul;
 mod pointwise;
 mod pool;
+mod quant;
 
 pub use conv::Conv2dOptions;
 pub use im2col::Im2colOptions;

@@ -62,7 +62,18 @@ pub(super) struct Epilogue<'a> {
     batch: usize,
 }
 
-impl Epilogue<'_> {
+impl<'a> Epilogue<'a> {
+    /// The epilogue of batch `batch` (`c` is C's buffer, its view and `beta`).
+    pub(super) fn new(
+        alpha: f32,
+        bias: Option<&'a [f32]>,
+        c: Option<(&'a [f32], tilekit_kernels::MatrixView, f32)>,
+        activation: Activation,
+        batch: usize,
+    ) -> Epilogue<'a> {
+        Epilogue { alpha, bias, c, activation, batch }
+    }
+
     /// Whether the epilogue leaves the product as it is.
     fn is_identity(&self) -> bool {
         self.alpha == 1.0 && self.bias.is_none() && self.c.is_none() && self.activation == Activation::None

@@ -1,0 +1,149 @@
+//! The quantized rows of the `decode` suite: `Device::matmul_quant` with A `[M, K]` in f32 and
+//! a GGUF-quantized weight `[N, K]`, M = 1 and 16, for Q8_0, Q4_0, Q4_K and Q6_K (LLaMA-7B's
+//! 4096×4096, 11008×4096 and 4096×11008 projections; 1024×1024 in `--quick`).
+//!
+//! Each row is checked against the `f64` reference on the dequantized weights (16 sampled
+//! output columns, every row of the output, under `tilekit_kernels::tolerance`) before it is
+//! timed. Bytes are what the op must move (the quantized weight, A and the output); GB/s is
+//! bytes over the median time, and "roof" divides it by the backend's own copy kernel
+//! (`Device::copy`) moving the same number of bytes, timed in the same run. Backends without
+//! quantized kernels print a SKIP line.
+
+use super::measure::{Plan, time};
+use anyhow::{Context, Result, bail};
+use tilekit::quant::{GgmlType, dequantize};
+use tilekit::{DType, Device, Error, MatmulOptions, QTensor, Tensor};
+use tilekit_kernels::tolerance;
+
+/// The formats the suite times (`Q4_K_M` files mix Q4_K and Q6_K).
+const TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K];
+
+/// `(M, N, K)` of the rows.
+fn shapes(quick: bool) -> Vec<(usize, usize, usize)> {
+    let nk: &[(usize, usize)] = if quick { &[(1024, 1024)] } else { &[(4096, 4096), (11008, 4096), (4096, 11008)] };
+    [1, 16].iter().flat_map(|&m| nk.iter().map(move |&(n, k)| (m, n, k))).collect()
+}
+
+/// A deterministic byte stream (64-bit LCG).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() & 0xFF_FFFF) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Random blocks of `ty` with f16 scales in `[2⁻¹⁰, 2⁻⁴)`, so every weight is finite.
+fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> Result<Vec<u8>> {
+    let mut rng = Lcg(0x9e37_79b9);
+    let mut out: Vec<u8> = (0..ty.tensor_bytes(&[n, k])?).map(|_| rng.next() as u8).collect();
+    let fields: &[usize] = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
+        GgmlType::Q4K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => bail!("{ty} is not in the suite"),
+    };
+    for blk in out.chunks_exact_mut(ty.block_bytes()) {
+        for &f in fields {
+            let s = half::f16::from_f32((1.0 + 63.0 * rng.unit()) / 1024.0);
+            blk[f..f + 2].copy_from_slice(&s.to_le_bytes());
+        }
+    }
+    Ok(out)
+}
+
+/// Checks 16 sampled output columns of `y` (`[m, n]`) against the `f64` reference.
+fn check(ty: GgmlType, bytes: &[u8], a: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) -> Result<()> {
+    let row_bytes = ty.tensor_bytes(&[1, k])?;
+    for s in 0..16 {
+        let j = (s * 7919) % n;
+        let w = dequantize(ty, &bytes[j * row_bytes..(j + 1) * row_bytes], &[1, k])?;
+        for i in 0..m {
+            let (mut exact, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..k {
+                let t = f64::from(a[i * k + p]) * f64::from(w[p]);
+                exact += t;
+                mag += t.abs();
+            }
+            let got = y[i * n + j];
+            let bound = tolerance::bound(DType::F32, tilekit::Activation::None, k, mag, exact, exact);
+            if !tolerance::accepts(DType::F32, got, exact, bound) {
+                bail!("{ty} {m}x{n}x{k}: output [{i}, {j}] is {got:e}, the reference {exact:e} (bound {bound:e})");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One timed row: the op's median seconds and the copy roof's for the same bytes.
+fn row(dev: &Device, ty: GgmlType, shape: (usize, usize, usize), quick: bool) -> Result<Option<(f64, f64, usize)>> {
+    let (m, n, k) = shape;
+    let bytes = weight_bytes(ty, n, k)?;
+    let w: QTensor = dev.quant_tensor(ty, &[n, k], &bytes)?;
+    let mut rng = Lcg(0x51ed_270b);
+    let a: Vec<f32> = (0..m * k).map(|_| 2.0 * rng.unit() - 1.0).collect();
+    let at = dev.tensor_from_f32(&[m, k], DType::F32, &a)?;
+    let opts = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
+    let y = match dev.matmul_quant(&at, &w, &opts) {
+        Err(e @ Error::UnsupportedQuantType { .. }) => {
+            println!("   SKIP {ty} on {}: {e}", dev.kind());
+            return Ok(None);
+        }
+        r => r?,
+    };
+    check(ty, &bytes, &a, &y.to_f32_vec()?, shape)?;
+    let moved = bytes.len() + 4 * (m * k + m * n);
+    let plan = Plan::op(quick, dev.is_software());
+    let op = time(plan, || {
+        let _y = dev.matmul_quant(&at, &w, &opts)?;
+        Ok(dev.synchronize()?)
+    })?;
+    // The copy reads and writes: half the bytes each way moves `moved` bytes in all.
+    let words = (moved / 8).max(1);
+    let src: Tensor = dev.zeros(&[words], DType::F32)?;
+    let dst: Tensor = dev.zeros(&[words], DType::F32)?;
+    let copy = time(Plan::reference(quick), || {
+        dev.copy(&src, &dst)?;
+        Ok(dev.synchronize()?)
+    })?;
+    Ok(Some((op.median_s, copy.median_s, moved)))
+}
+
+/// Runs the quantized decode rows on every device and prints their table.
+pub fn run(devices: &[Device], quick: bool) -> Result<()> {
+    println!("\n== decode, quantized weights (A f32 [M, K] · W[N, K]ᵀ; bytes = weight + A + output)");
+    println!(
+        "   {:<8} {:<6} {:>16} {:>10} {:>9} {:>8} {:>10} {:>6}",
+        "backend", "type", "MxNxK", "weight MB", "ms", "GB/s", "copy GB/s", "roof"
+    );
+    for dev in devices {
+        for ty in TYPES {
+            for shape in shapes(quick) {
+                let (m, n, k) = shape;
+                let what = || format!("{} {ty} {m}x{n}x{k}", dev.kind());
+                let Some((t, copy, moved)) = row(dev, ty, shape, quick).with_context(what)? else {
+                    break;
+                };
+                let gbs = moved as f64 / t / 1e9;
+                let copy_gbs = moved as f64 / copy / 1e9;
+                println!(
+                    "   {:<8} {:<6} {:>16} {:>10.2} {:>9.3} {:>8.2} {:>10.2} {:>5.0}%",
+                    dev.kind().to_string(),
+                    ty.name(),
+                    format!("{m}x{n}x{k}"),
+                    ty.tensor_bytes(&[n, k])? as f64 / 1e6,
+                    t * 1e3,
+                    gbs,
+                    copy_gbs,
+                    100.0 * gbs / copy_gbs
+                );
+            }
+        }
+    }
+    Ok(())
+}
