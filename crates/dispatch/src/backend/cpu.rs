@@ -271,7 +271,7 @@ impl CpuStorage {
 }
 
 /// The most inputs an op locks (a matmul's A, B, bias and C).
-const MAX_INPUTS: usize = 4;
+const MAX_INPUTS: usize = 5;
 
 /// The locks of one op: read guards on its inputs and the write guard on its output, taken in
 /// address order (see the module documentation). Fixed-size arrays, not vectors: a small op
@@ -479,8 +479,7 @@ impl BackendOps for CpuBackend {
         c: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let inputs: Vec<&CpuStorage> = [Some(a), Some(w.scales), Some(w.body), bias, c].into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&[Some(a), Some(w.scales), Some(w.body), bias, c], out)?;
         let (ins, out_data) = locks.split();
         let plane = |s: &CpuStorage| -> Result<&[u8]> {
             match ins.get(s)? {
@@ -498,9 +497,9 @@ impl BackendOps for CpuBackend {
             c: c_f32.as_deref(),
         };
         match out_data {
-            CpuData::F32(o) => ops.run(desc, o),
-            CpuData::F16(o) => ops.run(desc, o),
-            CpuData::Bf16(o) => ops.run(desc, o),
+            CpuData::F32(o) => ops.run(desc, o.slice_mut("matmul_quant")?),
+            CpuData::F16(o) => ops.run(desc, o.slice_mut("matmul_quant")?),
+            CpuData::Bf16(o) => ops.run(desc, o.slice_mut("matmul_quant")?),
         }
     }
 
