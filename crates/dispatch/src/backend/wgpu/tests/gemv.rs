@@ -29,7 +29,9 @@ fn kernel_of(dev: &Device, m: usize) -> String {
     dev.profile_begin().unwrap();
     dev.matmul_into(&d, &a, &b, None, None, &out).unwrap();
     let p = dev.profile_end().unwrap();
-    p.records.first().map(|r| r.kernel.clone()).unwrap_or_default()
+    // Other tests share the device and may record ops meanwhile: take this op's launch.
+    let shape = format!("m{m} n8 k8");
+    p.records.iter().find(|r| r.shape.contains(&shape)).map(|r| r.kernel.clone()).unwrap_or_default()
 }
 
 #[test]
