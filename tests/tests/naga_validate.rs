@@ -8,7 +8,8 @@
 
 use std::path::{Path, PathBuf};
 use tilekit::kernels::catalogue::wgsl::{
-    ElementStorage, MatmulSwitches, Spec, WgslModule, all_modules, matmul_candidates, module_with,
+    ElementStorage, Kernel, MatmulSwitches, Spec, WgslModule, all_modules, matmul_candidates, module_with,
+    skinny_candidates,
 };
 use tilekit_tests::skip;
 
@@ -84,8 +85,12 @@ fn every_matmul_specialisation_validates() {
     let mut checked = 0;
     let mut failures = Vec::new();
     for m in [2, 10, 100] {
+        // The tiled and small-M kernels the bench still compares against are built too.
+        let (old_kernel, old_candidates) = skinny_candidates(m);
         let (kernel, candidates) = matmul_candidates(m);
-        for spec in candidates {
+        let pairs =
+            candidates.into_iter().map(|s| (kernel, s)).chain(old_candidates.into_iter().map(|s| (old_kernel, s)));
+        for (kernel, spec) in pairs {
             for switches in switch_sets {
                 for storage in ElementStorage::ALL {
                     let module = module_with(kernel, storage, Spec { switches, ..spec });
@@ -124,4 +129,41 @@ fn validator_rejects_broken_wgsl() {
     assert!(validate("type error", "fn f() -> f32 { return 1u; }").is_err());
     assert!(validate("syntax error", "fn f( {").is_err());
     assert!(validate("fine", "@compute @workgroup_size(1) fn main() {}").is_ok());
+}
+
+/// Every GEMV pipeline validates after `process_overrides`: both reductions (workgroup memory
+/// and subgroups), every row count 1 to 16, every workgroup-size candidate, each storage
+/// variant, several sets of switches.
+#[test]
+fn every_gemv_specialisation_validates() {
+    let switch_sets = [
+        MatmulSwitches::default(),
+        MatmulSwitches { trans_a: false, trans_b: true, bias: true, c: false, act: 1 },
+        MatmulSwitches { trans_a: true, trans_b: false, bias: false, c: true, act: 3 },
+        MatmulSwitches { trans_a: true, trans_b: true, bias: true, c: true, act: 4 },
+    ];
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for kernel in [Kernel::Gemv, Kernel::GemvSubgroup] {
+        for m in 1..=16 {
+            for spec in matmul_candidates(m).1 {
+                // Every row count with the default workgroup, every workgroup at 1 and 16 rows.
+                if spec.wg != matmul_candidates(m).1[0].wg && m != 1 && m != 16 {
+                    continue;
+                }
+                for switches in switch_sets {
+                    for storage in ElementStorage::ALL {
+                        let module = module_with(kernel, storage, Spec { switches, ..spec });
+                        if let Err(e) = specialise(&module) {
+                            failures.push(format!("{} rows {m} wg {} {switches:?}: {e}", module.name, spec.wg));
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("naga: {checked} gemv specialisations validated after process_overrides");
+    assert!(checked >= 2 * 16 * 4 * 4);
+    assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
 }

@@ -68,6 +68,10 @@ pub struct WgpuOptions {
     /// Store f16 packed in `u32` words even where the adapter has `SHADER_F16` (the path for
     /// devices without it; the tests force it to cover it everywhere).
     pub force_packed_f16: bool,
+    /// Leave out subgroup operations even where the adapter has `SUBGROUP`: the GEMV kernel
+    /// then reduces through workgroup memory, as on devices without the feature (the tests
+    /// force it to cover that path).
+    pub no_subgroups: bool,
 }
 
 impl WgpuOptions {

@@ -5,8 +5,9 @@ use tilekit::{Activation, Conv2dDesc, DType, Layout, MatmulDesc};
 /// One op at one shape (the dtype and backend come from the run).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Case {
-    /// `act(A·B + bias)`, row-major, no transposes.
-    Matmul { m: usize, n: usize, k: usize, bias: bool, activation: Activation },
+    /// `act(A·B + bias)`, row-major; B stored `[K, N]`, or `[N, K]` (`trans_b`: nn.Linear and
+    /// GGUF weights, `A·Bᵀ`).
+    Matmul { m: usize, n: usize, k: usize, bias: bool, activation: Activation, trans_b: bool },
     /// A 3×3 depthwise convolution with padding 1, bias and ReLU6 (MobileNetV2's block).
     Conv { batch: usize, channels: usize, size: usize, stride: usize, layout: Layout },
     /// `act(x + bias)` on `[rows, cols]`.
@@ -35,7 +36,7 @@ pub const SUITES: [&str; 4] = ["square", "decode", "mobilenet", "transformer"];
 pub fn entries(scale: Scale) -> Vec<Entry> {
     let mut out = Vec::new();
     let mut push = |suite, case| out.push(Entry { suite, case });
-    let plain = |m, n, k| Case::Matmul { m, n, k, bias: false, activation: Activation::None };
+    let plain = |m, n, k| Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false };
 
     // square: the classic GEMM sweep. 64–256 fit lavapipe in --quick; 2048 and 4096 only make
     // sense on a real GPU (4096³ takes ~2 s per run with the gemm crate on two cores).
@@ -48,17 +49,28 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
         push("square", plain(s, s, s));
     }
     // The fused epilogue of a transformer MLP (bias + GELU) at one mid size.
-    push("square", Case::Matmul { m: 256, n: 256, k: 256, bias: true, activation: Activation::Gelu });
+    push("square", Case::Matmul { m: 256, n: 256, k: 256, bias: true, activation: Activation::Gelu, trans_b: false });
 
-    // decode: one token (or a few) against a weight matrix: memory-bound, the LLM decode step.
-    // Full sizes are LLaMA-7B's 4096×4096 and 4096×11008 projections.
-    let decode: &[(usize, usize, usize)] = match (scale.quick, scale.gpu) {
-        (true, _) => &[(1, 1024, 1024), (16, 1024, 1024)],
-        (false, false) => &[(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096)],
-        (false, true) => &[(1, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (1, 11008, 4096)],
+    // decode: one token (or 16) against a weight matrix: memory-bound, the LLM decode step.
+    // Full sizes are LLaMA-7B's projections, N × K = 4096×4096 (attention), 11008×4096 (gate
+    // and up) and 4096×11008 (down), each with B stored [K, N] and [N, K] (nn.Linear / GGUF).
+    let dense: &[(usize, usize)] = if scale.quick {
+        &[(1024, 1024), (2752, 1024), (1024, 2752)]
+    } else {
+        &[(4096, 4096), (11008, 4096), (4096, 11008)]
     };
-    for &(m, n, k) in decode {
-        push("decode", plain(m, n, k));
+    for m in [1, 16] {
+        for &(n, k) in dense {
+            for trans_b in [false, true] {
+                push("decode", Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b });
+            }
+        }
+    }
+    if scale.gpu && !scale.quick {
+        // Between the GEMV rows (M <= 16) and the tiled kernel.
+        for m in [4, 32] {
+            push("decode", plain(m, 4096, 4096));
+        }
     }
 
     // mobilenet: MobileNetV2's depthwise 3×3 layers (size², channels, stride).
@@ -107,14 +119,15 @@ impl Case {
     /// The shape and options, readable.
     pub fn shape(&self) -> String {
         match *self {
-            Case::Matmul { m, n, k, bias, activation } => {
+            Case::Matmul { m, n, k, bias, activation, trans_b } => {
+                let layout = if trans_b { " B[N,K]" } else { "" };
                 let epi = match (bias, activation) {
                     (false, Activation::None) => String::new(),
                     (true, Activation::None) => " +bias".into(),
                     (false, a) => format!(" {}", a.name()),
                     (true, a) => format!(" +bias {}", a.name()),
                 };
-                format!("{m}x{n}x{k}{epi}")
+                format!("{m}x{n}x{k}{layout}{epi}")
             }
             Case::Conv { batch, channels, size, stride, layout } => {
                 let layout = match layout {
@@ -131,8 +144,8 @@ impl Case {
 
     /// The matmul descriptor of a matmul case.
     pub fn matmul_desc(&self) -> Option<MatmulDesc> {
-        let Case::Matmul { m, n, k, bias, activation } = *self else { return None };
-        Some(matmul_desc(m, n, k, bias, activation))
+        let Case::Matmul { m, n, k, bias, activation, trans_b } = *self else { return None };
+        Some(matmul_desc(m, n, k, bias, activation, trans_b))
     }
 
     /// The conv descriptor of a conv case.
@@ -177,15 +190,19 @@ impl Case {
     /// The plain product that `Device::naive_matmul` can compare against.
     pub fn plain_matmul(&self) -> Option<(usize, usize, usize)> {
         match *self {
-            Case::Matmul { m, n, k, bias: false, activation: Activation::None } => Some((m, n, k)),
+            Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false } => Some((m, n, k)),
             _ => None,
         }
     }
 }
 
-/// `act(A·B + bias)` on dense row-major `[m, k]` and `[k, n]`.
-pub fn matmul_desc(m: usize, n: usize, k: usize, bias: bool, activation: Activation) -> MatmulDesc {
+/// `act(A·B + bias)` on dense row-major `[m, k]` and `[k, n]` (or `[n, k]` with `trans_b`).
+pub fn matmul_desc(m: usize, n: usize, k: usize, bias: bool, activation: Activation, trans_b: bool) -> MatmulDesc {
     let mut d = MatmulDesc::new(m, n, k);
+    if trans_b {
+        d.trans_b = true;
+        d.b = tilekit::MatrixView::dense(n, k);
+    }
     d.bias_offset = bias.then_some(0);
     d.activation = activation;
     d
@@ -214,7 +231,7 @@ mod tests {
 
     #[test]
     fn traffic_and_flops() {
-        let c = Case::Matmul { m: 2, n: 3, k: 4, bias: true, activation: Activation::None };
+        let c = Case::Matmul { m: 2, n: 3, k: 4, bias: true, activation: Activation::None, trans_b: true };
         assert_eq!(c.flops(), Some(48.0));
         assert_eq!(c.bytes(DType::F32), ((8 + 12 + 6 + 3) * 4) as f64);
         let a = Case::Activation { rows: 2, cols: 8, bias: false, activation: Activation::Gelu };

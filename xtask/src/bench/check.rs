@@ -52,8 +52,8 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
     let mut mag = Vec::new();
     let (terms, activation, against);
     match *case {
-        Case::Matmul { m, n, k, bias: has_bias, activation: act } => {
-            let mut desc = matmul_desc(m, n, k, has_bias, act);
+        Case::Matmul { m, n, k, bias: has_bias, activation: act, trans_b } => {
+            let mut desc = matmul_desc(m, n, k, has_bias, act, trans_b);
             desc.activation = Activation::None;
             let (a, b) = (f64s(0), f64s(1));
             let bias = (host.inputs.len() > 2).then(|| f64s(2));
@@ -181,15 +181,18 @@ fn activation_of(case: &Case) -> Activation {
 fn exact_pre(case: &Case, host: &Host) -> Result<Vec<f64>> {
     let f64s = |i: usize| -> Vec<f64> { host.inputs[i].1.iter().map(|&v| f64::from(v)).collect() };
     match *case {
-        Case::Matmul { m, n, k, .. } => {
+        Case::Matmul { m, n, k, trans_b, .. } => {
             let ((_, a), (_, b)) = (&host.inputs[0], &host.inputs[1]);
             if a.len() != m * k || b.len() != k * n {
                 bail!("matmul operands of the wrong length");
             }
             let mut c = vec![0.0f32; m * n];
-            // SAFETY: `a` is m×k, `b` is k×n and `c` is m×n, all row-major (column stride 1,
-            // row stride = columns), checked above; gemm reads and writes only inside them, and
-            // `c` does not alias the inputs. `read_dst = false`, so `c` is only written.
+            // B's (column, row) strides: stored [K, N] row-major, or [N, K] (`trans_b`).
+            let (b_cs, b_rs) = if trans_b { (k as isize, 1) } else { (1, n as isize) };
+            // SAFETY: `a` is m×k, `b` is k×n (stored k×n or n×k, strides to match) and `c` is
+            // m×n, all row-major (column stride 1, row stride = columns), checked above; gemm
+            // reads and writes only inside them, and `c` does not alias the inputs.
+            // `read_dst = false`, so `c` is only written.
             unsafe {
                 gemm::gemm(
                     m,
@@ -203,8 +206,8 @@ fn exact_pre(case: &Case, host: &Host) -> Result<Vec<f64>> {
                     1,
                     k as isize,
                     b.as_ptr(),
-                    1,
-                    n as isize,
+                    b_cs,
+                    b_rs,
                     0.0,
                     1.0,
                     false,
@@ -311,7 +314,7 @@ mod tests {
     #[test]
     fn accepts_correct_and_rejects_wrong_outputs() {
         for (case, dtype) in [
-            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu }, DType::F32),
+            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu, trans_b: false }, DType::F32),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
             (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
         ] {
@@ -335,9 +338,12 @@ mod tests {
     #[test]
     fn exact_check_accepts_correct_outputs_and_rejects_one_step_off() {
         for (case, dtype) in [
-            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu }, DType::F32),
-            (Case::Matmul { m: 5, n: 6, k: 300, bias: true, activation: Activation::None }, DType::F16),
-            (Case::Matmul { m: 17, n: 4, k: 64, bias: false, activation: Activation::None }, DType::Bf16),
+            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu, trans_b: false }, DType::F32),
+            (Case::Matmul { m: 5, n: 6, k: 300, bias: true, activation: Activation::None, trans_b: true }, DType::F16),
+            (
+                Case::Matmul { m: 17, n: 4, k: 64, bias: false, activation: Activation::None, trans_b: false },
+                DType::Bf16,
+            ),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
             (Case::Conv { batch: 2, channels: 4, size: 5, stride: 1, layout: Layout::Nchw }, DType::F16),
             (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
@@ -369,8 +375,10 @@ mod tests {
     /// output at K = 4096 is wider than the average product (1/4), so there it cannot.
     #[test]
     fn one_wrong_index_fails_the_check_at_bench_sizes() {
-        let random =
-            Host::new(&Case::Matmul { m: 1, n: 4096, k: 4096, bias: false, activation: Activation::None }, DType::F32);
+        let random = Host::new(
+            &Case::Matmul { m: 1, n: 4096, k: 4096, bias: false, activation: Activation::None, trans_b: false },
+            DType::F32,
+        );
         let (a, b) = (&random.inputs[0].1, &random.inputs[1].1);
         let s: f64 = (0..4096).map(|p| f64::from(a[p].abs()) * f64::from(b[p * 4096].abs())).sum();
         let p: f64 = (0..4096).map(|p| f64::from(a[p]) * f64::from(b[p * 4096])).sum();
@@ -378,7 +386,7 @@ mod tests {
         assert!(wide > 0.25, "the worst-case bound at K = 4096 is {wide}");
 
         for (m, n, k) in [(1, 4096, 4096), (1024, 1024, 1024)] {
-            let case = Case::Matmul { m, n, k, bias: false, activation: Activation::None };
+            let case = Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false };
             let host = Host::exact(&case, DType::F32);
             let (a, b) = (&host.inputs[0].1, &host.inputs[1].1);
             let good = cpu_output(&case, DType::F32, &host);

@@ -45,7 +45,7 @@ use report::{Reference, Row};
 use std::collections::HashMap;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use tilekit::{BackendKind, DType, Device, Profile, Timing, TuneMode, WgpuOptions};
+use tilekit::{Activation, BackendKind, DType, Device, Profile, Timing, TuneMode, WgpuOptions};
 use workload::{Bound, Host};
 
 /// Arguments of `cargo xtask bench`.
@@ -464,8 +464,8 @@ fn measure_case(
     let key = case.shape();
     let ref_plan = Plan::reference(quick);
     let fast_plan = Plan::op(quick, false);
-    if let Case::Matmul { .. } = case {
-        let gemm = refs.gemm.entry(key.clone()).or_insert_with(|| time_gemm(&host, fast_plan).ok()).as_ref();
+    if let Case::Matmul { trans_b, .. } = *case {
+        let gemm = refs.gemm.entry(key.clone()).or_insert_with(|| time_gemm(&host, trans_b, fast_plan).ok()).as_ref();
         row.push_ref(Reference::new("gemm", gemm.copied()));
     }
     if dev.kind() == BackendKind::Cpu
@@ -499,6 +499,19 @@ fn measure_case(
                 Ok(())
             });
             row.push_ref(Reference::new("naive", s.ok()));
+        }
+    }
+    if let Case::Matmul { m: ..=16, bias: false, activation: Activation::None, trans_b, .. } = *case
+        && let Some((a, b)) = bound.matmul_operands()
+    {
+        // The skinny-M kernel the GEMV kernel replaced; `Ok(None)` where the backend has none.
+        if let Ok(Some(_)) = dev.previous_skinny_matmul(a, b, trans_b) {
+            let s = measure::time(ref_plan, || {
+                dev.previous_skinny_matmul(a, b, trans_b)?;
+                dev.synchronize()?;
+                Ok(())
+            });
+            row.push_ref(Reference::new("prev", s.ok()));
         }
     }
     if case.reference_work() <= F64_REF_TIMING_WORK {
@@ -558,7 +571,7 @@ fn time_copy(
 }
 
 /// Times the `gemm` crate on the case's (dtype-rounded) operands in f32.
-fn time_gemm(host: &Host, plan: Plan) -> Result<Stats> {
+fn time_gemm(host: &Host, trans_b: bool, plan: Plan) -> Result<Stats> {
     let ((a_shape, a), (_, b)) = (&host.inputs[0], &host.inputs[1]);
     let (m, k) = (a_shape[0], a_shape[1]);
     let n = host.out_shape[1];
@@ -566,10 +579,13 @@ fn time_gemm(host: &Host, plan: Plan) -> Result<Stats> {
         bail!("matmul operands of the wrong length");
     }
     let mut dst = vec![0.0f32; m * n];
+    // B's (column, row) strides: stored [K, N] row-major, or [N, K] (`trans_b`).
+    let (b_cs, b_rs) = if trans_b { (k as isize, 1) } else { (1, n as isize) };
     measure::time(plan, || {
-        // SAFETY: `a` is m×k, `b` is k×n and `dst` is m×n, all row-major (column stride 1,
-        // row stride = columns), checked above; gemm reads and writes only inside them, and
-        // `dst` does not alias the inputs. `read_dst = false`, so `dst` is only written.
+        // SAFETY: `a` is m×k, `b` is k×n (stored k×n or n×k, strides to match) and `dst` is
+        // m×n, all row-major (column stride 1, row stride = columns), checked above; gemm
+        // reads and writes only inside them, and `dst` does not alias the inputs.
+        // `read_dst = false`, so `dst` is only written.
         unsafe {
             gemm::gemm(
                 m,
@@ -583,8 +599,8 @@ fn time_gemm(host: &Host, plan: Plan) -> Result<Stats> {
                 1,
                 k as isize,
                 b.as_ptr(),
-                1,
-                n as isize,
+                b_cs,
+                b_rs,
                 0.0,
                 1.0,
                 false,
@@ -603,8 +619,8 @@ fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
     let mut out = vec![0.0f64; host.out_shape.iter().product()];
     let kernels = tilekit_kernels::reference::matmul;
     match *case {
-        Case::Matmul { m, n, k, bias, activation } => {
-            let desc = cases::matmul_desc(m, n, k, bias, activation);
+        Case::Matmul { m, n, k, bias, activation, trans_b } => {
+            let desc = cases::matmul_desc(m, n, k, bias, activation, trans_b);
             measure::time(plan, || {
                 kernels(&desc, &inputs[0], &inputs[1], inputs.get(2).map(Vec::as_slice), None, &mut out);
                 Ok(())

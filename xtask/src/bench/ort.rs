@@ -64,7 +64,8 @@ impl Ort {
     /// `flush_bytes` of memory when that is not 0.
     pub fn time(&mut self, case: &Case, runs: usize, warmup: usize, flush_bytes: usize) -> Result<Stats> {
         let mut req = match *case {
-            Case::Matmul { m, n, k, bias, activation } => serde_json::json!({
+            Case::Matmul { trans_b: true, .. } => bail!("the ONNX Runtime helper times B stored [K, N] only"),
+            Case::Matmul { m, n, k, bias, activation, .. } => serde_json::json!({
                 "op": "matmul", "m": m, "n": n, "k": k, "bias": bias, "activation": activation.name(),
             }),
             Case::Conv { batch, channels, size, stride, layout } => serde_json::json!({

@@ -177,13 +177,14 @@ pub fn print_legend() {
          (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
-         device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
+         device;\nprev = the skinny-M kernel wgpu chose before the GEMV kernel (M <= 16: small-M for M <= 4, 16-row \
+         tiles), same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
          of the CPU backend, same shape, 2 intra-op threads; its Conv is NCHW only, so nhwc rows compare with its \
          NCHW kernel)."
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive  vs f64-ref    vs ort";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -206,7 +207,7 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>10}  {:>8}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}",
         if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
@@ -219,6 +220,7 @@ pub fn print_row(row: &Row) {
         row.speedup("gemm"),
         row.speedup("cpu"),
         row.speedup("naive"),
+        row.speedup("prev"),
         row.speedup("f64-ref"),
         row.speedup("ort"),
     );
@@ -297,7 +299,7 @@ pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let refs = ["gemm", "cpu", "naive", "f64-ref", "ort"];
+    let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort"];
     let mut out = String::from(
         "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
          tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",

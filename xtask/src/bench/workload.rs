@@ -44,8 +44,9 @@ impl Host {
             (shape, data)
         };
         match *case {
-            Case::Matmul { m, n, k, bias, .. } => {
-                let mut inputs = vec![random(vec![m, k], 1.0), random(vec![k, n], 1.0)];
+            Case::Matmul { m, n, k, bias, trans_b, .. } => {
+                let b_shape = if trans_b { vec![n, k] } else { vec![k, n] };
+                let mut inputs = vec![random(vec![m, k], 1.0), random(b_shape, 1.0)];
                 if bias {
                     inputs.push(random(vec![n], 1.0));
                 }
@@ -94,8 +95,9 @@ impl Host {
             (shape, data)
         };
         match *case {
-            Case::Matmul { m, n, k, bias, .. } => {
-                let mut inputs = vec![ints(vec![m, k], 8, 0.125), ints(vec![k, n], 8, 0.125)];
+            Case::Matmul { m, n, k, bias, trans_b, .. } => {
+                let b_shape = if trans_b { vec![n, k] } else { vec![k, n] };
+                let mut inputs = vec![ints(vec![m, k], 8, 0.125), ints(b_shape, 8, 0.125)];
                 if bias {
                     inputs.push(ints(vec![n], 64, 1.0 / 64.0));
                 }
@@ -158,8 +160,8 @@ impl Bound {
     pub fn run(&self) -> Result<()> {
         let dev = &self.device;
         match &self.case {
-            &Case::Matmul { m, n, k, bias, activation } => {
-                let desc = matmul_desc(m, n, k, bias, activation);
+            &Case::Matmul { m, n, k, bias, activation, trans_b } => {
+                let desc = matmul_desc(m, n, k, bias, activation, trans_b);
                 dev.matmul_into(&desc, &self.inputs[0], &self.inputs[1], self.inputs.get(2), None, &self.out)?;
             }
             &Case::Conv { batch, channels, size, stride, layout } => {

@@ -231,7 +231,7 @@ pub(crate) struct CudaBackend {
     cc: (i32, i32),
     sms: u32,
     driver_api: i32,
-    modules: Mutex<[Option<Arc<CudaModule>>; 4]>,
+    modules: Mutex<[Option<Arc<CudaModule>>; cat::Module::ALL.len()]>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
@@ -331,7 +331,7 @@ impl CudaBackend {
             cc,
             sms: u32::try_from(sms).unwrap_or(1),
             driver_api,
-            modules: Mutex::new([None, None, None, None]),
+            modules: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::new()),
         })
     }
@@ -485,6 +485,57 @@ impl CudaBackend {
             p.o_off = shift(base.o_off, base.o_bs)?;
             p.batch = to_i32(OP, "batch", count)?;
             self.launch(kernel, (gx, gy as u32, count as u32), block, p)?;
+            start += count;
+        }
+        Ok(())
+    }
+
+    /// Launches a GEMV kernel for every batch (at most the grid's z limit per launch), with K
+    /// split across blocks as `cat::gemv::gemv_plan` says; a split launch adds into a zeroed
+    /// f32 workspace and `gemv_finalize_<dtype>` applies the epilogue.
+    fn launch_gemv(&self, kernel: Kernel, desc: &MatmulDesc, dtype: DType, base: cat::MatmulParams) -> Result<()> {
+        const OP: &str = "matmul";
+        let block = (cat::gemv::GEMV_THREADS, 1, 1);
+        let mut start = 0usize;
+        while start < desc.batch {
+            let count = (desc.batch - start).min(cat::MAX_GRID_Z);
+            let s = to_i64(OP, "batch index", start)?;
+            let shift = |off: i64, bs: i64| -> Result<i64> {
+                bs.checked_mul(s)
+                    .and_then(|d| off.checked_add(d))
+                    .ok_or_else(|| Error::Overflow { op: OP, what: "a batch offset".into() })
+            };
+            let mut mm = base;
+            mm.a_off = shift(base.a_off, base.a_bs)?;
+            mm.b_off = shift(base.b_off, base.b_bs)?;
+            mm.c_off = shift(base.c_off, base.c_bs)?;
+            mm.o_off = shift(base.o_off, base.o_bs)?;
+            mm.batch = to_i32(OP, "batch", count)?;
+            let plan = cat::gemv::gemv_plan(dtype, desc.trans_b, desc.n, desc.k, count);
+            let grid = |v: usize, what: &str| {
+                u32::try_from(v).map_err(|_| Error::Overflow { op: OP, what: format!("{what} = {v}") })
+            };
+            let (gx, gy) = (grid(plan.blocks_n, "GEMV blocks")?, grid(plan.splits, "GEMV splits")?);
+            let mut g = cat::gemv::GemvParams {
+                mm,
+                ws: 0,
+                splits: to_i32(OP, "splits", plan.splits)?,
+                k_chunk: to_i32(OP, "K per split", plan.k_chunk)?,
+            };
+            if plan.splits == 1 {
+                self.launch(kernel, (gx, gy, count as u32), block, g)?;
+            } else {
+                let outputs = count
+                    .checked_mul(desc.m)
+                    .and_then(|v| v.checked_mul(desc.n))
+                    .ok_or_else(|| Error::Overflow { op: OP, what: "the split-K workspace".into() })?;
+                // Freed on this stream after the two launches that use it.
+                let ws = self.alloc_zeroed(DType::F32, outputs)?;
+                g.ws = self.ptr(&ws);
+                self.launch(kernel, (gx, gy, count as u32), block, g)?;
+                let blocks = grid(outputs.div_ceil(cat::gemv::GEMV_THREADS as usize), "GEMV epilogue blocks")?;
+                self.launch(cat::gemv::gemv_finalize_kernel(dtype), (blocks, 1, 1), block, g)?;
+            }
             start += count;
         }
         Ok(())
@@ -690,6 +741,11 @@ impl BackendOps for CudaBackend {
     ) -> Result<()> {
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
         let block = (cat::THREADS, 1, 1);
+        // M <= 16, either layout of B: the GEMV kernels; 16 < M <= 32 with B [K, N]: the skinny
+        // kernel; the rest: the tiled kernels.
+        if let Some(kernel) = cat::gemv::gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
+            return self.launch_gemv(kernel, desc, dtype, p);
+        }
         match cat::skinny_matmul_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
             Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
             None => {

@@ -153,6 +153,19 @@ pub(crate) trait BackendOps {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// The skinny-M matmul the backend chose before its GEMV kernel (the bench compares the
+    /// two), behind the `bench-refs` feature. Backends without one return `Ok(false)`.
+    #[cfg(feature = "bench-refs")]
+    fn previous_skinny_matmul(
+        &self,
+        _desc: &MatmulDesc,
+        _dtype: DType,
+        _a: &Self::Storage,
+        _b: &Self::Storage,
+        _out: &Self::Storage,
+    ) -> Result<bool> {
+        Ok(false)
+    }
     /// Hands recorded work to the device without waiting for it. Backends that run ops at
     /// once (CPU) or order them on one stream (CUDA) have nothing to do.
     fn flush(&self) -> Result<()> {

@@ -65,10 +65,60 @@ impl Device {
         )?;
         Ok(ran.then_some(out))
     }
+
+    /// (Feature `bench-refs`.) `a · b` (`b` stored `[K, N]`) or `a · bᵀ` (`b` stored `[N, K]`,
+    /// `trans_b`) with the skinny-M kernel the backend used before its GEMV kernel (wgpu: the
+    /// small-M kernel for M <= 4, the 16-row tiles for M <= 16), or `Ok(None)` on backends
+    /// without one. A reference point for the bench, not an op.
+    #[cfg(feature = "bench-refs")]
+    pub fn previous_skinny_matmul(&self, a: &Tensor, b: &Tensor, trans_b: bool) -> Result<Option<Tensor>> {
+        const OP: &str = "previous_skinny_matmul";
+        check_device(OP, self, "a", a)?;
+        check_device(OP, self, "b", b)?;
+        check_dtype(OP, a.dtype(), "b", b)?;
+        let (&[m, k], &[r, c]) = (a.shape(), b.shape()) else {
+            return Err(Error::WrongRank {
+                op: OP,
+                tensor: "a or b",
+                expected: "2",
+                actual: a.shape().len().max(b.shape().len()),
+            });
+        };
+        let (kb, n) = if trans_b { (c, r) } else { (r, c) };
+        if k != kb {
+            let expected = if trans_b { vec![n, k] } else { vec![k, n] };
+            return Err(Error::ShapeMismatch { op: OP, tensor: "b", expected, actual: b.shape().to_vec() });
+        }
+        let mut desc = MatmulDesc::new(m, n, k);
+        desc.trans_b = trans_b;
+        desc.b = tilekit_kernels::MatrixView::dense(r, c);
+        let out = self.zeros(&[m, n], a.dtype())?;
+        let mut ran = false;
+        self.profiled(
+            || crate::profile::OpInfo::matmul(OP, &desc, a.dtype()),
+            || {
+                ran = with_backend!(self, be => previous_skinny(be, &desc, a, b, &out))?;
+                Ok(())
+            },
+        )?;
+        Ok(ran.then_some(out))
+    }
 }
 
 fn copy<B: BackendOps>(be: &B, src: &Tensor, dst: &Tensor) -> Result<()> {
     be.copy(src.dtype(), storage::<B>("copy", "src", src)?, storage::<B>("copy", "dst", dst)?, src.len())
+}
+
+#[cfg(feature = "bench-refs")]
+fn previous_skinny<B: BackendOps>(be: &B, desc: &MatmulDesc, a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool> {
+    const OP: &str = "previous_skinny_matmul";
+    be.previous_skinny_matmul(
+        desc,
+        a.dtype(),
+        storage::<B>(OP, "a", a)?,
+        storage::<B>(OP, "b", b)?,
+        storage::<B>(OP, "out", out)?,
+    )
 }
 
 #[cfg(feature = "bench-refs")]

@@ -14,7 +14,10 @@
 //! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
-//! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, M ≤ 32 with B stored K × N
+//! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and `gemv_finalize_<storage>` — M ≤ 16, B stored
+//!   N × K or K × N (`gemv.cu`): 16-byte loads, K split across warps and, below two waves of
+//!   blocks, across blocks ([`gemv`]);
+//! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, 16 < M ≤ 32 with B stored K × N
 //!   (`matmul_simt.cu`): a block per 32 columns, K split across warps;
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
@@ -24,6 +27,8 @@
 //! runs 256-thread blocks.
 
 use crate::{DType, Layout, Precision};
+
+pub mod gemv;
 
 /// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
 pub const PTX_ISA: &str = "8.4";
@@ -47,11 +52,14 @@ pub enum Module {
     Depthwise,
     /// `elementwise.cu`: activation and copy.
     Elementwise,
+    /// `gemv.cu`: GEMV / skinny GEMM for M <= 16, both layouts of B.
+    Gemv,
 }
 
 impl Module {
     /// Every module, in a fixed order ([`Module::index`]).
-    pub const ALL: [Module; 4] = [Module::MatmulSimt, Module::MatmulMma, Module::Depthwise, Module::Elementwise];
+    pub const ALL: [Module; 5] =
+        [Module::MatmulSimt, Module::MatmulMma, Module::Depthwise, Module::Elementwise, Module::Gemv];
 
     /// The module's position in [`Module::ALL`] (for per-module caches).
     pub const fn index(self) -> usize {
@@ -60,6 +68,7 @@ impl Module {
             Module::MatmulMma => 1,
             Module::Depthwise => 2,
             Module::Elementwise => 3,
+            Module::Gemv => 4,
         }
     }
 
@@ -70,6 +79,7 @@ impl Module {
             Module::MatmulMma => "matmul_mma",
             Module::Depthwise => "depthwise",
             Module::Elementwise => "elementwise",
+            Module::Gemv => "gemv",
         }
     }
 
@@ -80,6 +90,7 @@ impl Module {
             Module::MatmulMma => include_str!("../../../../shaders/ptx/matmul_mma.ptx"),
             Module::Depthwise => include_str!("../../../../shaders/ptx/depthwise.ptx"),
             Module::Elementwise => include_str!("../../../../shaders/ptx/elementwise.ptx"),
+            Module::Gemv => include_str!("../../../../shaders/ptx/gemv.ptx"),
         }
     }
 }
@@ -308,7 +319,7 @@ mod tests {
     use super::*;
 
     /// The sizes the PTX declares for each entry's parameter (`.param .align 8 .b8 x[N]`).
-    fn ptx_param_size(kernel: Kernel) -> Option<usize> {
+    pub(super) fn ptx_param_size(kernel: Kernel) -> Option<usize> {
         let ptx = kernel.module.ptx();
         let start = ptx.find(&format!(".entry {}(", kernel.entry))?;
         let rest = &ptx[start..];

@@ -22,6 +22,7 @@
 //! |---|---|---|
 //! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 2 for M ≤ 16) in 8 × 4 warp tiles | 8 × 8 outputs; BK-deep slabs of A and B staged in workgroup memory without bank conflicts ([`layout`]), software-pipelined |
 //! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × [`SMALL_M_COLS`] outputs (M ≤ 4), no workgroup memory |
+//! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
@@ -54,6 +55,7 @@
 
 use crate::{DType, MatmulDesc};
 
+pub mod gemv;
 pub mod layout;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
@@ -62,6 +64,7 @@ const MATMUL_NAIVE: &str = include_str!("../../../../shaders/wgsl/matmul_naive.w
 const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_conv2d.wgsl");
 const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
 const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
+const GEMV: &str = include_str!("../../../../shaders/wgsl/gemv.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,11 +129,18 @@ pub enum Kernel {
     ActivationInPlace,
     /// Raw word copy, independent of the dtype (`copy.wgsl`).
     Copy,
+    /// GEMV / skinny GEMM for M <= [`gemv::GEMV_ROWS`], K split across a workgroup, reduced
+    /// through workgroup memory (`gemv.wgsl`, entry `gemv`); same parameters and epilogue as
+    /// [`Kernel::Matmul`].
+    Gemv,
+    /// The same kernel reduced with subgroup operations (entry `gemv_subgroup`, needs
+    /// `wgpu::Features::SUBGROUP`).
+    GemvSubgroup,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Matmul,
         Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
@@ -138,6 +148,8 @@ impl Kernel {
         Kernel::Activation,
         Kernel::ActivationInPlace,
         Kernel::Copy,
+        Kernel::Gemv,
+        Kernel::GemvSubgroup,
     ];
 
     /// The module name stem.
@@ -150,7 +162,19 @@ impl Kernel {
             Kernel::Activation => "activation",
             Kernel::ActivationInPlace => "activation_in_place",
             Kernel::Copy => "copy",
+            Kernel::Gemv => "gemv",
+            Kernel::GemvSubgroup => "gemv_subgroup",
         }
+    }
+
+    /// Whether the module needs `enable subgroups` (the `SUBGROUP` feature).
+    pub const fn needs_subgroups(self) -> bool {
+        matches!(self, Kernel::GemvSubgroup)
+    }
+
+    /// Whether the kernel takes a matmul's parameter block and bindings.
+    pub const fn is_matmul(self) -> bool {
+        matches!(self, Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup)
     }
 
     /// Whether the module depends on the element storage (the copy moves raw words).
@@ -361,7 +385,7 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul | Kernel::MatmulSmallM => {
+        Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup => {
             vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
         }
         Kernel::MatmulNaive => vec![read("a", 0), read("b", 1), write("out", 2)],
@@ -529,6 +553,9 @@ impl Spec {
         match kernel {
             Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
             Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), ..self },
+            Kernel::Gemv | Kernel::GemvSubgroup => {
+                Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
+            }
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
@@ -547,6 +574,7 @@ impl Spec {
                 self.tile.wg_y
             ),
             Kernel::MatmulSmallM => format!("small-m wg{}", self.wg),
+            Kernel::Gemv | Kernel::GemvSubgroup => format!("gemv wg{}", self.wg),
             Kernel::DepthwiseConv2d => format!("wg{}", self.wg),
             _ => "default".to_string(),
         }
@@ -578,10 +606,18 @@ pub const MATMUL_SHORT_TILE_CANDIDATES: [MatmulTile; 4] = [
 /// [`Kernel::DepthwiseConv2d`]; the first is the default.
 pub const WG_CANDIDATES: [u32; 3] = [64, 128, 256];
 
-/// The kernel and the candidate specs (default first) for a matmul with `m` rows: the
-/// small-M kernel with each workgroup size for M <= [`SMALL_M_ROWS`], else the tiled kernel
-/// with each tile of its row class.
+/// The kernel and the candidate specs (default first) for a matmul with `m` rows: the GEMV
+/// kernel with each workgroup size for M <= [`gemv::GEMV_ROWS`] (the backends take
+/// [`Kernel::GemvSubgroup`] where the device has subgroups), else the tiled kernel with each
+/// tile. The previous small-M choices stay reachable through [`skinny_candidates`].
 pub fn matmul_candidates(m: usize) -> (Kernel, Vec<Spec>) {
+    if m <= gemv::GEMV_ROWS { (Kernel::Gemv, gemv::candidates(m)) } else { skinny_candidates(m) }
+}
+
+/// What [`matmul_candidates`] chose before the GEMV kernel: the small-M kernel for
+/// M <= [`SMALL_M_ROWS`], the 16-row tiles for M <= 16, else the tiled kernel (kept for the
+/// bench's comparison with the GEMV kernel).
+pub fn skinny_candidates(m: usize) -> (Kernel, Vec<Spec>) {
     if m <= SMALL_M_ROWS {
         let rows = m.clamp(1, SMALL_M_ROWS) as u32;
         (Kernel::MatmulSmallM, WG_CANDIDATES.iter().map(|&wg| Spec { rows, wg, ..Spec::DEFAULT }).collect())
@@ -643,6 +679,12 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             Kernel::DepthwiseConv2d => (DEPTHWISE_CONV2D, "depthwise_conv2d", vec![("WG", spec.wg as f64)], 0),
             Kernel::Activation | Kernel::ActivationInPlace => (ACTIVATION, "activation", vec![("WG", WG_1D as f64)], 0),
             Kernel::Copy => (COPY, "copy", vec![("WG", WG_1D as f64)], 0),
+            Kernel::Gemv | Kernel::GemvSubgroup => {
+                let mut o = gemv::overrides(spec);
+                o.extend(spec.switches.overrides());
+                let entry = if kernel == Kernel::Gemv { "gemv" } else { "gemv_subgroup" };
+                (GEMV, entry, o, gemv::workgroup_bytes(spec.wg))
+            }
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -651,13 +693,16 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     if needs_f16 {
         source.push_str("enable f16;\n\n");
     }
-    source.push_str(kernel_text);
+    match kernel {
+        Kernel::Gemv | Kernel::GemvSubgroup => source.push_str(&gemv::text(kernel, kernel_text)),
+        _ => source.push_str(kernel_text),
+    }
     source.push_str(&generated_block(kernel, storage));
     source.push('\n');
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
         Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
-        Kernel::MatmulSmallM | Kernel::DepthwiseConv2d => [spec.wg, 1, 1],
+        Kernel::MatmulSmallM | Kernel::DepthwiseConv2d | Kernel::Gemv | Kernel::GemvSubgroup => [spec.wg, 1, 1],
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
         _ => [WG_1D, 1, 1],
     };
@@ -832,7 +877,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 6 * 4 + 1);
+        assert_eq!(all.len(), 8 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -854,6 +899,7 @@ mod tests {
             ("depthwise_conv2d.wgsl", Kernel::DepthwiseConv2d, DEPTHWISE_CONV2D),
             ("activation.wgsl", Kernel::Activation, ACTIVATION),
             ("copy.wgsl", Kernel::Copy, COPY),
+            ("gemv.wgsl", Kernel::GemvSubgroup, GEMV),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {
@@ -895,7 +941,9 @@ mod tests {
         assert_eq!(MATMUL_TILE_CANDIDATES[0], MatmulTile::DEFAULT);
         assert_eq!(MATMUL_SHORT_TILE_CANDIDATES[0], MatmulTile::SHORT);
         assert_eq!(conv_candidates()[0], Spec::DEFAULT);
-        assert_eq!(matmul_candidates(2).1[0].wg, SMALL_M_WG);
+        assert_eq!(skinny_candidates(2).1[0].wg, SMALL_M_WG);
+        assert_eq!(matmul_candidates(16).0, Kernel::Gemv);
+        assert_eq!(matmul_candidates(17).0, Kernel::Matmul);
     }
 
     #[test]

@@ -156,6 +156,12 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (9, 33, 64),
         (32, 129, 65),
         (33, 40, 20),
+        // The GEMV kernels (M <= 16): K split across blocks (few columns, long K), both
+        // register-tile heights, K = 1, and N over many blocks without a split.
+        (16, 17, 1031),
+        (4, 64, 4100),
+        (13, 37, 1),
+        (1, 2048, 1000),
     ];
     let policies = [
         (DType::F32, Precision::Highest),

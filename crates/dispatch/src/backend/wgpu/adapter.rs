@@ -107,6 +107,10 @@ impl WgpuBackend {
             if adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
                 features |= wgpu::Features::TIMESTAMP_QUERY;
             }
+            // The GEMV kernel reduces its partial sums with subgroup operations where it can.
+            if adapter.features().contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups {
+                features |= wgpu::Features::SUBGROUP;
+            }
             let desc = wgpu::DeviceDescriptor {
                 label: Some("tilekit"),
                 required_features: features,
@@ -181,6 +185,7 @@ impl WgpuBackend {
             mapped_at_creation: false,
         });
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let fingerprint = format!(
             "{} ({:?}, {:04x}:{:04x}, {} {})",
             info.name, info.backend, info.vendor, info.device, info.driver, info.driver_info
@@ -188,6 +193,7 @@ impl WgpuBackend {
         WgpuBackend(Box::new(State {
             fingerprint,
             timestamps,
+            subgroups,
             prof: ProfState::default(),
             tuner: Tuner::from_env(),
             forcing: Mutex::new(()),

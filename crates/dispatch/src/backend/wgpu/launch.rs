@@ -103,6 +103,7 @@ impl WgpuBackend {
         let spec = spec.normalised(kernel).with_switches(desc);
         let (block_m, block_n) = match kernel {
             Kernel::MatmulSmallM => (spec.rows, spec.wg * cat::SMALL_M_COLS),
+            Kernel::Gemv | Kernel::GemvSubgroup => (spec.rows, cat::gemv::GEMV_COLS),
             _ => (spec.tile.bm(), spec.tile.bn()),
         };
         let pipeline = self.pipeline(op, kernel, storage, spec)?;

@@ -134,6 +134,8 @@ pub(crate) struct State {
     submissions: AtomicU64,
     /// Whether the device was created with `TIMESTAMP_QUERY`.
     timestamps: bool,
+    /// Whether the device has `SUBGROUP` (the GEMV kernel reduces with subgroup operations).
+    subgroups: bool,
     prof: ProfState,
     tuner: Tuner,
     /// What identifies this device and driver in the tune cache (made once).
@@ -449,6 +451,22 @@ impl BackendOps for WgpuBackend {
         Ok(true)
     }
 
+    #[cfg(feature = "bench-refs")]
+    fn previous_skinny_matmul(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &WgpuStorage,
+        b: &WgpuStorage,
+        out: &WgpuStorage,
+    ) -> Result<bool> {
+        let (kernel, candidates) = cat::skinny_candidates(desc.m);
+        let spec = self.default_spec(kernel, &candidates);
+        let storage = self.storage_variant(dtype);
+        self.launch_matmul("previous_skinny_matmul", desc, dtype, storage, kernel, spec, [a, b, out], None, None)?;
+        Ok(true)
+    }
+
     /// Submits the recorded ops without waiting for them, so work the caller submits to the
     /// same queue afterwards is ordered after them.
     fn flush(&self) -> Result<()> {
@@ -546,9 +564,10 @@ impl WgpuBackend {
     ) -> Result<Option<Result<TuneReport>>> {
         let op = "matmul";
         let storage = self.storage_variant(dtype);
-        // A few rows take the kernel without workgroup memory; the others the tiled kernel
-        // with a tile of their row class; the tuner picks among the candidates.
+        // Up to 16 rows take the GEMV kernel (its subgroup reduction where the device has
+        // subgroups); the others the tiled kernel; the tuner picks among the candidates.
         let (kernel, candidates) = cat::matmul_candidates(desc.m);
+        let kernel = if kernel == Kernel::Gemv && self.subgroups { Kernel::GemvSubgroup } else { kernel };
         let run = |spec: Spec| self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c);
         let (spec, report) = self.choose(kernel, storage, &candidates, || matmul_key_tail(desc), &run, request)?;
         run(spec)?;

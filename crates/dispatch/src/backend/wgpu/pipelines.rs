@@ -44,6 +44,12 @@ impl WgpuBackend {
                 reason: "the device lacks SHADER_F16".into(),
             });
         }
+        if kernel.needs_subgroups() && !self.subgroups {
+            return Err(Error::Backend {
+                backend: KIND,
+                message: format!("{} needs subgroup operations, the device lacks SUBGROUP", module.name),
+            });
+        }
         // wgpu does not check workgroup storage against the limit (gfx-rs/wgpu #8946): do it here.
         let l = &self.limits;
         if module.workgroup_bytes > l.max_compute_workgroup_storage_size {
@@ -106,7 +112,7 @@ impl WgpuBackend {
         })?;
         let (pipeline, layout) = pipeline;
         let name = match kernel {
-            Kernel::Matmul | Kernel::MatmulSmallM | Kernel::DepthwiseConv2d => {
+            Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup | Kernel::DepthwiseConv2d => {
                 format!("{} [{}]", module.name, spec.label(kernel))
             }
             _ => module.name.clone(),

@@ -26,6 +26,7 @@ impl WgpuBackend {
         let s = spec.normalised(kernel);
         let (wg, bytes) = match kernel {
             Kernel::Matmul => ([s.tile.wg_x, s.tile.wg_y, 1], s.tile.workgroup_bytes()),
+            Kernel::Gemv | Kernel::GemvSubgroup => ([s.wg, 1, 1], cat::gemv::workgroup_bytes(s.wg)),
             _ => ([s.wg, 1, 1], 0),
         };
         let l = &self.limits;

@@ -48,6 +48,10 @@ fn every_catalogue_module_builds_a_pipeline() {
             if storage.needs_f16() && !be.device.features().contains(wgpu::Features::SHADER_F16) {
                 continue;
             }
+            if kernel.needs_subgroups() && !be.subgroups {
+                eprintln!("SKIP {} pipeline: the device has no SUBGROUP", kernel.name());
+                continue;
+            }
             // The other specs (tiles, small-M rows) are built by the matmul tests.
             be.pipeline("test", kernel, storage, Spec::DEFAULT).unwrap();
         }
@@ -123,6 +127,10 @@ fn every_catalogue_module_validates_with_naga() {
         let mut caps = naga::valid::Capabilities::default();
         if m.needs_f16 {
             caps |= naga::valid::Capabilities::SHADER_FLOAT16;
+        }
+        // Only the subgroup GEMV module may need subgroups: the plain one validates without.
+        if m.kernel.needs_subgroups() {
+            caps |= naga::valid::Capabilities::SUBGROUP;
         }
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)

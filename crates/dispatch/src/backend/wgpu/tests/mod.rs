@@ -12,6 +12,7 @@ use tilekit_kernels::{Activation, MatrixView, reference};
 mod conv;
 mod device;
 mod elementwise;
+mod gemv;
 mod limits;
 mod matmul;
 
@@ -20,14 +21,19 @@ use elementwise::*;
 use limits::*;
 use matmul::*;
 
-/// The shared test devices: native f16 where the adapter has it, and one forced to the packed
-/// f16 path.
+/// The shared test devices: native f16 and subgroups where the adapter has them, and one
+/// forced to the packed f16 path and the workgroup-memory reductions.
 pub(super) fn device(packed_f16: bool) -> Option<&'static Device> {
     static NATIVE: OnceLock<Option<Device>> = OnceLock::new();
     static PACKED: OnceLock<Option<Device>> = OnceLock::new();
     let cell = if packed_f16 { &PACKED } else { &NATIVE };
     cell.get_or_init(|| {
-        let opts = WgpuOptions { allow_software: true, adapter_name: None, force_packed_f16: packed_f16 };
+        let opts = WgpuOptions {
+            allow_software: true,
+            adapter_name: None,
+            force_packed_f16: packed_f16,
+            no_subgroups: packed_f16,
+        };
         match Device::wgpu(&opts) {
             Ok(d) => Some(d),
             Err(e) => {
