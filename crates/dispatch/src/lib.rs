@@ -45,7 +45,9 @@ pub use error::{Error, Result};
 pub use ops::{Conv2dOptions, MatmulOptions};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
-pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+pub use tilekit_kernels::{
+    Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision,
+};
 pub use tune::{TuneMode, TuneReport};
 
 /// The kernel catalogue, descriptors and activation formulas of `tilekit-kernels`, re-exported
@@ -54,7 +56,7 @@ pub use tune::{TuneMode, TuneReport};
 /// what `tilekit` exports; tests and benches depend on `tilekit-kernels` for it.
 pub mod kernels {
     pub use tilekit_kernels::{
-        Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision, activation,
+        Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision, activation,
         catalogue, desc, dtype, tolerance,
     };
 }

@@ -17,7 +17,7 @@ use crate::profile::LaunchInfo;
 use crate::tune::{TuneMode, TuneReport};
 use crate::{BackendKind, Error, Result};
 use std::path::PathBuf;
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc};
 
 /// The error of a tuning call on a backend without tunable kernels.
 pub(crate) fn nothing_to_tune(backend: BackendKind) -> Error {
@@ -92,6 +92,8 @@ pub(crate) trait BackendOps {
         bias: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// See [`GluDesc`]: `h` holds `rows · 2F` elements, `out` (never `h`) `rows · F`.
+    fn glu(&self, desc: &GluDesc, dtype: DType, h: &Self::Storage, out: &Self::Storage) -> Result<()>;
     /// Copies `len` elements from `src` to `dst`: the bandwidth roof the bench compares
     /// memory-bound kernels with.
     fn copy(&self, dtype: DType, src: &Self::Storage, dst: &Self::Storage, len: usize) -> Result<()>;
@@ -234,6 +236,7 @@ mod tidy {
         ("ops/matmul.rs", include_str!("../ops/matmul.rs")),
         ("ops/conv.rs", include_str!("../ops/conv.rs")),
         ("ops/activation.rs", include_str!("../ops/activation.rs")),
+        ("ops/glu.rs", include_str!("../ops/glu.rs")),
         ("ops/bench_refs.rs", include_str!("../ops/bench_refs.rs")),
     ];
 

@@ -4,6 +4,7 @@
 mod activation;
 mod bench_refs;
 mod conv;
+mod glu;
 mod matmul;
 
 pub use conv::Conv2dOptions;

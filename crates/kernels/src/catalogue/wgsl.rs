@@ -26,6 +26,7 @@
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
+//! | [`Kernel::Glu`] | 64 | 4 outputs (vec4 when F is a multiple of 4) |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
 //! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
@@ -62,6 +63,7 @@ const MATMUL_NAIVE: &str = include_str!("../../../../shaders/wgsl/matmul_naive.w
 const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_conv2d.wgsl");
 const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
 const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
+const GLU: &str = include_str!("../../../../shaders/wgsl/glu.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,11 +128,13 @@ pub enum Kernel {
     ActivationInPlace,
     /// Raw word copy, independent of the dtype (`copy.wgsl`).
     Copy,
+    /// Gated linear unit `act(gate) · up` over the two halves of each row (`glu.wgsl`).
+    Glu,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Matmul,
         Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
@@ -138,6 +142,7 @@ impl Kernel {
         Kernel::Activation,
         Kernel::ActivationInPlace,
         Kernel::Copy,
+        Kernel::Glu,
     ];
 
     /// The module name stem.
@@ -150,6 +155,7 @@ impl Kernel {
             Kernel::Activation => "activation",
             Kernel::ActivationInPlace => "activation_in_place",
             Kernel::Copy => "copy",
+            Kernel::Glu => "glu",
         }
     }
 
@@ -373,6 +379,7 @@ fn bindings(kernel: Kernel) -> Vec<Binding> {
             write("out", 2),
         ],
         Kernel::Copy => Vec::new(),
+        Kernel::Glu => vec![read("h", 0), write("out", 1)],
     }
 }
 
@@ -643,6 +650,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             Kernel::DepthwiseConv2d => (DEPTHWISE_CONV2D, "depthwise_conv2d", vec![("WG", spec.wg as f64)], 0),
             Kernel::Activation | Kernel::ActivationInPlace => (ACTIVATION, "activation", vec![("WG", WG_1D as f64)], 0),
             Kernel::Copy => (COPY, "copy", vec![("WG", WG_1D as f64)], 0),
+            Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -805,6 +813,30 @@ pub struct ActivationParams {
     pub _pad: [u32; 2],
 }
 
+/// Flags of [`GluParams::flags`] (`glu.wgsl`).
+pub mod glu_flags {
+    /// The half width F is a multiple of 4: vec4 loads and stores.
+    pub const VEC: u32 = 1;
+}
+
+/// The parameter block of `glu.wgsl` (a uniform; 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GluParams {
+    /// Output elements, `rows · F`.
+    pub len: u32,
+    /// The width F of each half of a row of `h`.
+    pub f: u32,
+    /// The activation code of the gate ([`crate::Activation::code`]).
+    pub act: u32,
+    /// [`glu_flags`].
+    pub flags: u32,
+    /// Invocations that do work: `ceil(len / 4)`.
+    pub items: u32,
+    /// Padding to 32 bytes.
+    pub _pad: [u32; 3],
+}
+
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -826,7 +858,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 6 * 4 + 1);
+        assert_eq!(all.len(), 7 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -848,6 +880,7 @@ mod tests {
             ("depthwise_conv2d.wgsl", Kernel::DepthwiseConv2d, DEPTHWISE_CONV2D),
             ("activation.wgsl", Kernel::Activation, ACTIVATION),
             ("copy.wgsl", Kernel::Copy, COPY),
+            ("glu.wgsl", Kernel::Glu, GLU),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {
@@ -865,9 +898,13 @@ mod tests {
 
     #[test]
     fn parameter_blocks_are_uniform_sized() {
-        for size in
-            [size_of::<MatmulParams>(), size_of::<ConvParams>(), size_of::<ActivationParams>(), size_of::<CopyParams>()]
-        {
+        for size in [
+            size_of::<MatmulParams>(),
+            size_of::<ConvParams>(),
+            size_of::<ActivationParams>(),
+            size_of::<CopyParams>(),
+            size_of::<GluParams>(),
+        ] {
             assert_eq!(size % 16, 0);
         }
         // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,
