@@ -83,18 +83,21 @@ fn weight(ty: GgmlType, n: usize, k: usize, scale: f32, rng: &mut Rng) -> Vec<u8
     }
 }
 
-/// Every backend present (with a visible skip line for the others).
-fn devices() -> Vec<(&'static str, Device)> {
-    let mut v = vec![("cpu", Device::cpu())];
-    match Device::wgpu(&WgpuOptions::allow_software()) {
-        Ok(d) => v.push(("wgpu", d)),
-        Err(e) => eprintln!("SKIP llama_mlp wgpu: {e}"),
-    }
-    match Device::cuda(0) {
-        Ok(d) => v.push(("cuda", d)),
-        Err(e) => eprintln!("SKIP llama_mlp cuda: {e}"),
-    }
-    v
+/// Every backend present, created once (with a visible skip line for the others).
+fn devices() -> &'static [(&'static str, Device)] {
+    static DEVICES: std::sync::OnceLock<Vec<(&'static str, Device)>> = std::sync::OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let mut v = vec![("cpu", Device::cpu())];
+        match Device::wgpu(&WgpuOptions::allow_software()) {
+            Ok(d) => v.push(("wgpu", d)),
+            Err(e) => eprintln!("SKIP llama_mlp wgpu: {e}"),
+        }
+        match Device::cuda(0) {
+            Ok(d) => v.push(("cuda", d)),
+            Err(e) => eprintln!("SKIP llama_mlp cuda: {e}"),
+        }
+        v
+    })
 }
 
 /// One block in types `[gate, up, down]` at K = F = 256 (a multiple of every block size) and
@@ -125,13 +128,14 @@ fn check(types: [GgmlType; 3], seed: u64) {
         .collect();
     let x: Vec<f32> = (0..m * k).map(|_| rng.uniform() * 2.0).collect();
     for (label, dev) in devices() {
-        let block = mlp::Mlp::load(&dev, &file, layer).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (label, dev) = (*label, dev);
+        let block = mlp::Mlp::load(dev, &file, layer).unwrap_or_else(|e| panic!("{label}: {e}"));
         let dtype = block.dtype;
         if dev.check_dtype(dtype).is_err() {
             eprintln!("SKIP llama_mlp {label} {dtype}: not supported there");
             continue;
         }
-        let got = block.forward(&dev, &[m, k], &x).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let got = block.forward(dev, &[m, k], &x).unwrap_or_else(|e| panic!("{label}: {e}"));
         // The reference on x as stored in the run's dtype.
         let xs: Vec<f64> = x.iter().map(|&v| dtype.round_f32(v) as f64).collect();
         for r in 0..m {
