@@ -22,6 +22,7 @@ typedef unsigned short u16;
 #define ACT_RELU6 2u
 #define ACT_GELU 3u
 #define ACT_GELU_TANH 4u
+#define ACT_SILU 5u
 
 // Flags of `MatmulParams::flags`.
 #define MM_TRANS_A 1u
@@ -67,6 +68,15 @@ struct ActParams {
     u64 x, bias, out;
     i64 len, bias_len;
     u32 act, pad0;
+};
+
+// `out[r, c] = act(h[r, c]) · h[r, f + c]`: h is [rows, 2f], out is [rows, f] (see `GluDesc`).
+// `vec`: f is a multiple of the 16-byte vector (so every vector of out lies in one row and
+// both of its h vectors are aligned).
+struct GluParams {
+    u64 h, out;
+    i64 rows, f;
+    u32 act, vec;
 };
 
 // A plain byte copy (the bandwidth roof).
@@ -174,6 +184,17 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x >= 0.0f ? __fmaf_rn(-__fmul_rn(xc, e), q, x) : __fmul_rn(x, q);
 }
 
+// SiLU, x · sigmoid(x), exactly `silu_f32`: x − min(x, 88)·e/(1 + e) for x ≥ 0, x/(1 + e) for
+// −88 ≤ x < 0 and −0 below, with e = expf(min(−x, 88)). The accurate `expf` and IEEE division
+// (`__f*_rn`: no contraction), so the rounding steps are the host formula's.
+__device__ __forceinline__ float silu(float x) {
+    const float e = expf(fminf(-x, 88.0f));
+    const bool pos = x >= 0.0f;
+    const float v = __fdiv_rn(pos ? e : x, __fadd_rn(1.0f, e));
+    if (pos) return __fsub_rn(x, __fmul_rn(fminf(x, 88.0f), v));
+    return x < -88.0f ? -0.0f : v;
+}
+
 __device__ __forceinline__ float activate(u32 act, float x) {
     switch (act) {
     case ACT_RELU:
@@ -185,6 +206,8 @@ __device__ __forceinline__ float activate(u32 act, float x) {
         return gelu_erf(x);
     case ACT_GELU_TANH:
         return gelu_tanh(x);
+    case ACT_SILU:
+        return silu(x);
     default:
         return x;
     }

@@ -215,12 +215,16 @@ template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& 
 }
 
 // 256 threads: a multiple of the warp size that keeps enough blocks per SM for this
-// latency-bound loop; the grid is sized by the host to a few waves.
+// latency-bound loop; the grid is sized by the host to a few waves. NHWC asks for at least 3
+// blocks per SM: without it ptxas held the f16/bf16 variants at 64 registers for sm_80 and
+// spilled 8 bytes once the activation switch grew a sixth case (SiLU); with it they use 63
+// registers and no spill, the same 4 blocks per SM on sm_80 and 3 on sm_90 as before
+// (`cargo xtask ptx` tables in shaders/cuda/README.md).
 #define DW_ENTRY(DT, T)                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) depthwise_conv2d_##DT##_nchw(const ConvParams p) {          \
         dw_nchw<T>(p);                                                                                                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) depthwise_conv2d_##DT##_nhwc(const ConvParams p) {          \
+    extern "C" __global__ void __launch_bounds__(256, 3) depthwise_conv2d_##DT##_nhwc(const ConvParams p) {          \
         dw_nhwc<T>(p);                                                                                                 \
     }
 

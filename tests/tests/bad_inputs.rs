@@ -553,6 +553,54 @@ fn rows() -> Vec<Row> {
             },
             expect: |r| r.is_ok(),
         },
+        // ---- glu ----
+        Row {
+            name: "glu: an odd last dimension",
+            call: |dev, d| dev.glu(&t(dev, d, &[2, 5]), Activation::Silu).map(|_| ()),
+            expect: |r| matches!(r, Err(InvalidParameter { op: "glu", param: "h", .. })),
+        },
+        Row {
+            name: "glu: a rank-0 tensor",
+            call: |dev, d| dev.glu(&t(dev, d, &[]), Activation::Silu).map(|_| ()),
+            expect: |r| matches!(r, Err(WrongRank { op: "glu", tensor: "h", .. })),
+        },
+        Row {
+            name: "glu_into: an output of the wrong shape",
+            call: |dev, d| dev.glu_into(&t(dev, d, &[3, 8]), Activation::Silu, &t(dev, d, &[3, 8])),
+            expect: |r| matches!(r, Err(ShapeMismatch { op: "glu", tensor: "out", .. })),
+        },
+        Row {
+            name: "glu_into: the output is h",
+            call: |dev, d| {
+                let h = t(dev, d, &[2, 4]);
+                dev.glu_into(&h, Activation::Silu, &h)
+            },
+            expect: |r| matches!(r, Err(Aliasing { op: "glu", tensor: "h" })),
+        },
+        Row {
+            name: "glu_into: an output in another dtype",
+            call: |dev, d| match dev.tensor_from_f32(&[2, 2], other(d), &[0.0; 4]) {
+                Ok(o) => dev.glu_into(&t(dev, d, &[2, 4]), Activation::Silu, &o),
+                Err(_) => Err(DTypeMismatch { op: "glu", tensor: "out", expected: d, actual: other(d) }),
+            },
+            expect: |r| matches!(r, Err(DTypeMismatch { op: "glu", tensor: "out", .. })),
+        },
+        Row {
+            name: "glu: h from another device",
+            call: |dev, d| dev.glu(&t(&twin(dev), d, &[4]), Activation::Silu).map(|_| ()),
+            expect: |r| matches!(r, Err(DeviceMismatch { op: "glu", tensor: "h" })),
+        },
+        Row {
+            name: "glu: an empty tensor is fine",
+            call: |dev, d| {
+                let y = dev.glu(&t(dev, d, &[0, 6]), Activation::Silu)?;
+                assert_eq!(y.shape(), [0, 3]);
+                let y = dev.glu(&t(dev, d, &[3, 0]), Activation::Silu)?;
+                assert_eq!(y.shape(), [3, 0]);
+                Ok(())
+            },
+            expect: |r| r.is_ok(),
+        },
         // ---- tensors ----
         Row {
             name: "tensor: host data of the wrong length",

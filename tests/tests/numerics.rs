@@ -2,7 +2,6 @@
 //! round trips of every f16 and bf16 bit pattern.
 
 use half::{bf16, f16};
-use tilekit::kernels::activation::gelu_error_bound;
 use tilekit::{Activation, Conv2dOptions, DType, Device, MatmulDesc, MatmulOptions, Tensor};
 use tilekit_tests::{ActMode, Data, backends_for, run_activation, run_matmul};
 
@@ -10,8 +9,9 @@ fn ok<T>(what: &str, r: tilekit::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Both GELU forms over [−20, 20] (step 1/64, plus the endpoints' neighbours) in f32 on every
-/// backend, against the f64 reference with the documented promise `gelu_error_bound`.
+/// Both GELU forms and SiLU over [−20, 20] (step 1/64, plus the endpoints' neighbours) in f32
+/// on every backend, against the f64 reference with the documented promise
+/// (`Activation::error_bound`: `gelu_error_bound`, `silu_error_bound`).
 #[test]
 fn gelu_accuracy_over_minus_20_to_20() {
     let mut xs: Vec<f32> = (-1280..=1280).map(|i| i as f32 / 64.0).collect();
@@ -19,13 +19,13 @@ fn gelu_accuracy_over_minus_20_to_20() {
     for be in backends_for(DType::F32) {
         let dev = &be.device;
         let x = ok("upload", dev.tensor(&[xs.len()], &xs));
-        for act in [Activation::Gelu, Activation::GeluTanh] {
-            let y = ok("gelu", dev.activation(&x, None, act));
+        for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+            let y = ok("activation", dev.activation(&x, None, act));
             let got = ok("download", y.to_vec::<f32>());
             let mut worst = (0.0f64, 0.0f32);
             for (&xi, &g) in xs.iter().zip(&got) {
                 let r = act.apply_f64(xi as f64);
-                let bound = gelu_error_bound(xi as f64, r);
+                let bound = act.error_bound(xi as f64, r);
                 let err = (g as f64 - r).abs();
                 assert!(
                     err <= bound,

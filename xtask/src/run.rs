@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo xtask run matmul --a A.npy --b B.npy [--bias BIAS.npy] [--c C.npy] [--alpha F] [--beta F]
-//!     [--transpose-a] [--transpose-b] [--activation none|relu|relu6|gelu|gelu-tanh]
+//!     [--transpose-a] [--transpose-b] [--activation none|relu|relu6|gelu|gelu-tanh|silu]
 //!     [--dtype f32|f16|bf16] [--backend auto|cpu|wgpu|cuda] --out OUT.npy
 //! cargo xtask run depthwise-conv2d --input X.npy --weight W.npy [--bias B.npy] [--stride SH,SW]
 //!     [--padding TOP,BOTTOM,LEFT,RIGHT] [--dilation DH,DW] [--layout nchw|nhwc] [--activation ...]
@@ -89,7 +89,7 @@ struct MatmulArgs {
     /// B is stored transposed.
     #[arg(long)]
     transpose_b: bool,
-    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    /// none, relu, relu6, gelu (erf form), gelu-tanh or silu.
     #[arg(long, default_value = "none", value_parser = parse_activation)]
     activation: Activation,
     #[command(flatten)]
@@ -119,7 +119,7 @@ struct ConvArgs {
     /// nchw or nhwc (the output has the input's layout).
     #[arg(long, default_value = "nchw", value_parser = parse_layout)]
     layout: Layout,
-    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    /// none, relu, relu6, gelu (erf form), gelu-tanh or silu.
     #[arg(long, default_value = "none", value_parser = parse_activation)]
     activation: Activation,
     #[command(flatten)]
@@ -134,7 +134,7 @@ struct ActivationArgs {
     /// A bias as long as the input's last dimension.
     #[arg(long)]
     bias: Option<PathBuf>,
-    /// none, relu, relu6, gelu (erf form) or gelu-tanh.
+    /// none, relu, relu6, gelu (erf form), gelu-tanh or silu.
     #[arg(long, value_parser = parse_activation)]
     activation: Activation,
     #[command(flatten)]
@@ -147,7 +147,7 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 
 fn parse_activation(s: &str) -> Result<Activation, String> {
     Activation::parse(s)
-        .ok_or_else(|| format!("unknown activation {s:?} (expected none, relu, relu6, gelu, gelu-tanh)"))
+        .ok_or_else(|| format!("unknown activation {s:?} (expected none, relu, relu6, gelu, gelu-tanh, silu)"))
 }
 
 fn parse_layout(s: &str) -> Result<Layout, String> {

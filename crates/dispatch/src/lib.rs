@@ -57,7 +57,9 @@ pub use ops::{Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use quant_tensor::QTensor;
 pub use tensor::{Element, Tensor};
-pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+pub use tilekit_kernels::{
+    Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision,
+};
 pub use tune::{TuneMode, TuneReport};
 /// The wgpu tilekit is built against. An engine's `wgpu` must be this exact major version
 /// (wgpu's types do not cross versions); depending on `tilekit::wgpu` guarantees it.
@@ -70,7 +72,7 @@ pub use wgpu;
 /// what `tilekit` exports; tests and benches depend on `tilekit-kernels` for it.
 pub mod kernels {
     pub use tilekit_kernels::{
-        Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision, activation,
+        Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision, activation,
         catalogue, desc, dtype, tolerance,
     };
 }

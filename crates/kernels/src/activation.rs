@@ -19,6 +19,21 @@
 //!   1.5e-7 times `1 + x²` were measured), and absolute error at most 1e-6 everywhere (3.7e-7
 //!   and 5.1e-7 measured). Below 1e-30 the result is in or near `f32`'s subnormal range,
 //!   where only the absolute bound is promised.
+//! - `silu` is `x · sigmoid(x)`. With `e = exp(min(−x, 88))` and `v = n / (1 + e)`: for
+//!   x ≥ 0 it is `x − min(x, 88) · v` with `n = e` (the correction `x·e/(1 + e)` is at most
+//!   x/2 and vanishes as x grows, so large results carry only their own rounding); for
+//!   −88 ≤ x < 0 it is `v` with `n = x` (no cancellation in the tail); below x = −88 it is −0,
+//!   where the true value (below 6e-37 in magnitude) is already subnormal in f32. `−x` is exact,
+//!   so the error does not grow with |x| beyond what `exp` itself does; the clamp keeps `exp`
+//!   finite (a GPU may assume finite math). So silu(−Inf) = −0 (the limit), silu(+Inf) = +Inf,
+//!   silu(NaN) = NaN. It meets [`silu_error_bound`] against the `f64` reference over
+//!   [−20, 20]: relative error at most `4e-7 · (1 + |x|)` wherever |silu(x)| ≥ 1e-30 and
+//!   absolute error at most 1e-6 everywhere. The `(1 + |x|)` leaves room for GPU `exp`s whose
+//!   error grows with their argument (Vulkan allows `3 + 2|x|` ulp); the scalar form and the
+//!   CPU backend's vectorised form measure inside it (`silu_sweep` below, and the CPU
+//!   backend's sweep print the worst fraction). The bound is never larger than
+//!   [`gelu_error_bound`] at the same point and reference value (`4(1 + a) ≤ 5(1 + a²)` for
+//!   every `a`), so a tolerance that covers GELU covers SiLU.
 //! - `relu` is `max(x, 0)`, `relu6` is `min(max(x, 0), 6)`.
 
 use std::fmt;
@@ -37,6 +52,24 @@ pub fn gelu_error_bound(x: f64, reference: f64) -> f64 {
         GELU_ABS_BOUND.min(GELU_REL_BOUND * (1.0 + x * x) * reference.abs())
     }
 }
+
+/// Relative error coefficient of the `f32` SiLU form: see [`silu_error_bound`].
+pub const SILU_REL_BOUND: f64 = 4.0e-7;
+/// Absolute error bound of the `f32` SiLU form against the `f64` reference over [−20, 20].
+pub const SILU_ABS_BOUND: f64 = 1.0e-6;
+
+/// The largest error the `f32` SiLU form may show at `x` against the `f64` reference value
+/// `reference` (see the module documentation).
+pub fn silu_error_bound(x: f64, reference: f64) -> f64 {
+    if reference.abs() < 1e-30 {
+        SILU_ABS_BOUND
+    } else {
+        SILU_ABS_BOUND.min(SILU_REL_BOUND * (1.0 + x.abs()) * reference.abs())
+    }
+}
+
+/// Below this input SiLU's `f32` form returns −0 (see the module documentation).
+pub const SILU_CUTOFF: f32 = -88.0;
 
 /// √(2/π), the tanh-GELU constant.
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -57,12 +90,20 @@ pub enum Activation {
     Gelu,
     /// The tanh approximation, `0.5x(1 + tanh(√(2/π)(x + 0.044715x³)))` ("gelu-tanh").
     GeluTanh,
+    /// SiLU (swish), `x · sigmoid(x)` ("silu").
+    Silu,
 }
 
 impl Activation {
     /// Every activation, in a fixed order (tests iterate over this).
-    pub const ALL: [Activation; 5] =
-        [Activation::None, Activation::Relu, Activation::Relu6, Activation::Gelu, Activation::GeluTanh];
+    pub const ALL: [Activation; 6] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::Relu6,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Silu,
+    ];
 
     /// The name used on the command line and in reports.
     pub const fn name(self) -> &'static str {
@@ -72,6 +113,7 @@ impl Activation {
             Activation::Relu6 => "relu6",
             Activation::Gelu => "gelu",
             Activation::GeluTanh => "gelu-tanh",
+            Activation::Silu => "silu",
         }
     }
 
@@ -83,6 +125,7 @@ impl Activation {
             Activation::Relu6 => 2,
             Activation::Gelu => 3,
             Activation::GeluTanh => 4,
+            Activation::Silu => 5,
         }
     }
 
@@ -110,6 +153,27 @@ impl Activation {
                 // in f64, which gives x/inf = ±0, the right limit.
                 x / (1.0 + (-2.0 * u).exp())
             }
+            // exp(−x) is +inf below x ≈ −709, which gives x/inf = −0, the limit; −Inf gives
+            // −Inf/Inf = NaN, so it is spelled out.
+            Activation::Silu if x == f64::NEG_INFINITY => -0.0,
+            Activation::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+
+    /// Whether the `f32` formula is exact (every result is the correctly rounded value):
+    /// none, ReLU and ReLU6. The others meet [`Activation::error_bound`].
+    pub const fn is_exact(self) -> bool {
+        matches!(self, Activation::None | Activation::Relu | Activation::Relu6)
+    }
+
+    /// The documented error of the `f32` formula at `x` against the `f64` reference value
+    /// `reference`: 0 for the exact ones, [`gelu_error_bound`] for the GELU forms,
+    /// [`silu_error_bound`] for SiLU.
+    pub fn error_bound(self, x: f64, reference: f64) -> f64 {
+        match self {
+            Activation::None | Activation::Relu | Activation::Relu6 => 0.0,
+            Activation::Gelu | Activation::GeluTanh => gelu_error_bound(x, reference),
+            Activation::Silu => silu_error_bound(x, reference),
         }
     }
 
@@ -129,6 +193,7 @@ impl Activation {
             Activation::Relu6 => x.clamp(0.0, 6.0),
             Activation::Gelu => gelu_erf_f32(x),
             Activation::GeluTanh => gelu_tanh_f32(x),
+            Activation::Silu => silu_f32(x),
         }
     }
 }
@@ -136,6 +201,36 @@ impl Activation {
 impl fmt::Display for Activation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A gated linear unit over rows of `h`: `out[r, c] = act(h[r, c]) · h[r, F + c]` for `h` of
+/// shape `[rows, 2F]` (gate half first, then the up half) and `out` of shape `[rows, F]`.
+///
+/// SwiGLU, the MLP of Llama-style models, is `silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)`: one matmul of `x`
+/// against the concatenated `[W_gate; W_up]` (`[2F, K]`, used with `trans_b`) gives `h`, and
+/// this op with [`Activation::Silu`] gives the gated product. Every backend computes it in
+/// `f32` as `apply_f32(gate) · up` (one rounding of the product), then rounds once to the
+/// storage dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GluDesc {
+    /// Rows of `h` and `out` (the product of all but the last dimension).
+    pub rows: usize,
+    /// The width `F` of each half (the output's last dimension; `h`'s is `2F`).
+    pub f: usize,
+    /// The activation of the gate half.
+    pub activation: Activation,
+}
+
+impl GluDesc {
+    /// Elements of `out` (`rows · F`), `None` on overflow.
+    pub fn out_len(&self) -> Option<usize> {
+        self.rows.checked_mul(self.f)
+    }
+
+    /// Elements of `h` (`rows · 2F`), `None` on overflow.
+    pub fn h_len(&self) -> Option<usize> {
+        self.out_len()?.checked_mul(2)
     }
 }
 
@@ -176,6 +271,22 @@ pub fn gelu_tanh_f32(x: f32) -> f32 {
     x / (1.0 + t.exp())
 }
 
+/// SiLU in `f32` (see the module documentation for the form and its tails).
+#[inline]
+pub fn silu_f32(x: f32) -> f32 {
+    let e = (-x).min(88.0).exp();
+    let pos = x >= 0.0;
+    let v = if pos { e } else { x } / (1.0 + e);
+    // x.min(88): +Inf · 0 would be NaN, and beyond 88 the correction is 0.
+    if pos {
+        x - x.min(88.0) * v
+    } else if x < SILU_CUTOFF {
+        -0.0
+    } else {
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +305,36 @@ mod tests {
             assert!(!y.is_nan(), "gelu-tanh({x}) = {y}");
             assert!(!gelu_erf_f32(x).is_nan(), "gelu({x})");
         }
+    }
+
+    #[test]
+    fn silu_limits() {
+        assert_eq!(silu_f32(f32::NEG_INFINITY).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(silu_f32(f32::INFINITY), f32::INFINITY);
+        assert!(silu_f32(f32::NAN).is_nan());
+        assert_eq!(silu_f32(f32::MAX), f32::MAX);
+        assert_eq!(silu_f32(-f32::MAX).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(Activation::Silu.apply_f64(f64::NEG_INFINITY), 0.0);
+        assert_eq!(silu_f32(0.0), 0.0);
+    }
+
+    /// The scalar SiLU over [−20, 20] (every 2^-12) inside `silu_error_bound`, which is
+    /// never above `gelu_error_bound`.
+    #[test]
+    fn silu_sweep() {
+        let mut worst = (0.0f64, 0.0f32);
+        for i in -(20 << 12)..=(20 << 12) {
+            let x = i as f32 / 4096.0;
+            let r = Activation::Silu.apply_f64(x as f64);
+            let bound = silu_error_bound(x as f64, r);
+            assert!(bound <= gelu_error_bound(x as f64, r));
+            let err = (silu_f32(x) as f64 - r).abs();
+            assert!(err <= bound, "silu({x}): {} vs {r}", silu_f32(x));
+            if err / bound > worst.0 {
+                worst = (err / bound, x);
+            }
+        }
+        eprintln!("silu: worst error {:.3} of the bound at x = {}", worst.0, worst.1);
     }
 
     #[test]

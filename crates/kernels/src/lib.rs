@@ -27,6 +27,6 @@ pub mod quant;
 pub mod reference;
 pub mod tolerance;
 
-pub use activation::Activation;
+pub use activation::{Activation, GluDesc};
 pub use desc::{ActivationDesc, Conv2dDesc, Layout, MatmulDesc, MatrixView, Precision};
 pub use dtype::DType;

@@ -90,6 +90,16 @@ pub fn activation(desc: &ActivationDesc, x: &[f64], bias: Option<&[f64]>, out: &
     }
 }
 
+/// `out[r, c] = act(h[r, c]) · h[r, F + c]` (see [`crate::activation::GluDesc`]).
+pub fn glu(desc: &crate::activation::GluDesc, h: &[f64], out: &mut [f64]) {
+    let f = desc.f;
+    for r in 0..desc.rows {
+        for c in 0..f {
+            out[r * f + c] = desc.activation.apply_f64(h[r * 2 * f + c]) * h[r * 2 * f + f + c];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@
 //!
 //! ```text
 //! e_pre = RTOL·|p| + C_ACC·(K + 2)·U_ACC·S                    f32 accumulation and epilogue
-//! e_act = L(act)·e_pre + U_ACC·|r| + [gelu_error_bound(p, r)]  the activation's own error
+//! e_act = L(act)·e_pre + U_ACC·|r| + act.error_bound(p, r)     the activation's own error
 //! bound = atol(dtype) + e_act + u(dtype)·(|r| + e_act)          one rounding to the storage dtype
 //! ```
 //!
@@ -35,9 +35,11 @@
 //!   `+ beta·c`, and the activation's input).
 //! - `L(act)`: the Lipschitz constant of the activation, which carries the pre-activation error
 //!   through it: 1 for none/relu/relu6; 1.13 for both GELU forms (the largest slope of
-//!   `x·Φ(x)` is 1.129 at x ≈ 2.42, and the tanh form stays within 1.13 as well).
-//! - [`gelu_error_bound`]: the documented accuracy promise of the `f32` GELU formulas
-//!   ([`crate::activation`]), added for the GELU forms only; `U_ACC·|r|` is the
+//!   `x·Φ(x)` is 1.129 at x ≈ 2.42, and the tanh form stays within 1.13 as well); 1.1 for
+//!   SiLU (the largest slope of `x·σ(x)` is 1.0998 at x ≈ 2.40).
+//! - [`Activation::error_bound`]: the documented accuracy promise of the `f32` formula
+//!   ([`crate::activation`]): 0 for the exact ones, [`crate::activation::gelu_error_bound`] for the GELU forms,
+//!   [`crate::activation::silu_error_bound`] (never larger) for SiLU; `U_ACC·|r|` is the
 //!   rounding of the activation's `f32` result.
 //! - `u(dtype)`: the unit roundoff of the storage dtype (2⁻²⁴, 2⁻¹¹, 2⁻⁸), the one rounding to
 //!   nearest even when the result is stored. `(|r| + e_act)` bounds the magnitude of the value
@@ -67,7 +69,6 @@
 //! - Where every product and partial sum is exact in `f32` (small integers scaled by powers of
 //!   two), the accumulation term is zero: pass `k = 0` and `magnitude = 0`.
 
-use crate::activation::gelu_error_bound;
 use crate::{Activation, DType};
 
 /// Unit roundoff of the `f32` accumulator (2⁻²⁴).
@@ -89,7 +90,8 @@ pub fn atol(dtype: DType) -> f64 {
 pub fn lipschitz(act: Activation) -> f64 {
     match act {
         Activation::Gelu | Activation::GeluTanh => 1.13,
-        _ => 1.0,
+        Activation::Silu => 1.1,
+        Activation::None | Activation::Relu | Activation::Relu6 => 1.0,
     }
 }
 
@@ -100,11 +102,18 @@ pub fn lipschitz(act: Activation) -> f64 {
 /// output `act(pre)`.
 pub fn bound(dtype: DType, act: Activation, k: usize, magnitude: f64, pre: f64, reference: f64) -> f64 {
     let e_pre = RTOL * pre.abs() + C_ACC * (k as f64 + 2.0) * U_ACC * magnitude;
-    let mut e_act = lipschitz(act) * e_pre + U_ACC * reference.abs();
-    if matches!(act, Activation::Gelu | Activation::GeluTanh) {
-        e_act += gelu_error_bound(pre, reference);
-    }
+    let e_act = lipschitz(act) * e_pre + U_ACC * reference.abs() + act.error_bound(pre, reference);
     atol(dtype) + e_act + dtype.unit_roundoff() * (reference.abs() + e_act)
+}
+
+/// The largest allowed `|got − r|` for one output of a gated linear unit
+/// ([`crate::GluDesc`]): `r = act(gate)·up` from the stored `gate` and `up`. The `f32` kernel
+/// forms `a = act(gate)` (its own error, [`Activation::error_bound`], and one rounding), the
+/// product (one rounding) and the store (one rounding to `dtype`); the inputs are exact.
+pub fn glu_bound(dtype: DType, act: Activation, gate: f64, up: f64, reference: f64) -> f64 {
+    let a = act.apply_f64(gate);
+    let e = up.abs() * (act.error_bound(gate, a) + U_ACC * a.abs()) + U_ACC * reference.abs();
+    atol(dtype) + e + dtype.unit_roundoff() * (reference.abs() + e)
 }
 
 /// [`bound`] with the magnitude standing in for the pre-activation value (`|pre| <= magnitude`),

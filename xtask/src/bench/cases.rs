@@ -103,6 +103,8 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
     }
     let (rows, cols) = acts[acts.len() - 1];
     push("transformer", Case::Activation { rows, cols, bias: true, activation: Activation::GeluTanh });
+    // SiLU, the gate activation of Llama-style MLPs (SwiGLU), on the same shape.
+    push("transformer", Case::Activation { rows, cols, bias: false, activation: Activation::Silu });
     out
 }
 

@@ -62,6 +62,10 @@ def main():
             return [helper.make_node("Gelu", [src], [dst])], []
         if act == "gelu-tanh":
             return [helper.make_node("Gelu", [src], [dst], approximate="tanh")], []
+        if act == "silu":
+            # x * Sigmoid(x), the way PyTorch's ONNX export writes SiLU.
+            return [helper.make_node("Sigmoid", [src], [dst + "_s"]),
+                    helper.make_node("Mul", [src, dst + "_s"], [dst])], []
         raise ValueError(f"unknown activation {act}")
 
     rng = np.random.default_rng(0)

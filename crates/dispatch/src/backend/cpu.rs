@@ -44,11 +44,12 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc, Precision};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc, Precision};
 
 mod activation;
 mod depthwise;
 mod gemv;
+mod glu;
 mod matmul;
 mod quant;
 mod simd;
@@ -544,6 +545,17 @@ impl BackendOps for CpuBackend {
             CpuData::F32(o) => act.run(x, o.slice_mut("activation")?),
             CpuData::F16(o) => act.run(x, o.slice_mut("activation")?),
             CpuData::Bf16(o) => act.run(x, o.slice_mut("activation")?),
+        }
+    }
+
+    fn glu(&self, desc: &GluDesc, _dtype: DType, h: &CpuStorage, out: &CpuStorage) -> Result<()> {
+        let mut locks = Locks::take(&[h], out)?;
+        let (ins, out_data) = locks.split();
+        let h = ins.get(h)?;
+        match out_data {
+            CpuData::F32(o) => glu::run(desc, typed(h, "h")?, o),
+            CpuData::F16(o) => glu::run(desc, typed(h, "h")?, o),
+            CpuData::Bf16(o) => glu::run(desc, typed(h, "h")?, o),
         }
     }
 

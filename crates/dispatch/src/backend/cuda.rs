@@ -49,7 +49,7 @@ use cudarc::driver::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tilekit_kernels::catalogue::cuda::{self as cat, Kernel, Module};
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView};
 
 const KIND: BackendKind = BackendKind::Cuda;
 
@@ -853,6 +853,25 @@ impl BackendOps for CudaBackend {
         let per_thread = (16 / dtype.size_bytes()) as u64;
         let blocks = stride_blocks((desc.len as u64).div_ceil(per_thread), self.sms);
         self.launch(cat::activation_kernel(dtype), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
+    }
+
+    fn glu(&self, desc: &GluDesc, dtype: DType, h: &CudaStorage, out: &CudaStorage) -> Result<()> {
+        const OP: &str = "glu";
+        let len = desc.out_len().ok_or_else(|| Error::Overflow { op: OP, what: "the output element count".into() })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let per_thread = 16 / dtype.size_bytes();
+        let p = cat::GluParams {
+            h: self.ptr(h),
+            out: self.ptr(out),
+            rows: to_i64(OP, "rows", desc.rows)?,
+            f: to_i64(OP, "f", desc.f)?,
+            act: desc.activation.code(),
+            vec: desc.f.is_multiple_of(per_thread) as u32,
+        };
+        let blocks = stride_blocks((len as u64).div_ceil(per_thread as u64), self.sms);
+        self.launch(cat::glu_kernel(dtype), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
     }
 
     fn copy(&self, dtype: DType, src: &CudaStorage, dst: &CudaStorage, len: usize) -> Result<()> {

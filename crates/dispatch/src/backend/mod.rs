@@ -20,7 +20,7 @@ use crate::tune::{TuneMode, TuneReport};
 use crate::{BackendKind, Error, Result};
 use std::path::PathBuf;
 use tilekit_kernels::quant::GgmlType;
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, MatmulDesc};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc};
 
 /// A quantized weight `[n, k]` as a backend sees it: its type and its two planes (see
 /// `quant_tensor.rs` for their layout).
@@ -136,6 +136,8 @@ pub(crate) trait BackendOps {
         bias: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// See [`GluDesc`]: `h` holds `rows · 2F` elements, `out` (never `h`) `rows · F`.
+    fn glu(&self, desc: &GluDesc, dtype: DType, h: &Self::Storage, out: &Self::Storage) -> Result<()>;
     /// Copies `len` elements from `src` to `dst`: the bandwidth roof the bench compares
     /// memory-bound kernels with.
     fn copy(&self, dtype: DType, src: &Self::Storage, dst: &Self::Storage, len: usize) -> Result<()>;
@@ -311,6 +313,7 @@ mod tidy {
         ("ops/matmul.rs", include_str!("../ops/matmul.rs")),
         ("ops/conv.rs", include_str!("../ops/conv.rs")),
         ("ops/activation.rs", include_str!("../ops/activation.rs")),
+        ("ops/glu.rs", include_str!("../ops/glu.rs")),
         ("ops/bench_refs.rs", include_str!("../ops/bench_refs.rs")),
         ("record.rs", include_str!("../record.rs")),
         ("ops/pointwise.rs", include_str!("../ops/pointwise.rs")),

@@ -5,6 +5,7 @@ mod activation;
 mod bench_refs;
 mod conv;
 mod im2col;
+mod glu;
 mod matmul;
 mod pointwise;
 mod pool;

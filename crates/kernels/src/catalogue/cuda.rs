@@ -21,7 +21,7 @@
 //!   (`matmul_simt.cu`): a block per 32 columns, K split across warps;
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
-//! - `activation_<dtype>`, `copy_bytes` (`elementwise.cu`).
+//! - `activation_<dtype>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
 //!
 //! Every kernel takes one parameter block by value, mirrored in `shaders/cuda/common.cuh`, and
 //! runs 256-thread blocks.
@@ -203,6 +203,16 @@ pub fn activation_kernel(dtype: DType) -> Kernel {
     }
 }
 
+/// The gated linear unit `act(gate) · up` (`GluParams`). It makes 16 bytes of output per
+/// thread step.
+pub fn glu_kernel(dtype: DType) -> Kernel {
+    match dtype {
+        DType::F32 => k(Module::Elementwise, "glu_f32"),
+        DType::F16 => k(Module::Elementwise, "glu_f16"),
+        DType::Bf16 => k(Module::Elementwise, "glu_bf16"),
+    }
+}
+
 /// The byte copy (16 bytes per thread step).
 pub const COPY: Kernel = k(Module::Elementwise, "copy_bytes");
 
@@ -304,6 +314,20 @@ pub struct ActParams {
     pub pad0: u32,
 }
 
+/// The GLU parameter block (`GluParams` in `common.cuh`): `h` is `[rows, 2f]`, `out` is
+/// `[rows, f]`; `vec` is 1 when `f` is a multiple of the 16-byte vector.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct GluParams {
+    pub h: u64,
+    pub out: u64,
+    pub rows: i64,
+    pub f: i64,
+    pub act: u32,
+    pub vec: u32,
+}
+
 /// The copy parameter block (`CopyParams` in `common.cuh`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -351,6 +375,7 @@ mod tests {
                 assert_eq!(ptx_param_size(depthwise_kernel(dt, l)), Some(size_of::<ConvParams>()));
             }
             assert_eq!(ptx_param_size(activation_kernel(dt)), Some(size_of::<ActParams>()));
+            assert_eq!(ptx_param_size(glu_kernel(dt)), Some(size_of::<GluParams>()));
         }
         assert_eq!(ptx_param_size(COPY), Some(size_of::<CopyParams>()));
     }

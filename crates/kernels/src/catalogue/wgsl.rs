@@ -27,6 +27,7 @@
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
+//! | [`Kernel::Glu`] | 64 | 4 outputs (vec4 when F is a multiple of 4) |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
 //! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
@@ -65,6 +66,7 @@ const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_
 const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
 const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
 const GEMV: &str = include_str!("../../../../shaders/wgsl/gemv.wgsl");
+const GLU: &str = include_str!("../../../../shaders/wgsl/glu.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,11 +138,14 @@ pub enum Kernel {
     /// The same kernel reduced with subgroup operations (entry `gemv_subgroup`, needs
     /// `wgpu::Features::SUBGROUP`).
     GemvSubgroup,
+    /// Gated linear unit `act(gate) · up` over the two halves of each row (`glu.wgsl`).
+    Glu,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
     pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Matmul,
         Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
@@ -150,6 +155,7 @@ impl Kernel {
         Kernel::Copy,
         Kernel::Gemv,
         Kernel::GemvSubgroup,
+        Kernel::Glu,
     ];
 
     /// The module name stem.
@@ -164,6 +170,7 @@ impl Kernel {
             Kernel::Copy => "copy",
             Kernel::Gemv => "gemv",
             Kernel::GemvSubgroup => "gemv_subgroup",
+            Kernel::Glu => "glu",
         }
     }
 
@@ -397,6 +404,7 @@ fn bindings(kernel: Kernel) -> Vec<Binding> {
             write("out", 2),
         ],
         Kernel::Copy => Vec::new(),
+        Kernel::Glu => vec![read("h", 0), write("out", 1)],
     }
 }
 
@@ -685,6 +693,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 let entry = if kernel == Kernel::Gemv { "gemv" } else { "gemv_subgroup" };
                 (GEMV, entry, o, gemv::workgroup_bytes(spec.wg))
             }
+            Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -856,6 +865,30 @@ pub struct ActivationParams {
     pub _pad: [u32; 3],
 }
 
+/// Flags of [`GluParams::flags`] (`glu.wgsl`).
+pub mod glu_flags {
+    /// The half width F is a multiple of 4: vec4 loads and stores.
+    pub const VEC: u32 = 1;
+}
+
+/// The parameter block of `glu.wgsl` (a uniform; 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GluParams {
+    /// Output elements, `rows · F`.
+    pub len: u32,
+    /// The width F of each half of a row of `h`.
+    pub f: u32,
+    /// The activation code of the gate ([`crate::Activation::code`]).
+    pub act: u32,
+    /// [`glu_flags`].
+    pub flags: u32,
+    /// Invocations that do work: `ceil(len / 4)`.
+    pub items: u32,
+    /// Padding to 32 bytes.
+    pub _pad: [u32; 3],
+}
+
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -878,6 +911,7 @@ mod tests {
     fn every_module_is_composed_once() {
         let all = all_modules();
         assert_eq!(all.len(), 8 * 4 + 1);
+        assert_eq!(all.len(), 7 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -900,6 +934,7 @@ mod tests {
             ("activation.wgsl", Kernel::Activation, ACTIVATION),
             ("copy.wgsl", Kernel::Copy, COPY),
             ("gemv.wgsl", Kernel::GemvSubgroup, GEMV),
+            ("glu.wgsl", Kernel::Glu, GLU),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {
@@ -917,9 +952,13 @@ mod tests {
 
     #[test]
     fn parameter_blocks_are_uniform_sized() {
-        for size in
-            [size_of::<MatmulParams>(), size_of::<ConvParams>(), size_of::<ActivationParams>(), size_of::<CopyParams>()]
-        {
+        for size in [
+            size_of::<MatmulParams>(),
+            size_of::<ConvParams>(),
+            size_of::<ActivationParams>(),
+            size_of::<CopyParams>(),
+            size_of::<GluParams>(),
+        ] {
             assert_eq!(size % 16, 0);
         }
         // Every preset fits the WebGPU minimums: 16 KiB of workgroup storage, 256 invocations,

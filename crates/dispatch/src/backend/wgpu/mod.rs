@@ -27,6 +27,8 @@
 //!   `u32` indices, or over the grid limit in M or N) runs as blocks of batches, rows and
 //!   columns, each binding windows of its operands (`split_matmul`, `split.rs`); a depthwise convolution
 //!   over it runs as blocks of images, channel planes (NCHW) and output rows (`split_conv`).
+//!   A GLU runs as one launch: an `h` over the storage-binding limit (or 2^30 elements) is
+//!   refused with [`Error::Overflow`] (a decode step's `h` is a few hundred KiB).
 //!   What cannot be split (one row of a transposed A or one column of an untransposed B over
 //!   the limit, one output row of a convolution over it) is refused with [`Error::Overflow`]
 //!   naming it.
@@ -59,10 +61,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tilekit_kernels::catalogue::wgsl::{
-    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, Kernel, MatmulParams, MatmulTile, Spec,
-    activation_flags, conv_flags, matmul_flags,
+    self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, GluParams, Kernel, MatmulParams, MatmulTile,
+    Spec, activation_flags, conv_flags, glu_flags, matmul_flags,
 };
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision};
 
 mod adapter;
 mod buffers;
@@ -393,6 +395,31 @@ impl BackendOps for WgpuBackend {
             launches.push(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid });
         }
         self.record(op, &pipeline, 3, &launches)
+    }
+
+    fn glu(&self, desc: &GluDesc, dtype: DType, h: &WgpuStorage, out: &WgpuStorage) -> Result<()> {
+        let op = "glu";
+        let h_len = desc.h_len().ok_or_else(|| Error::Overflow { op, what: "the element count of h".into() })?;
+        let limit = self.limits.max_storage_buffer_binding_size.min(1 << 30);
+        if (h_len * dtype.size_bytes()) as u64 > limit || h_len as u64 > 1 << 30 {
+            return Err(Error::Overflow {
+                op,
+                what: format!("h of {h_len} elements (one binding of at most {limit} bytes and 2^30 elements)"),
+            });
+        }
+        let pipeline = self.pipeline(op, Kernel::Glu, self.storage_variant(dtype), Spec::DEFAULT)?;
+        let len = to_u32(op, "len", desc.rows * desc.f)?;
+        let p = GluParams {
+            len,
+            f: to_u32(op, "f", desc.f)?,
+            act: desc.activation.code(),
+            flags: if desc.f.is_multiple_of(4) { glu_flags::VEC } else { 0 },
+            items: len.div_ceil(4),
+            _pad: [0; 3],
+        };
+        let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
+        let binds = vec![whole(0, &h.buffer), whole(1, &out.buffer)];
+        self.record(op, &pipeline, 2, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
     }
 
     fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {
