@@ -549,13 +549,13 @@ impl BackendOps for CpuBackend {
     }
 
     fn glu(&self, desc: &GluDesc, _dtype: DType, h: &CpuStorage, out: &CpuStorage) -> Result<()> {
-        let mut locks = Locks::take(&[h], out)?;
+        let mut locks = Locks::take(&[Some(h)], out)?;
         let (ins, out_data) = locks.split();
         let h = ins.get(h)?;
         match out_data {
-            CpuData::F32(o) => glu::run(desc, typed(h, "h")?, o),
-            CpuData::F16(o) => glu::run(desc, typed(h, "h")?, o),
-            CpuData::Bf16(o) => glu::run(desc, typed(h, "h")?, o),
+            CpuData::F32(o) => glu::run(desc, typed(h, "h")?, o.slice_mut("glu")?),
+            CpuData::F16(o) => glu::run(desc, typed(h, "h")?, o.slice_mut("glu")?),
+            CpuData::Bf16(o) => glu::run(desc, typed(h, "h")?, o.slice_mut("glu")?),
         }
     }
 

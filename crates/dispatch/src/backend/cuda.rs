@@ -375,7 +375,7 @@ impl CudaBackend {
             cc,
             sms: u32::try_from(sms).unwrap_or(1),
             driver_api,
-            modules: Mutex::new([None, None, None, None]),
+            modules: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::new()),
         })
     }
