@@ -21,9 +21,11 @@ struct GluParams {
     flags: u32,
     // Invocations that do work: ceil(len / 4).
     items: u32,
+    // Element offsets of h and out in their bindings (the base of a tensor over an engine's
+    // buffer). VEC is set only when both are multiples of 4.
+    h_off: u32,
+    o_off: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(2) var<uniform> p: GluParams;
@@ -43,13 +45,14 @@ fn glu(
         // len is a multiple of 4 here, so the group is whole and inside one row.
         let r = i0 / p.f;
         let gate = r * 2u * p.f + (i0 - r * p.f);
-        let v = apply_act4(ld4_h(gate >> 2u), p.act) * ld4_h((gate + p.f) >> 2u);
-        st4_out(g, v);
+        let h0 = p.h_off + gate;
+        let v = apply_act4(ld4_h(h0 >> 2u), p.act) * ld4_h((h0 + p.f) >> 2u);
+        st4_out((p.o_off >> 2u) + g, v);
     } else {
         for (var i = i0; i < min(i0 + 4u, p.len); i++) {
             let r = i / p.f;
             let gate = r * 2u * p.f + (i - r * p.f);
-            st_out(i, apply_act(ld_h(gate), p.act) * ld_h(gate + p.f));
+            st_out(p.o_off + i, apply_act(ld_h(p.h_off + gate), p.act) * ld_h(p.h_off + gate + p.f));
         }
     }
 }

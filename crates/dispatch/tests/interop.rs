@@ -247,6 +247,16 @@ fn imported_views_at_odd_offsets_run_every_op_and_leave_the_rest_of_the_buffer_a
                 let want = cpu.depthwise_conv2d(&ci, &cw, Some(&cbb), &copts).unwrap().to_f32_vec().unwrap();
                 assert_eq!(co.to_f32_vec().unwrap(), want, "{what}: depthwise {layout:?}");
             }
+            // The gated op (SwiGLU's second half), ReLU-gated so integers stay exact: F = 4
+            // takes the vector path at offsets that are multiples of 4, the scalar one elsewhere.
+            let (rows, f) = (3, 4);
+            let hd = ints(rows * 2 * f, 7);
+            let h = eb.view(&dev, base + 260, &[rows, 2 * f], &hd, false);
+            let go = ob.view(&dev, base + 300, &[rows, f], &vec![0.0; rows * f], true);
+            dev.glu_into(&h, Activation::Relu, &go).unwrap();
+            let want: Vec<f32> =
+                (0..rows * f).map(|i| hd[(i / f) * 2 * f + i % f].max(0.0) * hd[(i / f) * 2 * f + f + i % f]).collect();
+            assert_eq!(go.to_f32_vec().unwrap(), want, "{what}: glu");
             eb.check_guards(&dev, &what);
             ob.check_guards(&dev, &what);
         }

@@ -884,8 +884,13 @@ pub struct GluParams {
     pub flags: u32,
     /// Invocations that do work: `ceil(len / 4)`.
     pub items: u32,
+    /// Element offset of `h` in its binding (a tensor's base; [`glu_flags::VEC`] needs it a
+    /// multiple of 4).
+    pub h_off: u32,
+    /// Element offset of `out` in its binding (likewise).
+    pub o_off: u32,
     /// Padding to 32 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: u32,
 }
 
 /// The parameter block of `copy.wgsl` (a uniform; 16 bytes).

@@ -401,7 +401,7 @@ impl BackendOps for WgpuBackend {
         let op = "glu";
         let h_len = desc.h_len().ok_or_else(|| Error::Overflow { op, what: "the element count of h".into() })?;
         let limit = self.limits.max_storage_buffer_binding_size.min(1 << 30);
-        if (h_len * dtype.size_bytes()) as u64 > limit || h_len as u64 > 1 << 30 {
+        if ((h.base + h_len) * dtype.size_bytes()) as u64 > limit || h_len as u64 > 1 << 30 {
             return Err(Error::Overflow {
                 op,
                 what: format!("h of {h_len} elements (one binding of at most {limit} bytes and 2^30 elements)"),
@@ -409,13 +409,21 @@ impl BackendOps for WgpuBackend {
         }
         let pipeline = self.pipeline(op, Kernel::Glu, self.storage_variant(dtype), Spec::DEFAULT)?;
         let len = to_u32(op, "len", desc.rows * desc.f)?;
+        // Imported tensors start at their base inside the bound buffer.
+        let h_off = to_u32(op, "h offset", h.base)?;
+        let o_off = to_u32(op, "output offset", out.base)?;
+        to_u32(op, "h end", h.base + h_len)?;
+        to_u32(op, "output end", out.base + desc.rows * desc.f)?;
+        let vec = desc.f.is_multiple_of(4) && h_off.is_multiple_of(4) && o_off.is_multiple_of(4);
         let p = GluParams {
             len,
             f: to_u32(op, "f", desc.f)?,
             act: desc.activation.code(),
-            flags: if desc.f.is_multiple_of(4) { glu_flags::VEC } else { 0 },
+            flags: if vec { glu_flags::VEC } else { 0 },
             items: len.div_ceil(4),
-            _pad: [0; 3],
+            h_off,
+            o_off,
+            _pad: 0,
         };
         let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
         let binds = vec![whole(0, &h.buffer), whole(1, &out.buffer)];
