@@ -44,9 +44,9 @@ mod device;
 mod error;
 mod ops;
 pub mod profile;
+mod quant_tensor;
 #[cfg(feature = "wgpu")]
 mod record;
-mod quant_tensor;
 mod tensor;
 mod tensor_import;
 pub mod tune;

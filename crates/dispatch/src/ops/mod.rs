@@ -4,8 +4,8 @@
 mod activation;
 mod bench_refs;
 mod conv;
-mod im2col;
 mod glu;
+mod im2col;
 mod matmul;
 mod pointwise;
 mod pool;
