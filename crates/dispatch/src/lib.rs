@@ -42,10 +42,12 @@ pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result};
-pub use ops::{Conv2dOptions, MatmulOptions};
+pub use ops::{BlockOptions, BlockWeights, Conv2dOptions, MatmulOptions};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use tensor::{Element, Tensor};
-pub use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, Precision};
+pub use tilekit_kernels::{
+    Activation, ActivationDesc, Conv2dDesc, DType, InvertedResidualDesc, Layout, MatmulDesc, MatrixView, Precision,
+};
 pub use tune::{TuneMode, TuneReport};
 
 /// The kernel catalogue, descriptors and activation formulas of `tilekit-kernels`, re-exported

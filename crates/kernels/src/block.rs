@@ -294,6 +294,100 @@ pub fn reference(
     }
 }
 
+/// The tolerance of each output of a block stored in `dtype`: the rule of
+/// [`crate::tolerance`] applied to each stage and carried through the next ones.
+///
+/// With `S` the magnitudes (every term made positive; a ReLU6 output is at most 6) and `E` the
+/// allowed errors:
+/// - expand: `E_e = bound_from_magnitude(dtype, ReLU6, C, S_e)` (0 without expand: `e = x`);
+/// - depthwise: `E_f = Σ|w_d|·E_e + bound_from_magnitude(dtype, ReLU6, 9, S_f)`;
+/// - project: `E_y = Σ|W_p|·E_f + bound_from_magnitude(dtype, none, hidden + 1, S_y)`.
+///
+/// Each stage's bound includes one rounding to `dtype`, which is where the unfused chain stores
+/// `e` and `d`; the fused kernels keep them in f32 and are inside the same bound. The inputs
+/// are the stored values (as for [`reference`]); the result has one entry per output element.
+///
+/// # Panics
+/// If a slice is shorter than the descriptor says.
+#[allow(clippy::too_many_arguments)]
+pub fn bounds(
+    d: &InvertedResidualDesc,
+    dtype: DType,
+    x: &[f64],
+    expand: Option<(&[f64], Option<&[f64]>)>,
+    dw: (&[f64], Option<&[f64]>),
+    project: (&[f64], Option<&[f64]>),
+) -> Vec<f64> {
+    use crate::tolerance::bound_from_magnitude;
+    let (c, hid, co, h, w) = (d.channels, d.hidden, d.out_channels, d.height, d.width);
+    let (oh, ow) = (d.out_h(), d.out_w());
+    let mut out = vec![0.0; d.checked_lens().map_or(0, |l| l.output)];
+    let bias = |b: Option<&[f64]>, on: bool, i: usize| if on { b.map_or(0.0, |b| b[i].abs()) } else { 0.0 };
+    for n in 0..d.batch {
+        let (mut se, mut ee) = (vec![0.0; hid * h * w], vec![0.0; hid * h * w]);
+        for j in 0..hid {
+            for y in 0..h {
+                for xx in 0..w {
+                    let i = (j * h + y) * w + xx;
+                    match (d.expand, expand) {
+                        (true, Some((we, be))) => {
+                            let mut s = bias(be, d.expand_bias, j);
+                            for ci in 0..c {
+                                s += (we[j * c + ci] * x[d.input_index(n, ci, y, xx)]).abs();
+                            }
+                            ee[i] = bound_from_magnitude(dtype, Activation::Relu6, c, s, s.min(6.0));
+                            se[i] = s.min(6.0);
+                        }
+                        _ => se[i] = x[d.input_index(n, j, y, xx)].abs(),
+                    }
+                }
+            }
+        }
+        let (mut sf, mut ef) = (vec![0.0; hid * oh * ow], vec![0.0; hid * oh * ow]);
+        for j in 0..hid {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let (mut s, mut e) = (bias(dw.1, d.dw_bias, j), 0.0);
+                    for ky in 0..3 {
+                        for kx in 0..3 {
+                            let (py, px) = (oy * d.stride + ky, ox * d.stride + kx);
+                            if py == 0 || px == 0 || py > h || px > w {
+                                continue;
+                            }
+                            let wk = dw.0[j * 9 + ky * 3 + kx].abs();
+                            let i = (j * h + py - 1) * w + px - 1;
+                            s += wk * se[i];
+                            e += wk * ee[i];
+                        }
+                    }
+                    let i = (j * oh + oy) * ow + ox;
+                    ef[i] = e + bound_from_magnitude(dtype, Activation::Relu6, 9, s, s.min(6.0));
+                    sf[i] = s.min(6.0);
+                }
+            }
+        }
+        for o in 0..co {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let (mut s, mut e) = (bias(project.1, d.project_bias, o), 0.0);
+                    for j in 0..hid {
+                        let wk = project.0[o * hid + j].abs();
+                        let i = (j * oh + oy) * ow + ox;
+                        s += wk * sf[i];
+                        e += wk * ef[i];
+                    }
+                    if d.residual() {
+                        s += x[d.input_index(n, o, oy, ox)].abs();
+                    }
+                    out[d.output_index(n, o, oy, ox)] =
+                        e + bound_from_magnitude(dtype, Activation::None, hid + 1, s, s);
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

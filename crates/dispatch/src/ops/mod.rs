@@ -3,9 +3,11 @@
 
 mod activation;
 mod bench_refs;
+mod block;
 mod conv;
 mod matmul;
 
+pub use block::{BlockOptions, BlockWeights};
 pub use conv::Conv2dOptions;
 pub use matmul::MatmulOptions;
 
