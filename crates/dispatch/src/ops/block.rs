@@ -105,7 +105,24 @@ impl Device {
             return Ok(());
         }
         if opts.fused {
-            return with_backend!(self, be => run(be, desc, x, w, out));
+            let info = || crate::profile::OpInfo {
+                op: OP,
+                dtype: x.dtype(),
+                shape: format!(
+                    "n{} c{} {}x{} hid{} c'{} s{} {}",
+                    desc.batch,
+                    desc.channels,
+                    desc.height,
+                    desc.width,
+                    desc.hidden,
+                    desc.out_channels,
+                    desc.stride,
+                    desc.layout.name()
+                ),
+                bytes: desc.fused_dram_bytes(x.dtype()).unwrap_or(0),
+                flops: fused_flops(desc),
+            };
+            return self.profiled(info, || with_backend!(self, be => run(be, desc, x, w, out)));
         }
         // The unfused chain: expand, depthwise, project (each a public op, validated again).
         let (n, hw) = (desc.batch, desc.height * desc.width);
@@ -225,6 +242,16 @@ impl Device {
         desc.checked_lens().ok_or_else(|| Error::Overflow { op: OP, what: "an element count of the block".into() })?;
         Ok(desc)
     }
+}
+
+/// FLOPs of the block without recomputation: 2 per multiply-add of the three stages.
+fn fused_flops(d: &InvertedResidualDesc) -> u64 {
+    // In f64 (exact for any real size; a float-to-int cast saturates instead of overflowing).
+    let f = |v: usize| v as f64;
+    let (hw, ohw) = (f(d.height) * f(d.width), f(d.out_h()) * f(d.out_w()));
+    let (c, hid, co) = (f(d.channels), f(d.hidden), f(d.out_channels));
+    let expand = if d.expand { hw * c * hid } else { 0.0 };
+    (2.0 * f(d.batch) * (expand + ohw * hid * 9.0 + ohw * hid * co)) as u64
 }
 
 /// Every tensor argument with its name.

@@ -118,33 +118,31 @@ impl Block<'_> {
         let threads = rayon::current_num_threads().max(1);
         let per_image = (2 * threads).div_ceil(d.batch).max(1);
         let band = oh.div_ceil(per_image).clamp(4.min(oh), 16);
-        let bands_per_image = oh.div_ceil(band);
         let band_len = band * ow * co;
+        let image = oh * ow * co;
         let isa = Isa::detect();
-        let run_band = |i: usize, dst: &mut [f32]| -> Result<()> {
-            let (n, b) = (i / bands_per_image, i % bands_per_image);
-            let oy0 = b * band;
-            let rows = band.min(oh - oy0);
-            self.band(isa, &p, n, oy0, rows, &mut dst[..rows * ow * co])
+        // Images, then bands of rows inside each (the last band of an image may be shorter).
+        let run_all = |dst: &mut [f32]| -> Result<()> {
+            dst.par_chunks_mut(image).enumerate().try_for_each(|(n, img)| {
+                img.par_chunks_mut(band_len).enumerate().try_for_each(|(b, part)| {
+                    let oy0 = b * band;
+                    let rows = band.min(oh - oy0);
+                    if part.len() != rows * ow * co {
+                        return Err(internal("a block band does not match its rows".into()));
+                    }
+                    self.band(isa, &p, n, oy0, rows, part)
+                })
+            })
         };
         // f32 NHWC output: bands are contiguous, written in place. Otherwise through an f32
         // NHWC staging buffer, stored in the output's layout and dtype afterwards.
         if d.layout == Layout::Nhwc
             && let Some(o) = E::as_f32_mut(out)
         {
-            return o[..lens.output]
-                .par_chunks_mut(band_len)
-                .enumerate()
-                .map(|(i, dst)| run_band_checked(&run_band, i, dst, bands_per_image, band, oh, ow, co))
-                .collect();
+            return run_all(&mut o[..lens.output]);
         }
         let mut stage = scratch(lens.output)?;
-        stage
-            .par_chunks_mut(band_len)
-            .enumerate()
-            .map(|(i, dst)| run_band_checked(&run_band, i, dst, bands_per_image, band, oh, ow, co))
-            .collect::<Result<()>>()?;
-        let image = oh * ow * co;
+        run_all(&mut stage)?;
         out[..lens.output].par_chunks_mut(image).zip(stage.par_chunks(image)).for_each(|(o, s)| match d.layout {
             Layout::Nhwc => E::narrow_into(s, o),
             Layout::Nchw => {
@@ -214,26 +212,6 @@ impl Block<'_> {
         }
         Ok(())
     }
-}
-
-/// [`Block::band`] for band `i`, after checking the chunk is the band's length.
-#[allow(clippy::too_many_arguments)]
-fn run_band_checked(
-    run: &(impl Fn(usize, &mut [f32]) -> Result<()> + Sync),
-    i: usize,
-    dst: &mut [f32],
-    bands_per_image: usize,
-    band: usize,
-    oh: usize,
-    ow: usize,
-    co: usize,
-) -> Result<()> {
-    let b = i % bands_per_image;
-    let rows = band.min(oh - b * band);
-    if dst.len() != rows * ow * co {
-        return Err(internal("a block band does not match its rows".into()));
-    }
-    run(i, dst)
 }
 
 /// What one chunk of hidden channels of one band needs.
