@@ -38,8 +38,8 @@ fn desc(case: usize, layout: Layout) -> InvertedResidualDesc {
         expand: hidden != 0,
         layout,
         // Every other case drops the optional biases.
-        expand_bias: hidden != 0 && case % 2 == 0,
-        dw_bias: case % 2 == 0,
+        expand_bias: hidden != 0 && case.is_multiple_of(2),
+        dw_bias: case.is_multiple_of(2),
         project_bias: case != 3,
     }
 }
@@ -184,7 +184,8 @@ fn bad_inputs_are_typed_errors() {
     };
     let opts = BlockOptions::default();
     assert_eq!(dev.inverted_residual(&x, &good, &opts).expect("valid").shape(), [1, 4, 5, 5]);
-    let err = |w: &BlockWeights<'_>, o: &BlockOptions, x: &Tensor| dev.inverted_residual(x, w, o).unwrap_err();
+    let err =
+        |w: &BlockWeights<'_>, o: &BlockOptions, x: &Tensor| dev.inverted_residual(x, w, o).expect_err("a bad input");
     // Rank, stride, weight shapes, bias lengths, a stray expand bias, dtypes.
     assert!(matches!(err(&good, &opts, &f(&[4, 5, 5])), Error::WrongRank { tensor: "x", .. }));
     let stride3 = BlockOptions { stride: 3, ..opts };
@@ -223,7 +224,7 @@ fn bad_inputs_are_typed_errors() {
     let x_other = other.zeros(&[1, 4, 5, 5], DType::F32).expect("alloc");
     assert!(matches!(err(&good, &opts, &x_other), Error::DeviceMismatch { tensor: "x", .. }));
     // The output of `_into`: shape, dtype, aliasing an input.
-    let into = |out: &Tensor| dev.inverted_residual_into(&x, &good, &opts, out).unwrap_err();
+    let into = |out: &Tensor| dev.inverted_residual_into(&x, &good, &opts, out).expect_err("a bad output");
     assert!(matches!(into(&f(&[1, 4, 3, 3])), Error::ShapeMismatch { tensor: "out", .. }));
     assert!(matches!(into(&dev.zeros(&[1, 4, 5, 5], DType::Bf16).expect("alloc")), Error::DTypeMismatch { .. }));
     assert!(matches!(into(&x), Error::Aliasing { .. }));

@@ -432,7 +432,8 @@ mod tests {
     #[test]
     fn fused_traffic_is_far_below_the_chain_on_expanded_blocks() {
         for d in InvertedResidualDesc::mobilenet_v2_blocks(1, 224, Layout::Nhwc).iter().filter(|d| d.expand) {
-            let (f, u) = (d.fused_dram_bytes(DType::F32).unwrap(), d.unfused_dram_bytes(DType::F32).unwrap());
+            let (f, u) =
+                (d.fused_dram_bytes(DType::F32).expect("fits"), d.unfused_dram_bytes(DType::F32).expect("fits"));
             // At 7x7 and 14x14 the weights dominate both paths; above, the expanded tensor does.
             let factor = if d.height >= 28 { 3 } else { 1 };
             assert!(u > factor * f, "{d:?}: {u} vs {f}");
