@@ -53,12 +53,13 @@ pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result, SharedGgufError};
-pub use ops::{Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
+pub use ops::{BlockOptions, BlockWeights, Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use quant_tensor::QTensor;
 pub use tensor::{Element, Tensor};
 pub use tilekit_kernels::{
-    Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision,
+    Activation, ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, Layout, MatmulDesc, MatrixView,
+    Precision,
 };
 pub use tune::{TuneMode, TuneReport};
 /// The wgpu tilekit is built against. An engine's `wgpu` must be this exact major version

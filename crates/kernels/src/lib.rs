@@ -3,8 +3,9 @@
 //! This crate holds
 //! - the element types ([`DType`]) and the fused activations ([`Activation`]), with the scalar
 //!   formulas every backend implements;
-//! - the operation descriptors ([`MatmulDesc`], [`Conv2dDesc`], [`ActivationDesc`]): plain data
-//!   that says which elements an op reads and writes;
+//! - the operation descriptors ([`MatmulDesc`], [`Conv2dDesc`], [`ActivationDesc`],
+//!   [`InvertedResidualDesc`] in [`block`] with its f64 reference): plain data that says which
+//!   elements an op reads and writes;
 //! - the kernel catalogue ([`catalogue`]): the WGSL sources and the CUDA sources with their
 //!   PTX, embedded from `shaders/`, their entry points, launch shapes and `#[repr(C)]`
 //!   parameter blocks;
@@ -19,6 +20,7 @@
 //! sources and parameter layouts from here and launch them itself.
 
 pub mod activation;
+pub mod block;
 pub mod catalogue;
 pub mod desc;
 pub mod dtype;
@@ -28,5 +30,6 @@ pub mod reference;
 pub mod tolerance;
 
 pub use activation::{Activation, GluDesc};
+pub use block::{BlockLens, InvertedResidualDesc};
 pub use desc::{ActivationDesc, Conv2dDesc, Layout, MatmulDesc, MatrixView, Precision};
 pub use dtype::DType;

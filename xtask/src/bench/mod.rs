@@ -24,6 +24,7 @@
 //! `cargo xtask test` from compiling the workspace twice) it rebuilds itself with `--release`
 //! and runs that build.
 
+mod blocks;
 mod cases;
 mod chart;
 mod check;
@@ -124,6 +125,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let mut profiles = Vec::new();
+    let mut block_failures: Vec<String> = Vec::new();
     let mut tune_notes = Vec::new();
     let selected = |entry: &Entry| args.suite.is_empty() || args.suite.iter().any(|s| s == entry.suite);
     let total: usize = devices
@@ -172,6 +174,14 @@ pub fn run(args: Args) -> Result<()> {
         }
         profiles.extend(trace);
         if args.suite.is_empty() || args.suite.iter().any(|s| s == "mobilenet") {
+            // The inverted-residual blocks fused vs unfused: a table of their own (blocks.rs).
+            for &dtype in dtypes.iter().filter(|&&t| dev.check_dtype(t).is_ok()) {
+                if let Err(e) = progress.suspend(|| blocks::run(dev, dtype, args.quick)) {
+                    println!("   FAILED inverted-residual blocks: {e:#}");
+                    block_failures.push(format!("inverted_residual {} {dtype}", dev.kind()));
+                }
+            }
+            // The whole network per image (network.rs).
             progress.suspend(|| network::bench(dev, &dtypes, args.quick))?;
         }
     }
@@ -216,7 +226,9 @@ pub fn run(args: Args) -> Result<()> {
         compare::compare(base, &rows)?;
     }
 
-    let failed: Vec<String> = rows.iter().filter(|r| !r.passed()).map(|r| format!("{} {}", r.op, r.shape)).collect();
+    let mut failed: Vec<String> =
+        rows.iter().filter(|r| !r.passed()).map(|r| format!("{} {}", r.op, r.shape)).collect();
+    failed.extend(block_failures);
     if !failed.is_empty() {
         bail!("{} case(s) failed their correctness check or could not run: {}", failed.len(), failed.join("; "));
     }

@@ -38,15 +38,16 @@
 //! in one buffer) is locked once, and in-place activation takes only the write lock. Ops reach
 //! the backend validated, so the output never aliases another input of the op.
 
-use super::BackendOps;
+use super::{BackendOps, BlockArgs};
 use crate::{BackendKind, Error, Result};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc, Precision};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, MatmulDesc, Precision};
 
 mod activation;
+mod block;
 mod depthwise;
 mod gemv;
 mod glu;
@@ -523,6 +524,39 @@ impl BackendOps for CpuBackend {
             CpuData::F32(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
             CpuData::F16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
             CpuData::Bf16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+        }
+    }
+
+    fn inverted_residual(
+        &self,
+        desc: &InvertedResidualDesc,
+        _dtype: DType,
+        args: &BlockArgs<'_, CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        let a = args;
+        let all =
+            [Some(a.x), a.expand, a.expand_bias, Some(a.depthwise), a.depthwise_bias, Some(a.project), a.project_bias];
+        let inputs: Vec<&CpuStorage> = all.into_iter().flatten().collect();
+        let mut locks = Locks::take(&inputs, out)?;
+        let (ins, out_data) = locks.split();
+        let f32_of = |s: &CpuStorage| ins.get(s).and_then(CpuData::as_f32);
+        let opt = |s: Option<&CpuStorage>| s.map(f32_of).transpose();
+        let x = f32_of(a.x)?;
+        let (we, be) = (opt(a.expand)?, opt(a.expand_bias)?);
+        let (wd, bd) = (f32_of(a.depthwise)?, opt(a.depthwise_bias)?);
+        let (wp, bp) = (f32_of(a.project)?, opt(a.project_bias)?);
+        let block = block::Block {
+            d: *desc,
+            x: &x,
+            expand: we.as_deref().map(|w| (w, be.as_deref())),
+            dw: (&wd, bd.as_deref()),
+            project: (&wp, bp.as_deref()),
+        };
+        match out_data {
+            CpuData::F32(o) => block.run(o),
+            CpuData::F16(o) => block.run(o),
+            CpuData::Bf16(o) => block.run(o),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::tune::{TuneMode, TuneReport};
 use crate::{BackendKind, Error, Result};
 use std::path::PathBuf;
 use tilekit_kernels::quant::GgmlType;
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, MatmulDesc};
 
 /// A quantized weight `[n, k]` as a backend sees it: its type and its two planes (see
 /// `quant_tensor.rs` for their layout).
@@ -38,6 +38,17 @@ pub(crate) fn nothing_to_tune(backend: BackendKind) -> Error {
         backend,
         message: "autotuning covers the wgpu kernels only; this backend has no tile configurations".into(),
     }
+}
+
+/// The operands of [`BackendOps::inverted_residual`] (see `ops/block.rs`), validated.
+pub(crate) struct BlockArgs<'s, S> {
+    pub(crate) x: &'s S,
+    pub(crate) expand: Option<&'s S>,
+    pub(crate) expand_bias: Option<&'s S>,
+    pub(crate) depthwise: &'s S,
+    pub(crate) depthwise_bias: Option<&'s S>,
+    pub(crate) project: &'s S,
+    pub(crate) project_bias: Option<&'s S>,
 }
 
 /// What every backend implements. `Storage` is the backend's buffer handle; outputs are
@@ -138,6 +149,22 @@ pub(crate) trait BackendOps {
     ) -> Result<()>;
     /// See [`GluDesc`]: `h` holds `rows · 2F` elements, `out` (never `h`) `rows · F`.
     fn glu(&self, desc: &GluDesc, dtype: DType, h: &Self::Storage, out: &Self::Storage) -> Result<()>;
+    /// The fused inverted-residual block (see [`InvertedResidualDesc`]): one kernel, the
+    /// expanded tensor kept on chip. Backends without one say so (the unfused chain of public
+    /// ops runs everywhere).
+    fn inverted_residual(
+        &self,
+        _desc: &InvertedResidualDesc,
+        _dtype: DType,
+        _args: &BlockArgs<'_, Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<()> {
+        Err(Error::Backend {
+            backend: Self::KIND,
+            message: "no fused inverted-residual kernel on this backend; run it unfused (BlockOptions::fused = false)"
+                .into(),
+        })
+    }
     /// Copies `len` elements from `src` to `dst`: the bandwidth roof the bench compares
     /// memory-bound kernels with.
     fn copy(&self, dtype: DType, src: &Self::Storage, dst: &Self::Storage, len: usize) -> Result<()>;
@@ -312,6 +339,7 @@ mod tidy {
         ("ops/mod.rs", include_str!("../ops/mod.rs")),
         ("ops/matmul.rs", include_str!("../ops/matmul.rs")),
         ("ops/conv.rs", include_str!("../ops/conv.rs")),
+        ("ops/block.rs", include_str!("../ops/block.rs")),
         ("ops/activation.rs", include_str!("../ops/activation.rs")),
         ("ops/glu.rs", include_str!("../ops/glu.rs")),
         ("ops/bench_refs.rs", include_str!("../ops/bench_refs.rs")),

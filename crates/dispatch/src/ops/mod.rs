@@ -3,6 +3,7 @@
 
 mod activation;
 mod bench_refs;
+mod block;
 mod conv;
 mod glu;
 mod im2col;
@@ -11,6 +12,7 @@ mod pointwise;
 mod pool;
 mod quant;
 
+pub use block::{BlockOptions, BlockWeights};
 pub use conv::Conv2dOptions;
 pub use im2col::Im2colOptions;
 pub use matmul::MatmulOptions;

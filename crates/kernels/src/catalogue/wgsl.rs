@@ -28,6 +28,7 @@
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
 //! | [`Kernel::Glu`] | 64 | 4 outputs (vec4 when F is a multiple of 4) |
+//! | [`Kernel::InvertedResidual`] | 64, grid (tiles, C'/64, N) | 1 pixel × 32 output channels of an 8 × 4 tile; hidden channels in chunks of 16 in workgroup memory (15,936 bytes) |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
 //! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
@@ -67,6 +68,7 @@ const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl"
 const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
 const GEMV: &str = include_str!("../../../../shaders/wgsl/gemv.wgsl");
 const GLU: &str = include_str!("../../../../shaders/wgsl/glu.wgsl");
+const INVERTED_RESIDUAL: &str = include_str!("../../../../shaders/wgsl/inverted_residual.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -140,11 +142,14 @@ pub enum Kernel {
     GemvSubgroup,
     /// Gated linear unit `act(gate) · up` over the two halves of each row (`glu.wgsl`).
     Glu,
+    /// The fused inverted-residual block (`inverted_residual.wgsl`, parameters
+    /// [`BlockParams`]).
+    InvertedResidual,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Matmul,
         Kernel::MatmulSmallM,
         Kernel::MatmulNaive,
@@ -155,6 +160,7 @@ impl Kernel {
         Kernel::Gemv,
         Kernel::GemvSubgroup,
         Kernel::Glu,
+        Kernel::InvertedResidual,
     ];
 
     /// The module name stem.
@@ -170,6 +176,7 @@ impl Kernel {
             Kernel::Gemv => "gemv",
             Kernel::GemvSubgroup => "gemv_subgroup",
             Kernel::Glu => "glu",
+            Kernel::InvertedResidual => "inverted_residual",
         }
     }
 
@@ -404,6 +411,16 @@ fn bindings(kernel: Kernel) -> Vec<Binding> {
         ],
         Kernel::Copy => Vec::new(),
         Kernel::Glu => vec![read("h", 0), write("out", 1)],
+        Kernel::InvertedResidual => vec![
+            read("x", 0),
+            read("we", 1),
+            read("be", 2),
+            read("wd", 3),
+            read("bd", 4),
+            read("wp", 5),
+            read("bp", 6),
+            write("out", 7),
+        ],
     }
 }
 
@@ -693,6 +710,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 (GEMV, entry, o, gemv::workgroup_bytes(spec.wg))
             }
             Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
+            Kernel::InvertedResidual => (INVERTED_RESIDUAL, "inverted_residual", Vec::new(), BLOCK_WORKGROUP_BYTES),
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -834,6 +852,46 @@ pub struct ConvParams {
     pub o_off: u32,
 }
 
+/// Workgroup storage of [`Kernel::InvertedResidual`]: the expanded chunk over the largest
+/// footprint (153 pixels × 16 channels), the filtered chunk (32 × 16) and the chunk's
+/// projection weights (64 × 16), f32.
+pub const BLOCK_WORKGROUP_BYTES: u32 = (153 * 16 + 32 * 16 + 64 * 16) * 4;
+/// Output tile of [`Kernel::InvertedResidual`]: `BLOCK_TILE_W × BLOCK_TILE_H` pixels.
+pub const BLOCK_TILE_W: u32 = 8;
+/// See [`BLOCK_TILE_W`].
+pub const BLOCK_TILE_H: u32 = 4;
+/// Output channels per workgroup of [`Kernel::InvertedResidual`] (the grid's y).
+pub const BLOCK_OUT_CHANNELS: u32 = 64;
+
+/// `BlockParams::flags` bits (`inverted_residual.wgsl`).
+#[allow(missing_docs)]
+pub mod block_flags {
+    pub const EXPAND: u32 = 1;
+    pub const EXPAND_BIAS: u32 = 2;
+    pub const DW_BIAS: u32 = 4;
+    pub const PROJECT_BIAS: u32 = 8;
+    pub const RESIDUAL: u32 = 16;
+    pub const NHWC: u32 = 32;
+}
+
+/// The parameter block of [`Kernel::InvertedResidual`] (uniform at binding 8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)] // The fields mirror `InvertedResidualDesc`.
+pub struct BlockParams {
+    pub channels: u32,
+    pub height: u32,
+    pub width: u32,
+    pub hidden: u32,
+    pub out_c: u32,
+    pub stride: u32,
+    pub out_h: u32,
+    pub out_w: u32,
+    pub tiles_w: u32,
+    pub flags: u32,
+    pub _pad: [u32; 2],
+}
+
 /// Flags of [`ActivationParams::flags`] (`activation.wgsl`).
 pub mod activation_flags {
     /// A bias is added.
@@ -914,7 +972,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 9 * 4 + 1);
+        assert_eq!(all.len(), 10 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -938,6 +996,7 @@ mod tests {
             ("copy.wgsl", Kernel::Copy, COPY),
             ("gemv.wgsl", Kernel::GemvSubgroup, GEMV),
             ("glu.wgsl", Kernel::Glu, GLU),
+            ("inverted_residual.wgsl", Kernel::InvertedResidual, INVERTED_RESIDUAL),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {

@@ -53,7 +53,7 @@
 //!   they are resolved and read back when the profile ends. Without the feature the profile
 //!   falls back to host wall time per op. Closed, it costs one relaxed atomic load per launch.
 
-use super::BackendOps;
+use super::{BackendOps, BlockArgs};
 use crate::tune::{TuneMode, TuneReport};
 use crate::{BackendKind, Error, Result, WgpuOptions};
 use std::collections::HashMap;
@@ -64,9 +64,12 @@ use tilekit_kernels::catalogue::wgsl::{
     self as cat, ActivationParams, ConvParams, CopyParams, ElementStorage, GluParams, Kernel, MatmulParams, MatmulTile,
     Spec, activation_flags, conv_flags, glu_flags, matmul_flags,
 };
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView, Precision};
+use tilekit_kernels::{
+    ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, Layout, MatmulDesc, MatrixView, Precision,
+};
 
 mod adapter;
+mod block;
 mod buffers;
 pub(crate) mod cache;
 mod health;
@@ -428,6 +431,16 @@ impl BackendOps for WgpuBackend {
         let grid = self.grid_1d(op, p.items, cat::WG_1D)?;
         let binds = vec![whole(0, &h.buffer), whole(1, &out.buffer)];
         self.record(op, &pipeline, 2, &[Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }])
+    }
+
+    fn inverted_residual(
+        &self,
+        desc: &InvertedResidualDesc,
+        dtype: DType,
+        args: &BlockArgs<'_, WgpuStorage>,
+        out: &WgpuStorage,
+    ) -> Result<()> {
+        self.run_block(desc, dtype, args, out)
     }
 
     fn copy(&self, dtype: DType, src: &WgpuStorage, dst: &WgpuStorage, len: usize) -> Result<()> {

@@ -1,0 +1,357 @@
+//! `inverted_residual`: MobileNetV2's block (expand 1×1 + ReLU6, depthwise 3×3 + ReLU6,
+//! linear projection 1×1, residual) as one op, fused or as the three-op chain.
+//!
+//! The fused path is one backend kernel (`BackendOps::inverted_residual`) that tiles output
+//! pixels and keeps the expanded activations of a tile and its halo on chip, so the expanded
+//! tensor never reaches memory. The unfused path runs the chain through the public ops
+//! ([`pointwise_into`], then [`Device::depthwise_conv2d`], then [`pointwise_into`] with the
+//! residual as `beta·C`); it is what the fused kernels are checked and benchmarked against.
+
+use super::{check_alias, check_device, check_dtype, storage};
+use crate::backend::{BackendOps, BlockArgs, with_backend};
+use crate::{Activation, Conv2dOptions, Device, Error, MatmulDesc, MatrixView, Result, Tensor};
+use tilekit_kernels::{InvertedResidualDesc, Layout};
+
+const OP: &str = "inverted_residual";
+
+/// The weights of one inverted-residual block, in PyTorch's layout (whatever the activations'
+/// layout): `expand` `[hidden, C, 1, 1]` (absent in MobileNetV2's first block, where
+/// `hidden = C`), `depthwise` `[hidden, 1, 3, 3]`, `project` `[C', hidden, 1, 1]`; each bias,
+/// if given, has one element per output channel of its convolution. BatchNorm is expected to
+/// be folded into weights and biases already.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockWeights<'a> {
+    /// Expand 1×1 weight `[hidden, C, 1, 1]`, or `None` for no expand.
+    pub expand: Option<&'a Tensor>,
+    /// Expand bias `[hidden]` (ignored without `expand`; then it must be `None`).
+    pub expand_bias: Option<&'a Tensor>,
+    /// Depthwise 3×3 weight `[hidden, 1, 3, 3]`.
+    pub depthwise: &'a Tensor,
+    /// Depthwise bias `[hidden]`.
+    pub depthwise_bias: Option<&'a Tensor>,
+    /// Projection 1×1 weight `[C', hidden, 1, 1]`.
+    pub project: &'a Tensor,
+    /// Projection bias `[C']`.
+    pub project_bias: Option<&'a Tensor>,
+}
+
+/// The options of [`Device::inverted_residual`]. `Default`: stride 1, NCHW, fused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockOptions {
+    /// Depthwise stride, 1 or 2 (both directions). The block adds its input when the stride is
+    /// 1 and `C = C'`.
+    pub stride: usize,
+    /// Layout of input and output.
+    pub layout: Layout,
+    /// `true`: the fused kernel; `false`: the three-op chain.
+    pub fused: bool,
+}
+
+impl Default for BlockOptions {
+    fn default() -> Self {
+        BlockOptions { stride: 1, layout: Layout::Nchw, fused: true }
+    }
+}
+
+impl Device {
+    /// One inverted-residual block: `y = W_p · relu6(dw3x3(relu6(W_e · x + b_e)) + b_d) + b_p`
+    /// plus `x` when the stride is 1 and `C = C'` (see [`tilekit_kernels::block`]). `x` is
+    /// `[N, C, H, W]` (NCHW) or `[N, H, W, C]` (NHWC); the output is `[N, C', ⌈H/s⌉, ⌈W/s⌉]` in
+    /// the same layout and dtype. f32 accumulation throughout; the fused path keeps the
+    /// expanded activations in f32 on chip, the unfused one stores them in the dtype.
+    pub fn inverted_residual(&self, x: &Tensor, weights: &BlockWeights<'_>, opts: &BlockOptions) -> Result<Tensor> {
+        let desc = self.block_desc(x, weights, opts)?;
+        let out = self.output_tensor(&desc.output_shape(), x.dtype())?;
+        self.run_block(&desc, x, weights, opts, &out)?;
+        Ok(out)
+    }
+
+    /// [`Device::inverted_residual`] into an existing output tensor of the right shape.
+    pub fn inverted_residual_into(
+        &self,
+        x: &Tensor,
+        weights: &BlockWeights<'_>,
+        opts: &BlockOptions,
+        out: &Tensor,
+    ) -> Result<()> {
+        let desc = self.block_desc(x, weights, opts)?;
+        check_device(OP, self, "out", out)?;
+        check_dtype(OP, x.dtype(), "out", out)?;
+        for (name, t) in named(x, weights) {
+            if let Some(t) = t {
+                check_alias(OP, out, name, t)?;
+            }
+        }
+        if out.shape() != desc.output_shape() {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                tensor: "out",
+                expected: desc.output_shape().to_vec(),
+                actual: out.shape().to_vec(),
+            });
+        }
+        self.run_block(&desc, x, weights, opts, out)
+    }
+
+    fn run_block(
+        &self,
+        desc: &InvertedResidualDesc,
+        x: &Tensor,
+        w: &BlockWeights<'_>,
+        opts: &BlockOptions,
+        out: &Tensor,
+    ) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        if opts.fused {
+            let info = || crate::profile::OpInfo {
+                op: OP,
+                dtype: x.dtype(),
+                shape: format!(
+                    "n{} c{} {}x{} hid{} c'{} s{} {}",
+                    desc.batch,
+                    desc.channels,
+                    desc.height,
+                    desc.width,
+                    desc.hidden,
+                    desc.out_channels,
+                    desc.stride,
+                    desc.layout.name()
+                ),
+                bytes: desc.fused_dram_bytes(x.dtype()).unwrap_or(0),
+                flops: fused_flops(desc),
+            };
+            return self.profiled(info, || with_backend!(self, be => run(be, desc, x, w, out)));
+        }
+        // The unfused chain: expand, depthwise, project (each a public op, validated again).
+        let (n, hw) = (desc.batch, desc.height * desc.width);
+        let expanded = match w.expand {
+            Some(we) => {
+                let shape = match desc.layout {
+                    Layout::Nchw => [n, desc.hidden, desc.height, desc.width],
+                    Layout::Nhwc => [n, desc.height, desc.width, desc.hidden],
+                };
+                let e = self.output_tensor(&shape, x.dtype())?;
+                let pw = Pointwise { layout: desc.layout, batch: n, pixels: hw, act: Activation::Relu6 };
+                pw.run(self, x, we, w.expand_bias, None, &e)?;
+                e
+            }
+            None => x.clone(),
+        };
+        let dw_opts = Conv2dOptions {
+            stride: [desc.stride; 2],
+            padding: [1; 4],
+            layout: desc.layout,
+            activation: Activation::Relu6,
+            ..Conv2dOptions::default()
+        };
+        let filtered = self.depthwise_conv2d(&expanded, w.depthwise, w.depthwise_bias, &dw_opts)?;
+        drop(expanded);
+        let pw =
+            Pointwise { layout: desc.layout, batch: n, pixels: desc.out_h() * desc.out_w(), act: Activation::None };
+        pw.run(self, &filtered, w.project, w.project_bias, desc.residual().then_some(x), out)
+    }
+
+    /// Validates the call and builds its descriptor.
+    fn block_desc(&self, x: &Tensor, w: &BlockWeights<'_>, opts: &BlockOptions) -> Result<InvertedResidualDesc> {
+        let dtype = x.dtype();
+        for (name, t) in named(x, w) {
+            if let Some(t) = t {
+                check_device(OP, self, name, t)?;
+                check_dtype(OP, dtype, name, t)?;
+            }
+        }
+        self.check_dtype(dtype)?;
+        let [n, c, h, wd] = match (x.shape(), opts.layout) {
+            (&[n, c, h, w], Layout::Nchw) => [n, c, h, w],
+            (&[n, h, w, c], Layout::Nhwc) => [n, c, h, w],
+            _ => return Err(Error::WrongRank { op: OP, tensor: "x", expected: "4", actual: x.shape().len() }),
+        };
+        if !matches!(opts.stride, 1 | 2) {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                param: "stride",
+                reason: format!("{} is not 1 or 2", opts.stride),
+            });
+        }
+        if c == 0 {
+            return Err(Error::InvalidParameter { op: OP, param: "x", reason: "the input has no channels".into() });
+        }
+        let rank4 = |name: &'static str, t: &Tensor| match *t.shape() {
+            [a, b, c, d] => Ok([a, b, c, d]),
+            _ => Err(Error::WrongRank { op: OP, tensor: name, expected: "4", actual: t.shape().len() }),
+        };
+        let mismatch = |name: &'static str, expected: Vec<usize>, t: &Tensor| Error::ShapeMismatch {
+            op: OP,
+            tensor: name,
+            expected,
+            actual: t.shape().to_vec(),
+        };
+        let hidden = match w.expand {
+            Some(we) => {
+                let [hid, ci, kh, kw] = rank4("expand", we)?;
+                if ci != c || kh != 1 || kw != 1 || hid == 0 {
+                    return Err(mismatch("expand", vec![hid.max(1), c, 1, 1], we));
+                }
+                hid
+            }
+            None => {
+                if w.expand_bias.is_some() {
+                    return Err(Error::InvalidParameter {
+                        op: OP,
+                        param: "expand_bias",
+                        reason: "an expand bias without an expand weight".into(),
+                    });
+                }
+                c
+            }
+        };
+        if rank4("depthwise", w.depthwise)? != [hidden, 1, 3, 3] {
+            return Err(mismatch("depthwise", vec![hidden, 1, 3, 3], w.depthwise));
+        }
+        let [co, hid_p, kh, kw] = rank4("project", w.project)?;
+        if hid_p != hidden || kh != 1 || kw != 1 {
+            return Err(mismatch("project", vec![co, hidden, 1, 1], w.project));
+        }
+        for (name, bias, len) in [
+            ("expand_bias", w.expand_bias, hidden),
+            ("depthwise_bias", w.depthwise_bias, hidden),
+            ("project_bias", w.project_bias, co),
+        ] {
+            if let Some(b) = bias
+                && b.shape() != [len]
+            {
+                return Err(mismatch(name, vec![len], b));
+            }
+        }
+        let desc = InvertedResidualDesc {
+            batch: n,
+            channels: c,
+            height: h,
+            width: wd,
+            hidden,
+            out_channels: co,
+            stride: opts.stride,
+            expand: w.expand.is_some(),
+            layout: opts.layout,
+            expand_bias: w.expand_bias.is_some(),
+            dw_bias: w.depthwise_bias.is_some(),
+            project_bias: w.project_bias.is_some(),
+        };
+        desc.checked_lens().ok_or_else(|| Error::Overflow { op: OP, what: "an element count of the block".into() })?;
+        Ok(desc)
+    }
+}
+
+/// FLOPs of the block without recomputation: 2 per multiply-add of the three stages.
+fn fused_flops(d: &InvertedResidualDesc) -> u64 {
+    // In f64 (exact for any real size; a float-to-int cast saturates instead of overflowing).
+    let f = |v: usize| v as f64;
+    let (hw, ohw) = (f(d.height) * f(d.width), f(d.out_h()) * f(d.out_w()));
+    let (c, hid, co) = (f(d.channels), f(d.hidden), f(d.out_channels));
+    let expand = if d.expand { hw * c * hid } else { 0.0 };
+    (2.0 * f(d.batch) * (expand + ohw * hid * 9.0 + ohw * hid * co)) as u64
+}
+
+/// Every tensor argument with its name.
+fn named<'a>(x: &'a Tensor, w: &BlockWeights<'a>) -> [(&'static str, Option<&'a Tensor>); 7] {
+    [
+        ("x", Some(x)),
+        ("expand", w.expand),
+        ("expand_bias", w.expand_bias),
+        ("depthwise", Some(w.depthwise)),
+        ("depthwise_bias", w.depthwise_bias),
+        ("project", Some(w.project)),
+        ("project_bias", w.project_bias),
+    ]
+}
+
+fn run<'t, B: BackendOps>(
+    be: &B,
+    desc: &InvertedResidualDesc,
+    x: &'t Tensor,
+    w: &BlockWeights<'t>,
+    out: &Tensor,
+) -> Result<()> {
+    fn opt<'t, B: BackendOps>(name: &'static str, t: Option<&'t Tensor>) -> Result<Option<&'t B::Storage>> {
+        t.map(|t| storage::<B>(OP, name, t)).transpose()
+    }
+    let args = BlockArgs {
+        x: storage::<B>(OP, "x", x)?,
+        expand: opt::<B>("expand", w.expand)?,
+        expand_bias: opt::<B>("expand_bias", w.expand_bias)?,
+        depthwise: storage::<B>(OP, "depthwise", w.depthwise)?,
+        depthwise_bias: opt::<B>("depthwise_bias", w.depthwise_bias)?,
+        project: storage::<B>(OP, "project", w.project)?,
+        project_bias: opt::<B>("project_bias", w.project_bias)?,
+    };
+    be.inverted_residual(desc, x.dtype(), &args, storage::<B>(OP, "out", out)?)
+}
+
+/// The unfused chain's 1×1 convolution `out = act(W · x + bias) (+ residual)` as matmuls: NHWC
+/// is one plain GEMM (`[N·HW, Cin] · Wᵀ`, the bias per column, the residual as `beta·C`); NCHW
+/// is a GEMM batched over images with the weight broadcast (`batch_stride = 0`), where the
+/// bias runs along rows, so it goes in through `C` as `bias · 1ᵀ (+ residual)`, one extra
+/// rank-1 matmul. (The first-class pointwise op replaces this function.)
+struct Pointwise {
+    layout: Layout,
+    batch: usize,
+    pixels: usize,
+    act: Activation,
+}
+
+impl Pointwise {
+    fn run(
+        &self,
+        dev: &Device,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        residual: Option<&Tensor>,
+        out: &Tensor,
+    ) -> Result<()> {
+        let (cout, cin) = (w.shape()[0], w.shape()[1]);
+        let (n, hw) = (self.batch, self.pixels);
+        if self.layout == Layout::Nhwc {
+            let mut d = MatmulDesc::new(n * hw, cout, cin);
+            d.trans_b = true;
+            d.b = MatrixView::dense(cout, cin);
+            d.bias_offset = bias.map(|_| 0);
+            d.c = residual.map(|_| MatrixView::dense(n * hw, cout));
+            d.beta = 1.0;
+            d.activation = self.act;
+            return dev.matmul_into(&d, x, w, bias, residual, out);
+        }
+        // NCHW: out[n] = W · x[n] + C[n], C = bias · 1ᵀ (+ residual[n]) or just the residual.
+        let plane = MatrixView { offset: 0, ld: hw, batch_stride: cout * hw };
+        let c_tensor = match bias {
+            Some(b) => {
+                let ones = dev.tensor_from_f32(&[hw], x.dtype(), &vec![1.0; hw])?;
+                let rows = if residual.is_some() { n } else { 1 };
+                let c = dev.output_tensor(&[rows, cout, hw], x.dtype())?;
+                let mut d = MatmulDesc::new(cout, hw, 1);
+                d.batch = rows;
+                d.a = MatrixView { offset: 0, ld: 1, batch_stride: 0 };
+                d.b = MatrixView { offset: 0, ld: hw, batch_stride: 0 };
+                d.c = residual.map(|_| plane);
+                d.beta = 1.0;
+                d.out = plane;
+                dev.matmul_into(&d, b, &ones, None, residual, &c)?;
+                Some((c, rows == n))
+            }
+            None => residual.map(|r| (r.clone(), true)),
+        };
+        let mut d = MatmulDesc::new(cout, hw, cin);
+        d.batch = n;
+        d.a = MatrixView { offset: 0, ld: cin, batch_stride: 0 };
+        d.b = MatrixView { offset: 0, ld: hw, batch_stride: cin * hw };
+        d.c = c_tensor
+            .as_ref()
+            .map(|(_, per_image)| MatrixView { batch_stride: if *per_image { cout * hw } else { 0 }, ..plane });
+        d.beta = 1.0;
+        d.out = plane;
+        d.activation = self.act;
+        dev.matmul_into(&d, w, x, None, c_tensor.as_ref().map(|(c, _)| c), out)
+    }
+}
