@@ -272,8 +272,8 @@ impl CpuStorage {
     }
 }
 
-/// The most inputs an op locks (a matmul's A, B, bias and C).
-const MAX_INPUTS: usize = 5;
+/// The most inputs an op locks (the inverted-residual block's x and six weights and biases).
+const MAX_INPUTS: usize = 7;
 
 /// The locks of one op: read guards on its inputs and the write guard on its output, taken in
 /// address order (see the module documentation). Fixed-size arrays, not vectors: a small op
@@ -537,8 +537,7 @@ impl BackendOps for CpuBackend {
         let a = args;
         let all =
             [Some(a.x), a.expand, a.expand_bias, Some(a.depthwise), a.depthwise_bias, Some(a.project), a.project_bias];
-        let inputs: Vec<&CpuStorage> = all.into_iter().flatten().collect();
-        let mut locks = Locks::take(&inputs, out)?;
+        let mut locks = Locks::take(&all, out)?;
         let (ins, out_data) = locks.split();
         let f32_of = |s: &CpuStorage| ins.get(s).and_then(CpuData::as_f32);
         let opt = |s: Option<&CpuStorage>| s.map(f32_of).transpose();
@@ -554,9 +553,9 @@ impl BackendOps for CpuBackend {
             project: (&wp, bp.as_deref()),
         };
         match out_data {
-            CpuData::F32(o) => block.run(o),
-            CpuData::F16(o) => block.run(o),
-            CpuData::Bf16(o) => block.run(o),
+            CpuData::F32(o) => block.run(o.slice_mut("inverted_residual")?),
+            CpuData::F16(o) => block.run(o.slice_mut("inverted_residual")?),
+            CpuData::Bf16(o) => block.run(o.slice_mut("inverted_residual")?),
         }
     }
 

@@ -30,6 +30,17 @@ impl WgpuBackend {
             a.project_bias,
             Some(out),
         ];
+        // The kernel indexes every binding from element 0: a tensor over an engine's buffer at
+        // an offset (Tensor::from_wgpu_buffer) goes through the unfused chain instead.
+        if all.into_iter().flatten().any(|s| s.base != 0) {
+            return Err(Error::InvalidParameter {
+                op,
+                param: "tensors",
+                reason: "the fused WGSL block kernel needs tensors that start at element 0 of their buffer; a view \
+                         at an offset in an engine's buffer runs with BlockOptions::fused = false"
+                    .into(),
+            });
+        }
         if all.into_iter().flatten().any(|s| s.buffer.size() > limit || u32::try_from(s.len).is_err()) {
             return Err(Error::Overflow { op, what: "a tensor over the storage-binding limit or u32 indices".into() });
         }
