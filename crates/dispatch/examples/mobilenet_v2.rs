@@ -93,10 +93,9 @@ fn run(args: &Args) -> Result<(), String> {
     let dev = device(&args.backend)?;
     let weights = Weights::load(&args.weights).map_err(|e| format!("{}: {e}", args.weights.display()))?;
     let (shape, data) = npy::read(&args.input).map_err(|e| e.to_string())?;
-    let net = MobileNetV2::new(&dev, &weights, args.dtype, args.layout).map_err(|e| e.to_string())?;
-    // The blocks run as the three-op chain today; `--unfused` keeps that choice once a fused
-    // block op exists.
-    let _ = args.unfused;
+    let mut net = MobileNetV2::new(&dev, &weights, args.dtype, args.layout).map_err(|e| e.to_string())?;
+    // Each block is one fused op unless `--unfused` asks for the three-op chain.
+    net.set_fused(!args.unfused);
     let logits = net.run(&shape, &data).map_err(|e| format!("{}: {e}", args.input.display()))?;
     let classes = tilekit_models::arch::NUM_CLASSES;
     npy::write(&args.out, &[shape[0], classes], &logits).map_err(|e| e.to_string())?;

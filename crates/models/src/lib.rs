@@ -17,7 +17,7 @@ pub mod reference;
 pub mod synthetic;
 pub mod weights;
 
-pub use mobilenet::{MobileNetV2, block};
+pub use mobilenet::{MobileNetV2, block, fused_block};
 pub use weights::{FoldedConv, Weights};
 
 /// What can go wrong loading or running a model. Every message is one line and names the

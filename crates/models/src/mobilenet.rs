@@ -4,7 +4,8 @@
 use crate::arch::{self, BlockSpec, HEAD_CHANNELS, NUM_CLASSES, STEM_CHANNELS};
 use crate::{ModelError, Weights};
 use tilekit::{
-    Activation, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PointwiseOptions, Tensor,
+    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PointwiseOptions,
+    Tensor,
 };
 
 /// A conv's weight and bias on the device.
@@ -45,6 +46,25 @@ pub fn block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Resu
     dev.pointwise_conv2d(&filtered, &w.project.weight, Some(&w.project.bias), &opts)
 }
 
+/// One inverted-residual block as one fused op ([`Device::inverted_residual`]: the expanded
+/// tensor stays on chip). Where the backend has no fused kernel (`Error::Backend`, today CUDA)
+/// or refuses the tensors, the unfused chain ([`block`]) runs instead.
+pub fn fused_block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Result<Tensor, tilekit::Error> {
+    let weights = tilekit::BlockWeights {
+        expand: w.expand.as_ref().map(|e| &e.weight),
+        expand_bias: w.expand.as_ref().map(|e| &e.bias),
+        depthwise: &w.depthwise.weight,
+        depthwise_bias: Some(&w.depthwise.bias),
+        project: &w.project.weight,
+        project_bias: Some(&w.project.bias),
+    };
+    let opts = BlockOptions { stride: w.spec.stride, layout, fused: true };
+    match dev.inverted_residual(x, &weights, &opts) {
+        Err(tilekit::Error::Backend { .. }) => block(dev, x, w, layout),
+        r => r,
+    }
+}
+
 /// MobileNetV2 with its weights on one device, in one dtype and layout.
 #[derive(Debug)]
 pub struct MobileNetV2 {
@@ -57,6 +77,8 @@ pub struct MobileNetV2 {
     head: Conv,
     fc_weight: Tensor,
     fc_bias: Tensor,
+    /// Blocks through [`fused_block`] (the default) or [`block`].
+    fused: bool,
 }
 
 impl MobileNetV2 {
@@ -91,7 +113,18 @@ impl MobileNetV2 {
         let head = up(c, &c.shape)?;
         let fc_weight = device.tensor_from_f32(&[NUM_CLASSES, HEAD_CHANNELS], dtype, &weights.fc_weight)?;
         let fc_bias = device.tensor_from_f32(&[NUM_CLASSES], dtype, &weights.fc_bias)?;
-        Ok(MobileNetV2 { device: device.clone(), dtype, layout, stem, blocks, head, fc_weight, fc_bias })
+        Ok(MobileNetV2 { device: device.clone(), dtype, layout, stem, blocks, head, fc_weight, fc_bias, fused: true })
+    }
+
+    /// Runs the blocks fused (`true`, the default: [`fused_block`]) or as the three-op chain
+    /// ([`block`], what `--unfused` selects).
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Whether the blocks run fused.
+    pub fn fused(&self) -> bool {
+        self.fused
     }
 
     /// The device the network runs on.
@@ -145,7 +178,7 @@ impl MobileNetV2 {
         let mut x = dev.pointwise_conv2d(&patches, &self.stem.weight, Some(&self.stem.bias), &relu6)?;
         drop(patches);
         for b in &self.blocks {
-            x = block(dev, &x, b, layout)?;
+            x = if self.fused { fused_block(dev, &x, b, layout)? } else { block(dev, &x, b, layout)? };
         }
         let x = dev.pointwise_conv2d(&x, &self.head.weight, Some(&self.head.bias), &relu6)?;
         let pooled = dev.global_avg_pool(&x, layout)?;

@@ -57,8 +57,17 @@ fn mobilenet_v2_matches_the_reference_on_every_backend_dtype_batch_and_layout() 
             assert!(scale > 1e-3 && scale.is_finite(), "degenerate reference logits (max {scale})");
             for be in backends_for(dtype) {
                 for layout in [Layout::Nchw, Layout::Nhwc] {
-                    let what = format!("{} {dtype} {} batch {batch} {h}x{wd}", be.label, layout.name());
-                    let net = MobileNetV2::new(&be.device, w, dtype, layout).unwrap();
+                    // Batch 2 runs the blocks fused, batch 1 as the three-op chain: both paths in
+                    // every backend, dtype and layout.
+                    let fused = batch == 2;
+                    let what = format!(
+                        "{} {dtype} {} batch {batch} {h}x{wd} {}",
+                        be.label,
+                        layout.name(),
+                        if fused { "fused" } else { "unfused" }
+                    );
+                    let mut net = MobileNetV2::new(&be.device, w, dtype, layout).unwrap();
+                    net.set_fused(fused);
                     let got = net.run(&[batch, 3, h, wd], &input).unwrap_or_else(|e| panic!("{what}: {e}"));
                     assert_eq!(got.len(), batch * 1000, "{what}");
                     let err = got.iter().zip(&want).fold(0.0f64, |m, (g, r)| m.max((*g as f64 - r).abs())) / scale;

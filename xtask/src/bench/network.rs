@@ -4,8 +4,10 @@
 //! Each configuration is first checked against the f64 reference forward pass
 //! (`tilekit_models::reference`) with the end-to-end test's tolerance, then timed: one warm-up,
 //! then `runs` forward passes, each from the uploaded input to the logits read back. The size is
-//! 224×224 (the model's), or 64×64 on a software adapter in `--quick` mode. The ratio column is
-//! against the f32 NCHW run of the same device in the same run.
+//! 224×224 (the model's), or 64×64 on a software adapter in `--quick` mode. Every configuration
+//! runs twice, blocks fused (`Device::inverted_residual`) and as the unfused three-op chain,
+//! interleaved; `vs unfused` is unfused time ÷ fused time and `vs f32 nchw` compares the fused
+//! runs with the fused f32 NCHW run of the same device in the same run.
 
 use anyhow::{Context, Result, anyhow};
 use std::time::Instant;
@@ -46,8 +48,8 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
         flops(size, size) / 1e9
     );
     println!(
-        "   {:<6} {:<6} {:>12} {:>10} {:>10} {:>12} {:>10}",
-        "dtype", "layout", "ms/image", "images/s", "GFLOP/s", "vs f32 nchw", "check"
+        "   {:<6} {:<6} {:>12} {:>10} {:>10} {:>14} {:>10} {:>12} {:>10}",
+        "dtype", "layout", "ms/image", "images/s", "GFLOP/s", "unfused ms", "vs unfused", "vs f32 nchw", "check"
     );
     let mut base = None;
     for &dtype in dtypes {
@@ -57,7 +59,7 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
         let want = reference::forward(&weights, dtype, [1, 3, size, size], &input);
         let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         for layout in [Layout::Nchw, Layout::Nhwc] {
-            let net = MobileNetV2::new(dev, &weights, dtype, layout)?;
+            let mut net = MobileNetV2::new(dev, &weights, dtype, layout)?;
             let got = net.run(&[1, 3, size, size], &input).context("mobilenet_v2")?;
             let err = got.iter().zip(&want).fold(0.0f64, |m, (g, r)| m.max((*g as f64 - r).abs())) / scale;
             if err > tolerance(dtype) {
@@ -69,25 +71,40 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
                 continue;
             }
             let x = net.upload_input(&[1, 3, size, size], &input)?;
-            let mut times = Vec::new();
+            // The unfused chain must pass the same check before it is timed.
+            net.set_fused(false);
+            let got = net.run(&[1, 3, size, size], &input).context("mobilenet_v2 unfused")?;
+            let err_u = got.iter().zip(&want).fold(0.0f64, |m, (g, r)| m.max((*g as f64 - r).abs())) / scale;
+            if err_u > tolerance(dtype) {
+                println!("   {:<6} {:<6} FAILED its unfused check: {err_u:.2e}", dtype.to_string(), layout.name());
+                continue;
+            }
+            let (mut times, mut unfused) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                let t = Instant::now();
-                net.forward(&x)?.to_f32_vec()?;
-                times.push(t.elapsed().as_secs_f64());
+                for (fused, into) in [(true, &mut times), (false, &mut unfused)] {
+                    net.set_fused(fused);
+                    let t = Instant::now();
+                    net.forward(&x)?.to_f32_vec()?;
+                    into.push(t.elapsed().as_secs_f64());
+                }
             }
             times.sort_by(f64::total_cmp);
+            unfused.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
+            let median_u = unfused[unfused.len() / 2];
             if dtype == DType::F32 && layout == Layout::Nchw {
                 base = Some(median);
             }
             let ratio = base.map(|b| format!("{:.2}x", b / median)).unwrap_or_else(|| "-".into());
             println!(
-                "   {:<6} {:<6} {:>12.2} {:>10.1} {:>10.1} {:>12} {:>10}",
+                "   {:<6} {:<6} {:>12.2} {:>10.1} {:>10.1} {:>14.2} {:>10} {:>12} {:>10}",
                 dtype.to_string(),
                 layout.name(),
                 median * 1e3,
                 1.0 / median,
                 flops(size, size) / median / 1e9,
+                median_u * 1e3,
+                format!("{:.2}x", median_u / median),
                 ratio,
                 format!("{err:.1e}")
             );
