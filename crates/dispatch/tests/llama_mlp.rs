@@ -130,6 +130,13 @@ fn check(types: [GgmlType; 3], seed: u64) {
     for (label, dev) in devices() {
         let (label, dev) = (*label, dev);
         let block = mlp::Mlp::load(dev, &file, layer).unwrap_or_else(|e| panic!("{label}: {e}"));
+        // One quantized type for gate and up: the CPU keeps them quantized (matmul_quant).
+        let quant = |t: GgmlType| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
+        if dev.kind() == tilekit::BackendKind::Cpu {
+            let gate_up = types[0] == types[1] && quant(types[0]);
+            assert_eq!(block.gate_up.is_quantized(), gate_up, "{label}: {types:?} gate/up on the device");
+            assert_eq!(block.down.is_quantized(), quant(types[2]), "{label}: {types:?} down on the device");
+        }
         let dtype = block.dtype;
         if dev.check_dtype(dtype).is_err() {
             eprintln!("SKIP llama_mlp {label} {dtype}: not supported there");
@@ -190,13 +197,13 @@ fn dense_weights_run_in_their_dtype() {
 }
 
 #[test]
-fn quantized_weights_are_dequantized_to_f32() {
+fn quantized_weights_stay_quantized_where_the_backend_has_kernels() {
     for (i, ty) in
         [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K].into_iter().enumerate()
     {
         check([ty; 3], 20 + i as u64);
     }
-    // Mixed types (as Q4_K_M files mix Q4_K and Q6_K) run in f32.
+    // Mixed types (as Q4_K_M files mix Q4_K and Q6_K) run in f32; W_down stays quantized alone.
     check([GgmlType::Q4K, GgmlType::F16, GgmlType::Q6K], 30);
 }
 

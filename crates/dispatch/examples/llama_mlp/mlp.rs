@@ -11,14 +11,39 @@
 
 use tilekit::gguf::{GgufFile, GgufTensor};
 use tilekit::quant::GgmlType;
-use tilekit::{Activation, DType, Device, MatmulOptions, Tensor};
+use tilekit::{Activation, DType, Device, Error, MatmulOptions, QTensor, Tensor};
+
+/// A weight as the B operand of a `trans_b` matmul: dense in the run's dtype, or quantized
+/// GGUF blocks on the device (dequantized inside the kernel).
+pub enum Operand {
+    /// A dense `[N, K]` tensor.
+    Dense(Tensor),
+    /// A quantized `[N, K]` weight ([`Device::matmul_quant`]).
+    Quant(QTensor),
+}
+
+impl Operand {
+    /// `a · selfᵀ` with `opts` (which must have `trans_b`).
+    fn matmul(&self, dev: &Device, a: &Tensor, opts: &MatmulOptions<'_>) -> tilekit::Result<Tensor> {
+        match self {
+            Operand::Dense(b) => dev.matmul(a, b, opts),
+            Operand::Quant(w) => dev.matmul_quant(a, w, opts),
+        }
+    }
+
+    /// Whether the weight stays quantized on the device (the test asserts it).
+    #[allow(dead_code)]
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Operand::Quant(_))
+    }
+}
 
 /// The three weights of block `layer`, on the device, ready for the MLP.
 pub struct Mlp {
     /// `[W_gate; W_up]`, `[2F, K]`.
-    gate_up: Tensor,
+    pub gate_up: Operand,
     /// `W_down`, `[K, F]`.
-    down: Tensor,
+    pub down: Operand,
     /// The model width K.
     pub k: usize,
     /// The hidden width F.
@@ -54,19 +79,33 @@ pub fn run_dtype(weights: &[GgufTensor<'_>]) -> DType {
 }
 
 /// THE step that turns GGUF weights into the B operand of a `trans_b` matmul: `tensors`
-/// (each `[N_i, K]` in numpy order) stacked along N into one `[ΣN_i, K]` tensor in `dtype`.
+/// (each `[N_i, K]` in numpy order) stacked along N into one `[ΣN_i, K]` operand.
 ///
-/// Dense weights in `dtype` are uploaded as they are stored. Everything else is turned into
-/// f32 values on the host first: dense types are widened (exact), and the quantized types
-/// (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) are **dequantized on the host** with `tilekit::quant`, so
-/// the device holds f32 weights, four to eight times the bytes of the quantized file. Once
-/// tilekit's quantized tensor type lands, this function is the one place to switch: quantized
-/// weights would then stay quantized on the device (the gate and up halves as two B operands,
-/// or one stacked quantized tensor).
-pub fn matmul_b_operand(dev: &Device, tensors: &[GgufTensor<'_>], dtype: DType) -> Result<Tensor, String> {
+/// Quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), all of one type, stay quantized: their
+/// block bytes are stacked (rows hold whole blocks, so stacking rows is concatenating bytes)
+/// into one [`QTensor`] that [`Device::matmul_quant`] dequantizes in registers. Where the
+/// device has no quantized kernels yet (`Error::UnsupportedQuantType`: wgpu and CUDA today), or
+/// the types are mixed, the weights are dequantized on the host into f32 instead, four to
+/// eight times the bytes. Dense weights in `dtype` are uploaded as they are stored; other dense
+/// types are widened to f32 (exact).
+pub fn matmul_b_operand(dev: &Device, tensors: &[GgufTensor<'_>], dtype: DType) -> Result<Operand, String> {
     let k = tensors.first().map_or(0, |t| t.shape()[1]);
     let rows: usize = tensors.iter().map(|t| t.shape()[0]).sum();
     let fail = |t: &GgufTensor<'_>, e: &dyn std::fmt::Display| format!("{}: {e}", t.name());
+    let names = || tensors.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ");
+    let ty = tensors.first().map(|t| t.ggml_type());
+    if let Some(ty) = ty.filter(|&t| dense_dtype(t).is_none() && tensors.iter().all(|w| w.ggml_type() == t)) {
+        let bytes: Vec<u8> = tensors.iter().flat_map(|t| t.data().iter().copied()).collect();
+        let w = dev.quant_tensor(ty, &[rows, k], &bytes).map_err(|e| format!("uploading {}: {e}", names()))?;
+        // One row through the kernel says whether this backend has it.
+        let probe = dev.tensor_from_f32(&[1, k], dtype, &vec![0.0; k]).map_err(|e| e.to_string())?;
+        let tb = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
+        match dev.matmul_quant(&probe, &w, &tb) {
+            Ok(_) => return Ok(Operand::Quant(w)),
+            Err(Error::UnsupportedQuantType { .. }) => {}
+            Err(e) => return Err(format!("{}: {e}", names())),
+        }
+    }
     let all_dense = tensors.iter().all(|t| dense_dtype(t.ggml_type()) == Some(dtype));
     let result = if all_dense && dtype != DType::F32 {
         // f16/bf16 bits as they are stored.
@@ -83,7 +122,7 @@ pub fn matmul_b_operand(dev: &Device, tensors: &[GgufTensor<'_>], dtype: DType) 
         }
         dev.tensor_from_f32(&[rows, k], dtype, &values)
     };
-    result.map_err(|e| format!("uploading {}: {e}", tensors.iter().map(|t| t.name()).collect::<Vec<_>>().join(" + ")))
+    result.map(Operand::Dense).map_err(|e| format!("uploading {}: {e}", names()))
 }
 
 impl Mlp {
@@ -131,10 +170,10 @@ impl Mlp {
         let op = |what: &'static str| move |e: tilekit::Error| format!("{what}: {e}");
         let xt = dev.tensor_from_f32(&[m, k], self.dtype, x).map_err(op("uploading the input"))?;
         let tb = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
-        let h = dev.matmul(&xt, &self.gate_up, &tb).map_err(op("x · [W_gate; W_up]"))?;
+        let h = self.gate_up.matmul(dev, &xt, &tb).map_err(op("x · [W_gate; W_up]"))?;
         let a = dev.glu(&h, Activation::Silu).map_err(op("silu(gate) · up"))?;
         let residual = MatmulOptions { trans_b: true, c: Some(&xt), beta: 1.0, ..MatmulOptions::default() };
-        let y = dev.matmul(&a, &self.down, &residual).map_err(op("x + a · W_down"))?;
+        let y = self.down.matmul(dev, &a, &residual).map_err(op("x + a · W_down"))?;
         y.to_f32_vec().map_err(op("reading the result"))
     }
 }
