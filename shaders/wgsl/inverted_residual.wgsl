@@ -206,6 +206,7 @@ const ACT_RELU: u32 = 1u;
 const ACT_RELU6: u32 = 2u;
 const ACT_GELU: u32 = 3u;
 const ACT_GELU_TANH: u32 = 4u;
+const ACT_SILU: u32 = 5u;
 
 // NaN test on the bits: WGSL may assume finite math, so `x != x` can be folded away.
 fn is_nan_f32(x: f32) -> bool {
@@ -239,6 +240,21 @@ fn gelu_tanh(x: f32) -> f32 {
     return x / (1.0 + exp(t));
 }
 
+// SiLU, x * sigmoid(x): x - min(x, 88) e/(1 + e) for x >= 0, x/(1 + e) for -88 <= x < 0 and
+// -0 below, with e = exp(min(-x, 88)) (finite). A NaN x takes the x/(1 + e) path.
+fn silu(x: f32) -> f32 {
+    let e = exp(min(-x, 88.0));
+    let pos = x >= 0.0;
+    let v = select(x, e, pos) / (1.0 + e);
+    if (pos) {
+        return x - min(x, 88.0) * v;
+    }
+    if (x < -88.0) {
+        return -0.0;
+    }
+    return v;
+}
+
 fn apply_act(x: f32, act: u32) -> f32 {
     switch act {
         case 1u: {
@@ -259,6 +275,9 @@ fn apply_act(x: f32, act: u32) -> f32 {
         }
         case 4u: {
             return gelu_tanh(x);
+        }
+        case 5u: {
+            return silu(x);
         }
         default: {
             return x;
