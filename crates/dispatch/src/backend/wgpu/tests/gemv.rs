@@ -34,9 +34,27 @@ fn kernel_of(dev: &Device, m: usize) -> String {
     p.records.iter().find(|r| r.shape.contains(&shape)).map(|r| r.kernel.clone()).unwrap_or_default()
 }
 
+/// A device of its own with the options of `device(packed)`: a profile on it sees only the
+/// launches of the thread that owns it (the shared devices also carry other tests' ops).
+fn own_reduction_device(packed: bool) -> Option<Device> {
+    device(packed)?;
+    let opts = WgpuOptions { allow_software: true, adapter_name: None, force_packed_f16: packed, no_subgroups: packed };
+    Device::wgpu(&opts).ok()
+}
+
 #[test]
 fn gemv_is_chosen_for_up_to_16_rows_with_the_device_reduction() {
-    for (dev, name) in gemv_devices() {
+    let own: Vec<(Device, &str)> = [false, true]
+        .into_iter()
+        .filter_map(own_reduction_device)
+        .map(|d| {
+            let name = if backend(&d).subgroups { "gemv_subgroup" } else { "gemv" };
+            (d, name)
+        })
+        .collect();
+    assert_eq!(own.len(), gemv_devices().len(), "a device of its own for every shared test device");
+    for (dev, name) in &own {
+        let (dev, name) = (dev, *name);
         for m in [1, 7, 16] {
             let k = kernel_of(dev, m);
             assert!(k.starts_with(&format!("{name}_f32 [gemv wg")), "m = {m}: {k}");
