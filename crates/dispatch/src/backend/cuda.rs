@@ -284,6 +284,41 @@ fn keep_pool_memory(ctx: &CudaContext) {
     };
 }
 
+/// The driver's CUDA API version, refused below what tilekit's PTX needs.
+fn checked_driver_api() -> Result<i32> {
+    let driver_api = driver_api_version().map_err(|e| map_err("cuDriverGetVersion", e))?;
+    if driver_api < cat::MIN_DRIVER_API {
+        return Err(unavailable(format!(
+            "the NVIDIA driver supports CUDA {}, but tilekit's PTX (ISA {}) needs CUDA {}: driver {} or newer",
+            version_string(driver_api),
+            cat::PTX_ISA,
+            version_string(cat::MIN_DRIVER_API),
+            cat::MIN_DRIVER
+        )));
+    }
+    Ok(driver_api)
+}
+
+/// The context's device name, compute capability (refused below tilekit's minimum) and
+/// multiprocessor count.
+fn device_facts(ctx: &CudaContext) -> Result<(String, (i32, i32), u32)> {
+    let cc = ctx.compute_capability().map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+    let name = ctx.name().map_err(|e| map_err("cuDeviceGetName", e))?;
+    if cc < cat::MIN_COMPUTE_CAPABILITY {
+        return Err(unavailable(format!(
+            "{name} has compute capability {}.{}; tilekit's CUDA kernels need {}.{} or newer",
+            cc.0,
+            cc.1,
+            cat::MIN_COMPUTE_CAPABILITY.0,
+            cat::MIN_COMPUTE_CAPABILITY.1
+        )));
+    }
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+    Ok((name, cc, u32::try_from(sms).unwrap_or(1)))
+}
+
 impl CudaBackend {
     pub(crate) fn new(ordinal: usize) -> Result<CudaBackend> {
         let found = probe().map_err(unavailable)?;
@@ -291,31 +326,9 @@ impl CudaBackend {
         if ordinal >= usize::try_from(count).unwrap_or(0) {
             return Err(unavailable(format!("no CUDA device {ordinal} ({found})")));
         }
-        let driver_api = driver_api_version().map_err(|e| map_err("cuDriverGetVersion", e))?;
-        if driver_api < cat::MIN_DRIVER_API {
-            return Err(unavailable(format!(
-                "the NVIDIA driver supports CUDA {}, but tilekit's PTX (ISA {}) needs CUDA {}: driver {} or newer",
-                version_string(driver_api),
-                cat::PTX_ISA,
-                version_string(cat::MIN_DRIVER_API),
-                cat::MIN_DRIVER
-            )));
-        }
+        let driver_api = checked_driver_api()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| map_err("creating the CUDA context", e))?;
-        let cc = ctx.compute_capability().map_err(|e| map_err("cuDeviceGetAttribute", e))?;
-        let name = ctx.name().map_err(|e| map_err("cuDeviceGetName", e))?;
-        if cc < cat::MIN_COMPUTE_CAPABILITY {
-            return Err(unavailable(format!(
-                "{name} has compute capability {}.{}; tilekit's CUDA kernels need {}.{} or newer",
-                cc.0,
-                cc.1,
-                cat::MIN_COMPUTE_CAPABILITY.0,
-                cat::MIN_COMPUTE_CAPABILITY.1
-            )));
-        }
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        let (name, cc, sms) = device_facts(&ctx)?;
         if ctx.has_async_alloc() {
             keep_pool_memory(&ctx);
         }
@@ -329,7 +342,7 @@ impl CudaBackend {
             stream,
             name,
             cc,
-            sms: u32::try_from(sms).unwrap_or(1),
+            sms,
             driver_api,
             modules: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::new()),
@@ -344,36 +357,14 @@ impl CudaBackend {
             return Err(unavailable("the CUDA stream belongs to another context than the one handed in".into()));
         }
         // A context exists, so the driver library is loaded and initialised.
-        let driver_api = driver_api_version().map_err(|e| map_err("cuDriverGetVersion", e))?;
-        if driver_api < cat::MIN_DRIVER_API {
-            return Err(unavailable(format!(
-                "the NVIDIA driver supports CUDA {}, but tilekit's PTX (ISA {}) needs CUDA {}: driver {} or newer",
-                version_string(driver_api),
-                cat::PTX_ISA,
-                version_string(cat::MIN_DRIVER_API),
-                cat::MIN_DRIVER
-            )));
-        }
-        let cc = ctx.compute_capability().map_err(|e| map_err("cuDeviceGetAttribute", e))?;
-        let name = ctx.name().map_err(|e| map_err("cuDeviceGetName", e))?;
-        if cc < cat::MIN_COMPUTE_CAPABILITY {
-            return Err(unavailable(format!(
-                "{name} has compute capability {}.{}; tilekit's CUDA kernels need {}.{} or newer",
-                cc.0,
-                cc.1,
-                cat::MIN_COMPUTE_CAPABILITY.0,
-                cat::MIN_COMPUTE_CAPABILITY.1
-            )));
-        }
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| map_err("cuDeviceGetAttribute", e))?;
+        let driver_api = checked_driver_api()?;
+        let (name, cc, sms) = device_facts(&ctx)?;
         Ok(CudaBackend {
             ctx,
             stream,
             name,
             cc,
-            sms: u32::try_from(sms).unwrap_or(1),
+            sms,
             driver_api,
             modules: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::new()),
