@@ -53,6 +53,36 @@ pub(super) fn dims(name: &'static str, t: &Tensor) -> Result<(Option<usize>, usi
     }
 }
 
+/// The epilogue operands of an `m × n` product over `batch` batches: checks `C` is `[m, n]` or
+/// `[batch | 1, m, n]` and `bias` is `[n]` (`batched`: the op's output has a batch dimension),
+/// and returns `C`'s view.
+pub(super) fn epilogue_view(
+    op: &'static str,
+    opts: &MatmulOptions<'_>,
+    batched: bool,
+    batch: usize,
+    m: usize,
+    n: usize,
+) -> Result<Option<MatrixView>> {
+    let c_view = match opts.c {
+        None => None,
+        Some(c) => Some(match *c.shape() {
+            [r, cc] if r == m && cc == n => dense_view(None, m, n),
+            [bc, r, cc] if r == m && cc == n && (bc == batch || bc == 1) => dense_view(Some(bc), m, n),
+            _ => {
+                let expected = if batched { vec![batch, m, n] } else { vec![m, n] };
+                return Err(Error::ShapeMismatch { op, tensor: "c", expected, actual: c.shape().to_vec() });
+            }
+        }),
+    };
+    if let Some(bias) = opts.bias
+        && bias.shape() != [n]
+    {
+        return Err(Error::ShapeMismatch { op, tensor: "bias", expected: vec![n], actual: bias.shape().to_vec() });
+    }
+    Ok(c_view)
+}
+
 /// The view of a dense operand: batch stride 0 broadcasts a rank-2 or batch-1 operand.
 pub(super) fn dense_view(batch: Option<usize>, rows: usize, cols: usize) -> MatrixView {
     let bs = match batch {
@@ -96,27 +126,7 @@ impl Device {
             (None, None) => 1,
         };
         let batched = ab.is_some() || bb.is_some();
-        let c_view = match opts.c {
-            None => None,
-            Some(c) => Some(match *c.shape() {
-                [r, cc] if r == m && cc == n => dense_view(None, m, n),
-                [bc_, r, cc] if r == m && cc == n && (bc_ == batch || bc_ == 1) => dense_view(Some(bc_), m, n),
-                _ => {
-                    let expected = if batched { vec![batch, m, n] } else { vec![m, n] };
-                    return Err(Error::ShapeMismatch { op: OP, tensor: "c", expected, actual: c.shape().to_vec() });
-                }
-            }),
-        };
-        if let Some(bias) = opts.bias
-            && bias.shape() != [n]
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                tensor: "bias",
-                expected: vec![n],
-                actual: bias.shape().to_vec(),
-            });
-        }
+        let c_view = epilogue_view(OP, opts, batched, batch, m, n)?;
         let desc = MatmulDesc {
             batch,
             m,

@@ -1,6 +1,6 @@
 //! `matmul_quant`: the matmul with a quantized weight as `B`.
 
-use super::matmul::{dense_view, dims};
+use super::matmul::{dense_view, dims, epilogue_view};
 use super::{check_device, check_dtype, check_finite, check_fits, storage};
 use crate::backend::{BackendOps, QuantView, with_backend};
 use crate::{Device, Error, MatmulOptions, QTensor, Result, Tensor};
@@ -40,27 +40,7 @@ impl Device {
             return Err(Error::ShapeMismatch { op: OP, tensor: "w", expected: vec![n, k], actual: w.shape.to_vec() });
         }
         let batch = ab.unwrap_or(1);
-        let c_view = match opts.c {
-            None => None,
-            Some(c) => Some(match *c.shape() {
-                [r, cc] if r == m && cc == n => dense_view(None, m, n),
-                [bc, r, cc] if r == m && cc == n && (bc == batch || bc == 1) => dense_view(Some(bc), m, n),
-                _ => {
-                    let expected = if ab.is_some() { vec![batch, m, n] } else { vec![m, n] };
-                    return Err(Error::ShapeMismatch { op: OP, tensor: "c", expected, actual: c.shape().to_vec() });
-                }
-            }),
-        };
-        if let Some(bias) = opts.bias
-            && bias.shape() != [n]
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                tensor: "bias",
-                expected: vec![n],
-                actual: bias.shape().to_vec(),
-            });
-        }
+        let c_view = epilogue_view(OP, opts, ab.is_some(), batch, m, n)?;
         let desc = MatmulDesc {
             batch,
             m,
