@@ -120,7 +120,7 @@ impl WgpuBackend {
             };
             match pollster::block_on(adapter.request_device(&desc)) {
                 Ok((device, queue)) => {
-                    let errors = Arc::new(ErrorLog::default());
+                    let errors = Arc::new(ErrorLog { own_handler: true, ..ErrorLog::default() });
                     let log = errors.clone();
                     device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
                         log.count.fetch_add(1, Ordering::Relaxed);

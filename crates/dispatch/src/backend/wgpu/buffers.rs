@@ -43,7 +43,7 @@ impl WgpuBackend {
             return Err(Error::OutOfMemory { backend: KIND, bytes });
         }
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        self.scoped(bytes, || match contents {
+        self.op_checked(bytes, || match contents {
             Some(data) => buffer_with(&self.device, "tilekit tensor", data, usage),
             // wgpu zero-fills new buffers.
             None => Ok(self.device.create_buffer(&wgpu::BufferDescriptor {

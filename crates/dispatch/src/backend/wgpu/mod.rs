@@ -40,10 +40,13 @@
 //!   an op returns `Ok` and does not disturb the device; outputs that do not depend on a
 //!   non-finite input are bit-identical to a run without it; finite inputs whose results are
 //!   finite give finite outputs, huge ones included (the GELU formulas clamp their arguments).
-//! - Every wgpu call that can fail runs inside error scopes (validation, out of memory,
-//!   internal), so errors come back from the op that caused them as [`Error`] values; a device
-//!   made here also installs an uncaptured-error handler as a backstop (wgpu's default handler
-//!   panics), and a lost device turns every later call into [`Error::DeviceLost`].
+//! - Errors come back from the op that caused them as [`Error`] values (`health.rs`). A device
+//!   made here installs tilekit's own uncaptured-error handler, so an op's encoding and its
+//!   output allocation run without error scopes (the handler's error count is checked after
+//!   them); each batch's `write_buffer` and `submit`, pipeline creation and the other rare
+//!   calls run inside error scopes (validation, out of memory, internal). On an engine's
+//!   device (whose handler is the engine's) every call runs inside error scopes. A lost device
+//!   turns every later call into [`Error::DeviceLost`].
 //! - Tuning (`tuning.rs`, cache in `cache.rs`; behaviour documented on `crate::tune`): the
 //!   matmul and the depthwise convolution take their [`Spec`]
 //!   from the autotuner: the default when tuning is off or nothing is cached, else a validated

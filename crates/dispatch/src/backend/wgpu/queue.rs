@@ -135,7 +135,7 @@ impl WgpuBackend {
                 self.submit(&mut pending, None)?;
             }
             let first = pending.ring_used;
-            let commands = self.scoped(0, || {
+            let commands = self.op_checked(0, || {
                 let mut encoder =
                     self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
                 self.encode_ring(&mut encoder, op, pipeline, uniform_slot, launches, &queries, first)?;

@@ -116,6 +116,41 @@ fn uncaptured_errors_are_counted_zero_in_normal_runs_and_routed_into_errors() {
     run_activation_case(&dev, DType::F32, 9, None, Activation::Relu, false);
 }
 
+/// An op's encoding and allocation run without error scopes on a device tilekit made (its own
+/// uncaptured-error handler counts every error) and the error still comes back from the call
+/// that raised it; on an engine's device, whose handler is not tilekit's, the same call runs
+/// inside error scopes, so nothing reaches any handler.
+#[test]
+fn errors_raised_by_an_op_come_back_from_it_with_and_without_scopes() {
+    let Some(dev) = own_device("per-op error test") else { return };
+    let be = backend(&dev);
+    let invalid = |device: &wgpu::Device| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("invalid on purpose"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    assert!(be.errors.own_handler);
+    let r = be.op_checked(64, || invalid(&be.device)).map(|_| ());
+    assert!(matches!(r, Err(Error::Backend { .. })), "{r:?}");
+    // It went through the handler (no scope) and was reported once, by the call that raised it.
+    assert_eq!(be.errors.count.load(Ordering::Relaxed), 1);
+    assert!(be.errors.unreported.lock().unwrap().is_none());
+    run_activation_case(&dev, DType::F32, 9, None, Activation::Relu, false);
+
+    let (device, queue) = dev.wgpu_device().unwrap();
+    let engine = Device::from_wgpu(device.clone(), queue.clone()).unwrap();
+    let engine_be = backend(&engine);
+    assert!(!engine_be.errors.own_handler);
+    let r = engine_be.op_checked(64, || invalid(&engine_be.device)).map(|_| ());
+    assert!(matches!(r, Err(Error::Backend { .. })), "{r:?}");
+    // Caught by the scopes: the handler on the device (tilekit's, here) saw nothing new.
+    assert_eq!(be.errors.count.load(Ordering::Relaxed), 1);
+    run_activation_case(&engine, DType::F32, 9, None, Activation::Relu, false);
+}
+
 /// Every module of the catalogue parses and validates with naga (wgpu's own copy), with or
 /// without an adapter on the machine.
 #[test]
