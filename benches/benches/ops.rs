@@ -93,6 +93,7 @@ fn depthwise_conv(c: &mut Criterion) {
             let shape = match layout {
                 Layout::Nchw => [n, ch, hw, hw],
                 Layout::Nhwc => [n, hw, hw, ch],
+                other => unimplemented!("{other:?}"),
             };
             let (x, w, bias) = (inputs(n * ch * hw * hw, 3), inputs(ch * 9, 4), inputs(ch, 5));
             let (Some(tx), Some(tw), Some(tb)) =
@@ -100,7 +101,7 @@ fn depthwise_conv(c: &mut Criterion) {
             else {
                 continue;
             };
-            let opts = Conv2dOptions { padding: [1; 4], layout, activation: Activation::Relu6, ..Default::default() };
+            let opts = Conv2dOptions::default().padding([1; 4]).layout(layout).activation(Activation::Relu6);
             let Ok(out) = dev.depthwise_conv2d(&tx, &tw, Some(&tb), &opts) else {
                 println!("SKIP depthwise_conv2d on {}: the op failed", dev.kind());
                 continue;

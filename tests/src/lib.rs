@@ -188,6 +188,7 @@ pub fn to_storage_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
         DType::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
         DType::F16 => values.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
         DType::Bf16 => values.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+        other => panic!("no storage bytes for {other} in the tests"),
     }
 }
 
@@ -383,13 +384,12 @@ pub fn run_conv(desc: &Conv2dDesc, dtype: DType, data: Data, seed: u64, into: bo
     let mut magnitude = vec![0.0; out_len];
     let bias_abs = bias.as_deref().map(abs64);
     reference::depthwise_conv2d(&plain, &abs64(&x), &abs64(&w), bias_abs.as_deref(), &mut magnitude);
-    let opts = Conv2dOptions {
-        stride: [desc.stride_h, desc.stride_w],
-        padding: [desc.pad_top, desc.pad_bottom, desc.pad_left, desc.pad_right],
-        dilation: [desc.dilation_h, desc.dilation_w],
-        layout: desc.layout,
-        activation: desc.activation,
-    };
+    let opts = Conv2dOptions::default()
+        .stride([desc.stride_h, desc.stride_w])
+        .padding([desc.pad_top, desc.pad_bottom, desc.pad_left, desc.pad_right])
+        .dilation([desc.dilation_h, desc.dilation_w])
+        .layout(desc.layout)
+        .activation(desc.activation);
     let mut ran = 0;
     for be in backends_for(dtype) {
         let dev = &be.device;

@@ -28,6 +28,7 @@ fn other(d: DType) -> DType {
         DType::F32 => DType::F16,
         DType::F16 => DType::Bf16,
         DType::Bf16 => DType::F32,
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -89,7 +90,7 @@ fn rows() -> Vec<Row> {
             name: "matmul: bias of the wrong length",
             call: |dev, d| {
                 let bias = t(dev, d, &[3]);
-                let o = MatmulOptions { bias: Some(&bias), ..MatmulOptions::default() };
+                let o = MatmulOptions::default().bias(Some(&bias));
                 mm(dev, &t(dev, d, &[2, 3]), &t(dev, d, &[3, 2]), &o)
             },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "matmul", tensor: "bias", .. })),
@@ -98,7 +99,7 @@ fn rows() -> Vec<Row> {
             name: "matmul: rank-2 bias",
             call: |dev, d| {
                 let bias = t(dev, d, &[1, 2]);
-                let o = MatmulOptions { bias: Some(&bias), ..MatmulOptions::default() };
+                let o = MatmulOptions::default().bias(Some(&bias));
                 mm(dev, &t(dev, d, &[2, 3]), &t(dev, d, &[3, 2]), &o)
             },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "matmul", tensor: "bias", .. })),
@@ -107,7 +108,7 @@ fn rows() -> Vec<Row> {
             name: "matmul: residual of the wrong shape",
             call: |dev, d| {
                 let c = t(dev, d, &[2, 3]);
-                let o = MatmulOptions { c: Some(&c), ..MatmulOptions::default() };
+                let o = MatmulOptions::default().c(Some(&c));
                 mm(dev, &t(dev, d, &[2, 3]), &t(dev, d, &[3, 2]), &o)
             },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "matmul", tensor: "c", .. })),
@@ -144,7 +145,7 @@ fn rows() -> Vec<Row> {
             name: "matmul: K = 0 gives the epilogue of zeros (relu(bias))",
             call: |dev, d| {
                 let bias = dev.tensor_from_f32(&[3], d, &[1.0, -2.0, 3.0])?;
-                let o = MatmulOptions { bias: Some(&bias), activation: Activation::Relu, ..MatmulOptions::default() };
+                let o = MatmulOptions::default().bias(Some(&bias)).activation(Activation::Relu);
                 let y = dev.matmul(&t(dev, d, &[2, 0]), &t(dev, d, &[0, 3]), &o)?;
                 assert_eq!(y.to_f32_vec()?, [1.0, 0.0, 3.0, 1.0, 0.0, 3.0]);
                 Ok(())
@@ -317,7 +318,7 @@ fn rows() -> Vec<Row> {
         Row {
             name: "matmul: NaN alpha",
             call: |dev, d| {
-                let o = MatmulOptions { alpha: f32::NAN, ..MatmulOptions::default() };
+                let o = MatmulOptions::default().alpha(f32::NAN);
                 mm(dev, &t(dev, d, &[2, 3]), &t(dev, d, &[3, 2]), &o)
             },
             expect: |r| matches!(r, Err(InvalidParameter { op: "matmul", param: "alpha", .. })),
@@ -326,7 +327,7 @@ fn rows() -> Vec<Row> {
             name: "matmul: infinite beta",
             call: |dev, d| {
                 let c = t(dev, d, &[2, 2]);
-                let o = MatmulOptions { beta: f32::NEG_INFINITY, c: Some(&c), ..MatmulOptions::default() };
+                let o = MatmulOptions::default().beta(f32::NEG_INFINITY).c(Some(&c));
                 mm(dev, &t(dev, d, &[2, 3]), &t(dev, d, &[3, 2]), &o)
             },
             expect: |r| matches!(r, Err(InvalidParameter { op: "matmul", param: "beta", .. })),
@@ -334,23 +335,12 @@ fn rows() -> Vec<Row> {
         // ---- depthwise conv ----
         Row {
             name: "conv: stride 0",
-            call: |dev, d| {
-                conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions { stride: [1, 0], ..Default::default() })
-            },
+            call: |dev, d| conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions::default().stride([1, 0])),
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "stride", .. })),
         },
         Row {
             name: "conv: dilation 0",
-            call: |dev, d| {
-                conv(
-                    dev,
-                    d,
-                    &[1, 2, 5, 5],
-                    &[2, 1, 3, 3],
-                    None,
-                    Conv2dOptions { dilation: [0, 1], ..Default::default() },
-                )
-            },
+            call: |dev, d| conv(dev, d, &[1, 2, 5, 5], &[2, 1, 3, 3], None, Conv2dOptions::default().dilation([0, 1])),
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "dilation", .. })),
         },
         Row {
@@ -360,16 +350,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "conv: empty output from dilation",
-            call: |dev, d| {
-                conv(
-                    dev,
-                    d,
-                    &[1, 2, 4, 4],
-                    &[2, 1, 3, 3],
-                    None,
-                    Conv2dOptions { dilation: [2, 2], ..Default::default() },
-                )
-            },
+            call: |dev, d| conv(dev, d, &[1, 2, 4, 4], &[2, 1, 3, 3], None, Conv2dOptions::default().dilation([2, 2])),
             expect: |r| matches!(r, Err(InvalidParameter { op: "depthwise_conv2d", param: "padding", .. })),
         },
         Row {
@@ -381,7 +362,7 @@ fn rows() -> Vec<Row> {
                     &[1, 2, 4, 4],
                     &[2, 1, 3, 3],
                     None,
-                    Conv2dOptions { padding: [usize::MAX, 1, 0, 0], ..Default::default() },
+                    Conv2dOptions::default().padding([usize::MAX, 1, 0, 0]),
                 )
             },
             expect: |r| {
@@ -425,14 +406,7 @@ fn rows() -> Vec<Row> {
         Row {
             name: "conv: NHWC input with an NCHW-sized weight",
             call: |dev, d| {
-                conv(
-                    dev,
-                    d,
-                    &[1, 5, 5, 2],
-                    &[5, 1, 3, 3],
-                    None,
-                    Conv2dOptions { layout: Layout::Nhwc, ..Default::default() },
-                )
+                conv(dev, d, &[1, 5, 5, 2], &[5, 1, 3, 3], None, Conv2dOptions::default().layout(Layout::Nhwc))
             },
             expect: |r| matches!(r, Err(ShapeMismatch { op: "depthwise_conv2d", tensor: "weight", .. })),
         },

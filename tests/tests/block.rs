@@ -102,7 +102,7 @@ impl Inputs {
             project: &wp,
             project_bias: bp.as_ref(),
         };
-        let opts = BlockOptions { stride: d.stride, layout: d.layout, fused };
+        let opts = BlockOptions::default().stride(d.stride).layout(d.layout).fused(fused);
         let len = d.checked_lens().expect("fits").output;
         let out = t(&d.output_shape(), &vec![SENTINEL; len])?;
         dev.inverted_residual_into(&x, &weights, &opts, &out)?;
@@ -189,7 +189,7 @@ fn bad_inputs_are_typed_errors() {
         |w: &BlockWeights<'_>, o: &BlockOptions, x: &Tensor| dev.inverted_residual(x, w, o).expect_err("a bad input");
     // Rank, stride, weight shapes, bias lengths, a stray expand bias, dtypes.
     assert!(matches!(err(&good, &opts, &f(&[4, 5, 5])), Error::WrongRank { tensor: "x", .. }));
-    let stride3 = BlockOptions { stride: 3, ..opts };
+    let stride3 = opts.stride(3);
     assert!(matches!(err(&good, &stride3, &x), Error::InvalidParameter { param: "stride", .. }));
     let we_bad = f(&[24, 3, 1, 1]);
     assert!(matches!(
@@ -218,7 +218,7 @@ fn bad_inputs_are_typed_errors() {
     let x0 = f(&[1, 0, 5, 5]);
     assert!(matches!(err(&good, &opts, &x0), Error::InvalidParameter { param: "x", .. }));
     // The layout decides which axis is C: this NCHW tensor read as NHWC has C = 5.
-    let nhwc = BlockOptions { layout: Layout::Nhwc, ..opts };
+    let nhwc = opts.layout(Layout::Nhwc);
     assert!(matches!(err(&good, &nhwc, &x), Error::ShapeMismatch { tensor: "expand", .. }));
     // Another device's tensor.
     let other = Device::cpu();

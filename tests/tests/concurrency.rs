@@ -23,10 +23,10 @@ fn random(dev: &Device, shape: &[usize], seed: u64) -> Tensor {
 /// The checked work one thread does once: a fused matmul, a conv and an activation on shared
 /// read-only inputs, returning the results' bytes.
 fn checked_work(dev: &Device, x: &Tensor, w: &Tensor, bias: &Tensor) -> Vec<Vec<u8>> {
-    let opts = MatmulOptions { bias: Some(bias), activation: Activation::Gelu, ..MatmulOptions::default() };
+    let opts = MatmulOptions::default().bias(Some(bias)).activation(Activation::Gelu);
     let y = ok("matmul", dev.matmul(x, x, &opts));
     let img = ok("reshape", x.reshape(&[1, 4, 8, 8]));
-    let conv = Conv2dOptions { padding: [1; 4], layout: Layout::Nchw, ..Conv2dOptions::default() };
+    let conv = Conv2dOptions::default().padding([1; 4]).layout(Layout::Nchw);
     let z = ok("conv", dev.depthwise_conv2d(&img, w, None, &conv));
     let a = ok("activation", dev.activation(x, Some(bias), Activation::GeluTanh));
     [y, z, a].iter().map(|t| ok("download", t.to_bytes())).collect()
@@ -105,11 +105,10 @@ fn repeated_ops_are_bit_identical() {
             };
             let (a, b, bias, img, w) = (t(&[3, 33, 47]), t(&[47, 65]), t(&[65]), t(&[2, 7, 9, 3]), t(&[6, 1, 3, 3]));
             let (a2, c) = (t(&[33, 47]), t(&[3, 33, 65]));
-            let opts = MatmulOptions { bias: Some(&bias), activation: Activation::Gelu, ..MatmulOptions::default() };
-            let conv =
-                Conv2dOptions { layout: Layout::Nhwc, stride: [2, 1], padding: [1, 0, 1, 1], ..Default::default() };
-            let residual = MatmulOptions { c: Some(&c), beta: -0.5, trans_b: true, ..MatmulOptions::default() };
-            let nchw = Conv2dOptions { layout: Layout::Nchw, padding: [1; 4], ..Default::default() };
+            let opts = MatmulOptions::default().bias(Some(&bias)).activation(Activation::Gelu);
+            let conv = Conv2dOptions::default().layout(Layout::Nhwc).stride([2, 1]).padding([1, 0, 1, 1]);
+            let residual = MatmulOptions::default().c(Some(&c)).beta(-0.5).trans_b(true);
+            let nchw = Conv2dOptions::default().layout(Layout::Nchw).padding([1; 4]);
             // Every op: the fused matmul (with bias, and with a residual and B transposed), the
             // conv in both layouts, the activation out of and in place, the copy and the naive
             // matmul where the backend has one.

@@ -210,6 +210,7 @@ fn exact_limits(dtype: DType) -> (i32, usize) {
         DType::F32 => (8, 130),
         DType::F16 => (4, 60),
         DType::Bf16 => (2, 30),
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -308,16 +309,15 @@ fn dense_api_matches_strided_api() {
                 let cv = fill(&mut rng, &[m, n]);
                 let t = |s: &[usize], v: &[f32]| dev.tensor_from_f32(s, dtype, v).unwrap_or_else(|e| panic!("{e}"));
                 let (a, b, bias, c) = (t(&sa, &av), t(&sb, &bv), t(&[n], &biasv), t(&[m, n], &cv));
-                let opts = MatmulOptions {
-                    trans_a,
-                    trans_b,
-                    alpha: 0.5,
-                    beta: -1.0,
-                    bias: Some(&bias),
-                    c: Some(&c),
-                    activation: Activation::Gelu,
-                    precision: Precision::Highest,
-                };
+                let opts = MatmulOptions::default()
+                    .trans_a(trans_a)
+                    .trans_b(trans_b)
+                    .alpha(0.5)
+                    .beta(-1.0)
+                    .bias(Some(&bias))
+                    .c(Some(&c))
+                    .activation(Activation::Gelu)
+                    .precision(Precision::Highest);
                 let dense = dev.matmul(&a, &b, &opts).unwrap_or_else(|e| panic!("{} {dtype} row {row}: {e}", be.label));
                 let batched = ba.is_some() || bb.is_some();
                 let want_shape = if batched { vec![batch, m, n] } else { vec![m, n] };

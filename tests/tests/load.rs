@@ -64,7 +64,7 @@ impl Work {
     /// Op number `i` of the loop: six in turn (matmul, conv, activation, copy), two of them
     /// allocating their output.
     fn op(&self, dev: &Device, i: usize) {
-        let conv = Conv2dOptions { layout: Layout::Nchw, padding: [1; 4], ..Conv2dOptions::default() };
+        let conv = Conv2dOptions::default().layout(Layout::Nchw).padding([1; 4]);
         match i % 6 {
             0 => {
                 let mut d = MatmulDesc::new(4, 4, 8);

@@ -97,13 +97,7 @@ fn matmul_rows_with_and_without_non_finite_inputs() {
                 let run = |a: &[f32], c: &[f32]| {
                     let a = upload(dev, dtype, &[m, k], a);
                     let c = upload(dev, dtype, &[m, n], c);
-                    let opts = MatmulOptions {
-                        bias: Some(&bias),
-                        c: Some(&c),
-                        beta: 0.5,
-                        activation: act,
-                        ..MatmulOptions::default()
-                    };
+                    let opts = MatmulOptions::default().bias(Some(&bias)).c(Some(&c)).beta(0.5).activation(act);
                     ok("matmul", dev.matmul(&a, &b, &opts).and_then(|t| t.to_f32_vec()))
                 };
                 let want = run(&clean, &c_clean);
@@ -145,13 +139,13 @@ fn conv_outputs_inside_and_outside_the_reach_of_a_nan() {
                     // Channel 1, row 2, column 3.
                     Layout::Nchw => (vec![1, c, h, w], (h + 2) * w + 3),
                     Layout::Nhwc => (vec![1, h, w, c], (2 * w + 3) * c + 1),
+                    other => unimplemented!("{other:?}"),
                 };
                 let clean = random(c * h * w, 5);
                 let mut poisoned = clean.clone();
                 poisoned[at] = f32::NAN;
                 let weight = upload(dev, dtype, &[c, 1, 3, 3], &random(c * 9, 6));
-                let opts =
-                    Conv2dOptions { layout, padding: [1; 4], activation: Activation::Gelu, ..Default::default() };
+                let opts = Conv2dOptions::default().layout(layout).padding([1; 4]).activation(Activation::Gelu);
                 let run = |x: &[f32]| {
                     let x = upload(dev, dtype, &shape, x);
                     ok("conv", dev.depthwise_conv2d(&x, &weight, None, &opts).and_then(|t| t.to_f32_vec()))
@@ -163,6 +157,7 @@ fn conv_outputs_inside_and_outside_the_reach_of_a_nan() {
                             let i = match layout {
                                 Layout::Nchw => (ch * h + y) * w + xx,
                                 Layout::Nhwc => (y * w + xx) * c + ch,
+                                other => unimplemented!("{other:?}"),
                             };
                             let reached = ch == 1 && y.abs_diff(2) <= 1 && xx.abs_diff(3) <= 1;
                             let what = format!("{} {dtype} {layout:?} out[{ch}][{y}][{xx}]", be.label);

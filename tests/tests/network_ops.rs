@@ -22,6 +22,7 @@ fn index(layout: Layout, c_count: usize, hw: usize, n: usize, c: usize, p: usize
     match layout {
         Layout::Nchw => (n * c_count + c) * hw + p,
         Layout::Nhwc => (n * hw + p) * c_count + c,
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -29,6 +30,7 @@ fn shape(layout: Layout, n: usize, c: usize, h: usize, w: usize) -> Vec<usize> {
     match layout {
         Layout::Nchw => vec![n, c, h, w],
         Layout::Nhwc => vec![n, h, w, c],
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -84,6 +86,7 @@ fn pointwise_reference(c: &PwCase, x: &[f64], wt: &[f64], b: Option<&[f64]>, r: 
             };
             reference::matmul(&desc, x, wt, b, r, &mut out);
         }
+        other => unimplemented!("{other:?}"),
     }
     out
 }
@@ -123,7 +126,7 @@ fn run_pointwise(c: PwCase) -> Result<usize, String> {
             let wtt = dev.tensor_from_f32(&wshape, dtype, &wt).map_err(err)?;
             let bt = b.as_deref().map(|b| dev.tensor_from_f32(&[c.cout], dtype, b)).transpose().map_err(err)?;
             let rt = r.as_deref().map(|r| dev.tensor_from_f32(&out_shape, dtype, r)).transpose().map_err(err)?;
-            let opts = PointwiseOptions { layout: c.layout, activation: c.act, residual: rt.as_ref() };
+            let opts = PointwiseOptions::default().layout(c.layout).activation(c.act).residual(rt.as_ref());
             let out = dev.pointwise_conv2d(&xt, &wtt, bt.as_ref(), &opts).map_err(err)?;
             if out.shape() != out_shape {
                 return Err(format!("{what}: shape {:?}, expected {out_shape:?}", out.shape()));
@@ -218,7 +221,7 @@ proptest! {
             for be in backends_for(dtype) {
                 let what = format!("{} {dtype} im2col {n}x{c}x{h}x{w} k{kh}x{kw} s{stride} p{pad} d{dil} {}", be.label, layout.name());
                 let xt = be.device.tensor_from_f32(&shape(layout, n, c, h, w), dtype, &x).unwrap();
-                let opts = Im2colOptions { kernel: [kh, kw], stride: [stride; 2], padding: [pad; 4], dilation: [dil; 2], layout };
+                let opts = Im2colOptions::default().kernel([kh, kw]).stride([stride; 2]).padding([pad; 4]).dilation([dil; 2]).layout(layout);
                 let out = be.device.im2col(&xt, &opts).map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
                 prop_assert_eq!(out.shape(), &shape(layout, n, c * taps, oh, ow)[..], "{}", what);
                 let got = out.to_f32_vec().unwrap();
@@ -275,10 +278,10 @@ fn im2col_then_pointwise_is_the_stem_convolution() {
                     xl[index(layout, 3, h * w, b, c, p)] = v;
                 }
                 let xt = dev.tensor_from_f32(&shape(layout, n, 3, h, w), dtype, &xl).unwrap();
-                let opts = Im2colOptions { stride: [2, 2], padding: [1; 4], layout, ..Default::default() };
+                let opts = Im2colOptions::default().stride([2, 2]).padding([1; 4]).layout(layout);
                 let patches = dev.im2col(&xt, &opts).unwrap();
                 let wtt = dev.tensor_from_f32(&[co, 27], dtype, &wt).unwrap();
-                let pw = PointwiseOptions { layout, ..Default::default() };
+                let pw = PointwiseOptions::default().layout(layout);
                 let got = dev.pointwise_conv2d(&patches, &wtt, None, &pw).unwrap().to_f32_vec().unwrap();
                 for b in 0..n {
                     for o in 0..co {
@@ -319,7 +322,7 @@ fn bad_inputs_are_typed_errors() {
     expect_err("weight rank", dev.pointwise_conv2d(&x, &t(&[5, 4, 1]), None, &nchw), rank_err("weight"));
     expect_err("bias", dev.pointwise_conv2d(&x, &w, Some(&t(&[4])), &nchw), shape_err("bias"));
     let bad_res = t(&[2, 5, 3, 4]);
-    let opts = PointwiseOptions { residual: Some(&bad_res), ..nchw };
+    let opts = nchw.residual(Some(&bad_res));
     expect_err("residual", dev.pointwise_conv2d(&x, &w, None, &opts), shape_err("residual"));
     let half = dev.zeros(&[5, 4, 1, 1], DType::F16).unwrap();
     expect_err("dtype", dev.pointwise_conv2d(&x, &half, None, &nchw), |e| matches!(e, Error::DTypeMismatch { .. }));
@@ -329,12 +332,12 @@ fn bad_inputs_are_typed_errors() {
     });
     let out = t(&[2, 5, 3, 3]);
     let res = t(&[2, 5, 3, 3]);
-    let opts = PointwiseOptions { residual: Some(&out), ..nchw };
+    let opts = nchw.residual(Some(&out));
     expect_err("alias", dev.pointwise_conv2d_into(&x, &w, None, &opts, &out), |e| matches!(e, Error::Aliasing { .. }));
-    let opts = PointwiseOptions { residual: Some(&res), ..nchw };
+    let opts = nchw.residual(Some(&res));
     expect_err("out shape", dev.pointwise_conv2d_into(&x, &w, None, &opts, &t(&[2, 5, 3, 2])), shape_err("out"));
     // The layout is honoured: an NHWC reading of the same tensor has 3 input channels.
-    let nhwc = PointwiseOptions { layout: Layout::Nhwc, ..nchw };
+    let nhwc = nchw.layout(Layout::Nhwc);
     expect_err("nhwc channels", dev.pointwise_conv2d(&x, &w, None, &nhwc), shape_err("weight"));
     // Empty outputs are not errors.
     assert_eq!(dev.pointwise_conv2d(&t(&[0, 4, 3, 3]), &w, None, &nchw).unwrap().shape(), &[0, 5, 3, 3]);
@@ -348,11 +351,11 @@ fn bad_inputs_are_typed_errors() {
         matches!(e, Error::ShapeMismatch { .. } | Error::Aliasing { .. })
     });
 
-    let opts = Im2colOptions { kernel: [0, 3], ..Default::default() };
+    let opts = Im2colOptions::default().kernel([0, 3]);
     expect_err("im2col window", dev.im2col(&x, &opts), |e| matches!(e, Error::InvalidParameter { .. }));
     expect_err("im2col rank", dev.im2col(&t(&[3, 3]), &Im2colOptions::default()), rank_err("input"));
-    let opts = Im2colOptions { kernel: [5, 5], ..Default::default() };
+    let opts = Im2colOptions::default().kernel([5, 5]);
     expect_err("im2col too big", dev.im2col(&x, &opts), |e| matches!(e, Error::InvalidParameter { .. }));
-    let opts = Im2colOptions { stride: [0, 1], ..Default::default() };
+    let opts = Im2colOptions::default().stride([0, 1]);
     expect_err("im2col stride", dev.im2col(&x, &opts), |e| matches!(e, Error::InvalidParameter { .. }));
 }

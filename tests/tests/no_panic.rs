@@ -161,7 +161,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let layout = if nhwc { Layout::Nhwc } else { Layout::Nchw };
-        let opts = Conv2dOptions { stride, padding, dilation, layout, activation: act };
+        let opts = Conv2dOptions::default().stride(stride).padding(padding).dilation(dilation).layout(layout).activation(act);
         let mut verdicts = Vec::new();
         for be in backends_for(dtype) {
             let dev = &be.device;

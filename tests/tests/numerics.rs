@@ -59,7 +59,7 @@ fn gelu_tanh_gives_no_nan() {
             let dev = &be.device;
             let a = ok("a", dev.tensor_from_f32(&[xs.len(), 1], dtype, &xs));
             let b = ok("b", dev.tensor_from_f32(&[1, 1], dtype, &[1.0]));
-            let opts = MatmulOptions { activation: Activation::GeluTanh, ..MatmulOptions::default() };
+            let opts = MatmulOptions::default().activation(Activation::GeluTanh);
             let y = ok("matmul", dev.matmul(&a, &b, &opts));
             for (x, g) in xs.iter().zip(ok("download", y.to_f32_vec())) {
                 assert!(!g.is_nan(), "{} {dtype} matmul epilogue gelu-tanh({x}) is NaN", be.label);

@@ -146,16 +146,15 @@ fn run_case(cs: &Case) -> Result<usize, String> {
         let at = dev.tensor_from_f32(&a_shape, dtype, &a).map_err(err)?;
         let bt = bias.as_deref().map(|v| dev.tensor_from_f32(&[n], dtype, v)).transpose().map_err(err)?;
         let ct = c.as_deref().map(|v| dev.tensor_from_f32(&out_shape, dtype, v)).transpose().map_err(err)?;
-        let opts = MatmulOptions {
-            trans_a: cs.trans_a,
-            trans_b: true,
-            alpha: cs.alpha,
-            beta: cs.beta,
-            bias: bt.as_ref(),
-            c: ct.as_ref(),
-            activation: cs.activation,
-            precision: Precision::Highest,
-        };
+        let opts = MatmulOptions::default()
+            .trans_a(cs.trans_a)
+            .trans_b(true)
+            .alpha(cs.alpha)
+            .beta(cs.beta)
+            .bias(bt.as_ref())
+            .c(ct.as_ref())
+            .activation(cs.activation)
+            .precision(Precision::Highest);
         let out = match dev.matmul_quant(&at, &qw, &opts) {
             Err(e @ Error::UnsupportedQuantType { .. }) => {
                 skip(&format!("{} matmul_quant {}", be.label, cs.ty), &e.to_string());
@@ -227,7 +226,7 @@ fn bad_quantized_calls_are_typed_errors() {
         let bytes = quantize(ty, &[0.5; 3 * 64], &[3, 64]).expect("quantizes");
         let w = dev.quant_tensor(ty, &[3, 64], &bytes).expect("uploads");
         let a = dev.tensor_from_f32(&[2, 64], DType::F32, &[1.0; 128]).expect("uploads");
-        let t = MatmulOptions { trans_b: true, ..Default::default() };
+        let t = MatmulOptions::default().trans_b(true);
         assert!(matches!(
             dev.matmul_quant(&a, &w, &MatmulOptions::default()),
             Err(Error::InvalidParameter { param: "trans_b", .. })
@@ -235,9 +234,9 @@ fn bad_quantized_calls_are_typed_errors() {
         let short = dev.tensor_from_f32(&[2, 32], DType::F32, &[1.0; 64]).expect("uploads");
         assert!(matches!(dev.matmul_quant(&short, &w, &t), Err(Error::ShapeMismatch { tensor: "w", .. })));
         let bias = dev.tensor_from_f32(&[4], DType::F32, &[0.0; 4]).expect("uploads");
-        let with_bias = MatmulOptions { bias: Some(&bias), ..t };
+        let with_bias = t.bias(Some(&bias));
         assert!(matches!(dev.matmul_quant(&a, &w, &with_bias), Err(Error::ShapeMismatch { tensor: "bias", .. })));
-        let bf = MatmulOptions { precision: Precision::Bf16, ..t };
+        let bf = t.precision(Precision::Bf16);
         assert!(matches!(dev.matmul_quant(&a, &w, &bf), Err(Error::InvalidParameter { param: "precision", .. })));
         // K not a block multiple, a byte count that does not match the shape.
         assert!(matches!(dev.quant_tensor(ty, &[3, 48], &bytes[..102]), Err(Error::Quant(_))));

@@ -253,16 +253,14 @@ pub fn run(args: Args) -> Result<()> {
             let tb = load_b(&dev, c.dtype, &a.b)?;
             let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
             let cc = load_opt(&dev, c.dtype, "c", a.c.as_ref())?;
-            let opts = MatmulOptions {
-                trans_a: a.transpose_a,
-                trans_b: a.transpose_b,
-                alpha: a.alpha,
-                beta: a.beta,
-                bias: bias.as_ref(),
-                c: cc.as_ref(),
-                activation: a.activation,
-                ..MatmulOptions::default()
-            };
+            let opts = MatmulOptions::default()
+                .trans_a(a.transpose_a)
+                .trans_b(a.transpose_b)
+                .alpha(a.alpha)
+                .beta(a.beta)
+                .bias(bias.as_ref())
+                .c(cc.as_ref())
+                .activation(a.activation);
             let y = match &tb {
                 B::Dense(tb) => dev.matmul(&ta, tb, &opts)?,
                 B::Quant(qw) => dev.matmul_quant(&ta, qw, &opts)?,
@@ -275,13 +273,12 @@ pub fn run(args: Args) -> Result<()> {
             let x = load(&dev, c.dtype, "input", &a.input)?;
             let w = load(&dev, c.dtype, "weight", &a.weight)?;
             let bias = load_opt(&dev, c.dtype, "bias", a.bias.as_ref())?;
-            let opts = Conv2dOptions {
-                stride: a.stride,
-                padding: a.padding,
-                dilation: a.dilation,
-                layout: a.layout,
-                activation: a.activation,
-            };
+            let opts = Conv2dOptions::default()
+                .stride(a.stride)
+                .padding(a.padding)
+                .dilation(a.dilation)
+                .layout(a.layout)
+                .activation(a.activation);
             let y = dev.depthwise_conv2d(&x, &w, bias.as_ref(), &opts)?;
             save(&c.out, &y)
         }

@@ -188,13 +188,12 @@ fn write_trace(dev: &Device, shapes: &[(Shape, DType)], path: &std::path::Path) 
                     let input = dev.zeros(&d.input_shape(), *dtype)?;
                     let weight = dev.zeros(&d.weight_shape(), *dtype)?;
                     let bias = dev.zeros(&[d.out_channels()], *dtype)?;
-                    let opts = tilekit::Conv2dOptions {
-                        stride: [d.stride_h, d.stride_w],
-                        padding: [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right],
-                        dilation: [d.dilation_h, d.dilation_w],
-                        layout: d.layout,
-                        activation: d.activation,
-                    };
+                    let opts = tilekit::Conv2dOptions::default()
+                        .stride([d.stride_h, d.stride_w])
+                        .padding([d.pad_top, d.pad_bottom, d.pad_left, d.pad_right])
+                        .dilation([d.dilation_h, d.dilation_w])
+                        .layout(d.layout)
+                        .activation(d.activation);
                     dev.depthwise_conv2d(&input, &weight, Some(&bias), &opts)?;
                 }
             }

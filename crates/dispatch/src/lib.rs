@@ -23,7 +23,7 @@
 //! let dev = Device::cpu();
 //! let a = dev.tensor_from_f32(&[2, 3], DType::F32, &[1., 2., 3., 4., 5., 6.])?;
 //! let b = dev.tensor_from_f32(&[3, 1], DType::F32, &[1., 0., -1.])?;
-//! let y = dev.matmul(&a, &b, &MatmulOptions { activation: Activation::Relu, ..Default::default() })?;
+//! let y = dev.matmul(&a, &b, &MatmulOptions::default().activation(Activation::Relu))?;
 //! assert_eq!(y.to_f32_vec()?, vec![0.0, 0.0]);
 //! # Ok::<(), tilekit::Error>(())
 //! ```

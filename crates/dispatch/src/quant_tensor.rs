@@ -157,7 +157,7 @@ impl Device {
     /// let w: Vec<f32> = (0..3 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
     /// let q = dev.quant_tensor(GgmlType::Q8_0, &[3, 64], &quantize(GgmlType::Q8_0, &w, &[3, 64])?)?;
     /// let x = dev.tensor_from_f32(&[1, 64], DType::F32, &[1.0; 64])?;
-    /// let y = dev.matmul_quant(&x, &q, &MatmulOptions { trans_b: true, ..Default::default() })?;
+    /// let y = dev.matmul_quant(&x, &q, &MatmulOptions::default().trans_b(true))?;
     /// assert_eq!(y.shape(), &[1, 3]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

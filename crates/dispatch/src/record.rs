@@ -60,7 +60,7 @@ impl Device {
     /// let mut encoder = device.create_command_encoder(&Default::default());
     /// // ... the engine's passes ...
     /// let y = dev.record(&mut encoder, |dev| {
-    ///     let y = dev.matmul(&a, &b, &MatmulOptions { alpha: -1.0, ..Default::default() })?;
+    ///     let y = dev.matmul(&a, &b, &MatmulOptions::default().alpha(-1.0))?;
     ///     dev.activation_in_place(&y, None, Activation::Relu)?;
     ///     Ok(y)
     /// })?;

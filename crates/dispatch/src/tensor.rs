@@ -220,6 +220,7 @@ impl Tensor {
             DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
             DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes).to_f32_vec(),
             DType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(&bytes).to_f32_vec(),
+            other => return Err(no_f32_conversion("to_f32_vec", other)),
         })
     }
 }
@@ -261,6 +262,7 @@ impl Device {
                 v.convert_from_f32_slice(data);
                 self.tensor(shape, &v)
             }
+            other => Err(no_f32_conversion("tensor_from_f32", other)),
         }
     }
 
@@ -280,6 +282,12 @@ impl Device {
         let storage = self.alloc_output_storage(dtype, len)?;
         Ok(self.wrap(dtype, len, storage, shape))
     }
+}
+
+/// A dtype without an f32 conversion here (`DType` is `#[non_exhaustive]`: every dtype there
+/// is today converts).
+fn no_f32_conversion(op: &'static str, dtype: DType) -> Error {
+    Error::InvalidParameter { op, param: "dtype", reason: format!("{dtype} has no conversion to or from f32") }
 }
 
 #[cfg(test)]
@@ -307,3 +315,4 @@ mod tests {
         assert_eq!(Device::cpu().live_buffer_bytes(), 0);
     }
 }
+

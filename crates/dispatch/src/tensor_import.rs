@@ -29,6 +29,7 @@ fn host_data<T: Element>(data: Box<dyn Any>) -> Result<CpuData> {
         DType::F32 => CpuData::F32(*data.downcast::<HostBuf<f32>>().map_err(|_| wrong())?),
         DType::F16 => CpuData::F16(*data.downcast::<HostBuf<f16>>().map_err(|_| wrong())?),
         DType::Bf16 => CpuData::Bf16(*data.downcast::<HostBuf<bf16>>().map_err(|_| wrong())?),
+        _ => return Err(wrong()),
     })
 }
 

@@ -16,8 +16,7 @@ fn an_engine_reads_the_output_buffer_with_its_own_commands() {
     };
     let a = dev.tensor_from_f32(&[2, 3], DType::F32, &[1., 2., 3., 4., 5., 6.]).unwrap();
     let b = dev.tensor_from_f32(&[3, 2], DType::F32, &[1., 0., 0., 1., -1., -1.]).unwrap();
-    let y =
-        dev.matmul(&a, &b, &MatmulOptions { activation: Activation::Gelu, alpha: -1.0, ..Default::default() }).unwrap();
+    let y = dev.matmul(&a, &b, &MatmulOptions::default().activation(Activation::Gelu).alpha(-1.0)).unwrap();
     // The op is recorded, not necessarily submitted: flush hands it to the queue.
     dev.flush().unwrap();
 
@@ -69,6 +68,7 @@ fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
         DType::F32 => bytemuck::cast_slice(values).to_vec(),
         DType::F16 => values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
         DType::Bf16 => values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -153,6 +153,7 @@ fn decode(dtype: DType, bytes: &[u8]) -> Vec<f32> {
         DType::F32 => bytemuck::pod_collect_to_vec(bytes),
         DType::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         DType::Bf16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => unimplemented!("{other:?}"),
     }
 }
 
@@ -180,7 +181,7 @@ fn imported_views_at_odd_offsets_run_every_op_and_leave_the_rest_of_the_buffer_a
             assert_eq!(out.wgpu_byte_offset(), Some(((base + 5) * dtype.size_bytes()) as u64));
 
             // Dense matmul with bias and ReLU into the imported output.
-            let opts = MatmulOptions { activation: Activation::Relu, ..Default::default() };
+            let opts = MatmulOptions::default().activation(Activation::Relu);
             let ca = cpu.tensor_from_f32(&[m, k], dtype, &ad).unwrap();
             let cb = cpu.tensor_from_f32(&[k, n], dtype, &bd).unwrap();
             let cbias = cpu.tensor_from_f32(&[n], dtype, &biasd).unwrap();
@@ -238,7 +239,7 @@ fn imported_views_at_odd_offsets_run_every_op_and_leave_the_rest_of_the_buffer_a
                 let input = eb.view(&dev, base + 150, &shape, &id, false);
                 let weight = eb.view(&dev, base + 203, &[c, 1, 3, 3], &wd, false);
                 let cbias2 = eb.view(&dev, base + 223, &[c], &[1.0, -1.0], false);
-                let copts = Conv2dOptions { padding: [1; 4], layout, ..Default::default() };
+                let copts = Conv2dOptions::default().padding([1; 4]).layout(layout);
                 let co = ob.view(&dev, base + 101, &shape, &vec![0.0; c * h * w], true);
                 dev.depthwise_conv2d_into(&input, &weight, Some(&cbias2), &copts, &co).unwrap();
                 let ci = cpu.tensor_from_f32(&shape, dtype, &id).unwrap();
@@ -377,7 +378,7 @@ fn one_engine_encoder_holds_an_engine_copy_a_tilekit_matmul_and_activation_and_a
     encoder.copy_buffer_to_buffer(&upload, 0, &ea.buffer, 0, ea.buffer.size());
     let z = dev
         .record(&mut encoder, |dev| {
-            let y = dev.matmul(&a, &b, &MatmulOptions { alpha: -1.0, ..Default::default() })?;
+            let y = dev.matmul(&a, &b, &MatmulOptions::default().alpha(-1.0))?;
             // Reading back inside the recording is refused, not answered with stale data.
             assert!(matches!(y.to_f32_vec(), Err(Error::InvalidParameter { .. })));
             let z = dev.activation(&y, None, Activation::Relu)?;

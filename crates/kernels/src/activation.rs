@@ -78,6 +78,7 @@ const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
 
 /// An elementwise function fused into the end of a kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Activation {
     /// The identity.
     #[default]

@@ -149,6 +149,7 @@ impl MatmulDesc {
 
 /// Memory layout of a 4-D activation tensor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Layout {
     /// `[N, C, H, W]`.
     #[default]

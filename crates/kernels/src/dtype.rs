@@ -5,6 +5,7 @@ use std::fmt;
 /// The element type a tensor is stored in. Every kernel accumulates in `f32` whatever the
 /// storage type, and rounds once (to nearest even) when it stores a result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum DType {
     /// IEEE binary32.
     F32,

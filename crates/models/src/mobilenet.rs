@@ -32,17 +32,19 @@ pub fn block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Resu
     let expanded;
     let hidden = match &w.expand {
         Some(e) => {
-            let opts = PointwiseOptions { layout, activation: Activation::Relu6, residual: None };
+            let opts = PointwiseOptions::default().layout(layout).activation(Activation::Relu6).residual(None);
             expanded = dev.pointwise_conv2d(x, &e.weight, Some(&e.bias), &opts)?;
             &expanded
         }
         None => x,
     };
     let s = w.spec.stride;
-    let conv =
-        Conv2dOptions { stride: [s, s], padding: [1; 4], layout, activation: Activation::Relu6, ..Default::default() };
+    let conv = Conv2dOptions::default().stride([s, s]).padding([1; 4]).layout(layout).activation(Activation::Relu6);
     let filtered = dev.depthwise_conv2d(hidden, &w.depthwise.weight, Some(&w.depthwise.bias), &conv)?;
-    let opts = PointwiseOptions { layout, activation: Activation::None, residual: w.spec.residual().then_some(x) };
+    let opts = PointwiseOptions::default()
+        .layout(layout)
+        .activation(Activation::None)
+        .residual(w.spec.residual().then_some(x));
     dev.pointwise_conv2d(&filtered, &w.project.weight, Some(&w.project.bias), &opts)
 }
 
@@ -58,7 +60,7 @@ pub fn fused_block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -
         project: &w.project.weight,
         project_bias: Some(&w.project.bias),
     };
-    let opts = BlockOptions { stride: w.spec.stride, layout, fused: true };
+    let opts = BlockOptions::default().stride(w.spec.stride).layout(layout).fused(true);
     match dev.inverted_residual(x, &weights, &opts) {
         Err(tilekit::Error::Backend { .. }) => block(dev, x, w, layout),
         r => r,
@@ -164,6 +166,7 @@ impl MobileNetV2 {
                 }
                 self.device.tensor_from_f32(&[n, h, w, c], self.dtype, &t)?
             }
+            other => return Err(ModelError::Input(format!("layout {other:?} is not supported"))),
         })
     }
 
@@ -172,9 +175,10 @@ impl MobileNetV2 {
     pub fn forward(&self, input: &Tensor) -> Result<Tensor, ModelError> {
         let dev = &self.device;
         let layout = self.layout;
-        let im2col = Im2colOptions { kernel: [3, 3], stride: [2, 2], padding: [1; 4], dilation: [1, 1], layout };
+        let im2col =
+            Im2colOptions::default().kernel([3, 3]).stride([2, 2]).padding([1; 4]).dilation([1, 1]).layout(layout);
         let patches = dev.im2col(input, &im2col)?;
-        let relu6 = PointwiseOptions { layout, activation: Activation::Relu6, residual: None };
+        let relu6 = PointwiseOptions::default().layout(layout).activation(Activation::Relu6).residual(None);
         let mut x = dev.pointwise_conv2d(&patches, &self.stem.weight, Some(&self.stem.bias), &relu6)?;
         drop(patches);
         for b in &self.blocks {
@@ -182,7 +186,7 @@ impl MobileNetV2 {
         }
         let x = dev.pointwise_conv2d(&x, &self.head.weight, Some(&self.head.bias), &relu6)?;
         let pooled = dev.global_avg_pool(&x, layout)?;
-        let fc = MatmulOptions { trans_b: true, bias: Some(&self.fc_bias), ..Default::default() };
+        let fc = MatmulOptions::default().trans_b(true).bias(Some(&self.fc_bias));
         Ok(dev.matmul(&pooled, &self.fc_weight, &fc)?)
     }
 

@@ -87,7 +87,7 @@ impl Bound {
         reference(d, &h[0], expand, dw, pr, &mut want);
         let bound = bounds(d, dtype, &h[0], expand, dw, pr);
         for fused in [true, false] {
-            let opts = BlockOptions { stride: d.stride, layout: d.layout, fused };
+            let opts = BlockOptions::default().stride(d.stride).layout(d.layout).fused(fused);
             dev.inverted_residual_into(&self.x, &self.weights(), &opts, out)?;
             let got = out.to_f32_vec()?;
             if let Some(i) = (0..got.len()).find(|&i| !accepts(dtype, got[i], want[i], bound[i])) {
@@ -117,7 +117,7 @@ pub fn run(dev: &Device, dtype: DType, quick: bool) -> Result<()> {
             let out = dev.zeros(&d.output_shape(), dtype)?;
             b.check(dev, d, dtype, &out).with_context(|| format!("block {i} {d:?} on {} in {dtype}", dev.kind()))?;
             let run = |fused: bool| {
-                let opts = BlockOptions { stride: d.stride, layout, fused };
+                let opts = BlockOptions::default().stride(d.stride).layout(layout).fused(fused);
                 let (b, out) = (&b, &out);
                 move || -> Result<()> {
                     dev.inverted_residual_into(&b.x, &b.weights(), &opts, out)?;

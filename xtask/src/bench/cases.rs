@@ -135,6 +135,7 @@ impl Case {
                 let layout = match layout {
                     Layout::Nchw => "nchw",
                     Layout::Nhwc => "nhwc",
+                    other => unimplemented!("{other:?}"),
                 };
                 format!("{batch}x{channels}x{size}² s{stride} {layout}")
             }

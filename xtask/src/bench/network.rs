@@ -33,6 +33,7 @@ fn tolerance(dtype: DType) -> f64 {
         DType::F32 => 1e-5,
         DType::F16 => 5e-3,
         DType::Bf16 => 4e-2,
+        other => unimplemented!("{other:?}"),
     }
 }
 

@@ -88,7 +88,7 @@ fn row(dev: &Device, ty: GgmlType, shape: (usize, usize, usize), quick: bool) ->
     let mut rng = Lcg(0x51ed_270b);
     let a: Vec<f32> = (0..m * k).map(|_| 2.0 * rng.unit() - 1.0).collect();
     let at = dev.tensor_from_f32(&[m, k], DType::F32, &a)?;
-    let opts = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
+    let opts = MatmulOptions::default().trans_b(true);
     let y = match dev.matmul_quant(&at, &w, &opts) {
         Err(e @ Error::UnsupportedQuantType { .. }) => {
             println!("   SKIP {ty} on {}: {e}", dev.kind());

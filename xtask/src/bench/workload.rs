@@ -166,13 +166,12 @@ impl Bound {
             }
             &Case::Conv { batch, channels, size, stride, layout } => {
                 let d = conv_desc(batch, channels, size, stride, layout);
-                let opts = Conv2dOptions {
-                    stride: [d.stride_h, d.stride_w],
-                    padding: [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right],
-                    dilation: [d.dilation_h, d.dilation_w],
-                    layout: d.layout,
-                    activation: d.activation,
-                };
+                let opts = Conv2dOptions::default()
+                    .stride([d.stride_h, d.stride_w])
+                    .padding([d.pad_top, d.pad_bottom, d.pad_left, d.pad_right])
+                    .dilation([d.dilation_h, d.dilation_w])
+                    .layout(d.layout)
+                    .activation(d.activation);
                 dev.depthwise_conv2d_into(&self.inputs[0], &self.inputs[1], self.inputs.get(2), &opts, &self.out)?;
             }
             Case::Activation { activation, .. } => {

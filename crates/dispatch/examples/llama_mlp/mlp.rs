@@ -99,7 +99,7 @@ pub fn matmul_b_operand(dev: &Device, tensors: &[GgufTensor<'_>], dtype: DType) 
         let w = dev.quant_tensor(ty, &[rows, k], &bytes).map_err(|e| format!("uploading {}: {e}", names()))?;
         // One row through the kernel says whether this backend has it.
         let probe = dev.tensor_from_f32(&[1, k], dtype, &vec![0.0; k]).map_err(|e| e.to_string())?;
-        let tb = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
+        let tb = MatmulOptions::default().trans_b(true);
         match dev.matmul_quant(&probe, &w, &tb) {
             Ok(_) => return Ok(Operand::Quant(w)),
             Err(Error::UnsupportedQuantType { .. }) => {}
@@ -169,10 +169,10 @@ impl Mlp {
         };
         let op = |what: &'static str| move |e: tilekit::Error| format!("{what}: {e}");
         let xt = dev.tensor_from_f32(&[m, k], self.dtype, x).map_err(op("uploading the input"))?;
-        let tb = MatmulOptions { trans_b: true, ..MatmulOptions::default() };
+        let tb = MatmulOptions::default().trans_b(true);
         let h = self.gate_up.matmul(dev, &xt, &tb).map_err(op("x · [W_gate; W_up]"))?;
         let a = dev.glu(&h, Activation::Silu).map_err(op("silu(gate) · up"))?;
-        let residual = MatmulOptions { trans_b: true, c: Some(&xt), beta: 1.0, ..MatmulOptions::default() };
+        let residual = MatmulOptions::default().trans_b(true).c(Some(&xt)).beta(1.0);
         let y = self.down.matmul(dev, &a, &residual).map_err(op("x + a · W_down"))?;
         y.to_f32_vec().map_err(op("reading the result"))
     }

@@ -376,6 +376,7 @@ impl BackendOps for CpuBackend {
             DType::F32 => CpuData::F32(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
             DType::F16 => CpuData::F16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
             DType::Bf16 => CpuData::Bf16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
+            other => return Err(unsupported_dtype("alloc", other)),
         }))
     }
 
@@ -387,8 +388,11 @@ impl BackendOps for CpuBackend {
         }
     }
 
-    fn check_dtype(&self, _op: &'static str, _dtype: DType) -> Result<()> {
-        Ok(())
+    fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F32 | DType::F16 | DType::Bf16 => Ok(()),
+            other => Err(unsupported_dtype(op, other)),
+        }
     }
 
     fn alloc_zeroed(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
@@ -401,6 +405,7 @@ impl BackendOps for CpuBackend {
             DType::F32 => CpuData::F32(zeroed_vec(len, 0.0f32).ok_or_else(oom)?.into()),
             DType::F16 => CpuData::F16(zeroed_vec(len, f16::ZERO).ok_or_else(oom)?.into()),
             DType::Bf16 => CpuData::Bf16(zeroed_vec(len, bf16::ZERO).ok_or_else(oom)?.into()),
+            other => return Err(unsupported_dtype("alloc", other)),
         }))
     }
 
@@ -633,4 +638,10 @@ fn operand(data: &CpuData, precision: Precision) -> Result<Cow<'_, [f32]>> {
         }
         _ => data.as_f32(),
     }
+}
+
+/// A storage dtype the CPU backend has no kernels for (`DType` is `#[non_exhaustive]`: every
+/// dtype there is today is supported).
+fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
+    Error::UnsupportedDType { op, dtype, backend: BackendKind::Cpu, reason: "no CPU storage for it".into() }
 }

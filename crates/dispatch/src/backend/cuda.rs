@@ -762,7 +762,8 @@ impl BackendOps for CudaBackend {
         let occ = desc.out_channels();
         let work = match desc.layout {
             Layout::Nchw => [desc.batch, occ, oh, ow.div_ceil(cat::dw_vec(dtype))],
-            Layout::Nhwc => [desc.batch, oh, ow.div_ceil(cat::DW_NHWC_X), occ.div_ceil(cat::dw_vec(dtype))],
+            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
+            _ => [desc.batch, oh, ow.div_ceil(cat::DW_NHWC_X), occ.div_ceil(cat::dw_vec(dtype))],
         }
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -775,7 +776,8 @@ impl BackendOps for CudaBackend {
         let aligned = |s: &CudaStorage| self.ptr(s).is_multiple_of(16);
         let vec = match desc.layout {
             Layout::Nhwc => desc.multiplier == 1 && desc.channels.is_multiple_of(v) && aligned(input) && aligned(out),
-            Layout::Nchw => {
+            // NCHW.
+            _ => {
                 desc.kernel_w == 3
                     && desc.pad_left == 1
                     && desc.dilation_w == 1

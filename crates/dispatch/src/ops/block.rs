@@ -37,6 +37,7 @@ pub struct BlockWeights<'a> {
 
 /// The options of [`Device::inverted_residual`]. `Default`: stride 1, NCHW, fused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BlockOptions {
     /// Depthwise stride, 1 or 2 (both directions). The block adds its input when the stride is
     /// 1 and `C = C'`.
@@ -130,7 +131,8 @@ impl Device {
             Some(we) => {
                 let shape = match desc.layout {
                     Layout::Nchw => [n, desc.hidden, desc.height, desc.width],
-                    Layout::Nhwc => [n, desc.height, desc.width, desc.hidden],
+                    // NHWC (`Layout` is `#[non_exhaustive]`; `block_desc` admits only the two).
+                    _ => [n, desc.height, desc.width, desc.hidden],
                 };
                 let e = self.output_tensor(&shape, x.dtype())?;
                 let pw = Pointwise { layout: desc.layout, batch: n, pixels: hw, act: Activation::Relu6 };
@@ -355,3 +357,5 @@ impl Pointwise {
         dev.matmul_into(&d, w, x, None, c_tensor.as_ref().map(|(c, _)| c), out)
     }
 }
+
+option_setters!(BlockOptions { stride: usize, layout: Layout, fused: bool });

@@ -10,6 +10,7 @@ const OP: &str = "depthwise_conv2d";
 /// The options of [`Device::depthwise_conv2d`]. `Default`: stride 1, no padding, dilation 1,
 /// NCHW, no activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Conv2dOptions {
     /// `[vertical, horizontal]` stride.
     pub stride: [usize; 2],
@@ -187,3 +188,11 @@ fn run<B: BackendOps>(
         storage::<B>(OP, "out", out)?,
     )
 }
+
+option_setters!(Conv2dOptions {
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dilation: [usize; 2],
+    layout: Layout,
+    activation: Activation,
+});

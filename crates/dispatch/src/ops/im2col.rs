@@ -16,6 +16,7 @@ const OP: &str = "im2col";
 
 /// The options of [`Device::im2col`]. `Default`: a 3×3 window, stride 1, no padding, NCHW.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Im2colOptions {
     /// `[kh, kw]`: the window.
     pub kernel: [usize; 2],
@@ -71,3 +72,11 @@ impl Device {
         self.depthwise_conv2d(input, &weight, None, &conv)
     }
 }
+
+option_setters!(Im2colOptions {
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dilation: [usize; 2],
+    layout: Layout,
+});

@@ -10,6 +10,7 @@ const OP: &str = "matmul";
 /// The options of [`Device::matmul`]. `Default` is a plain product: no transposes, `alpha`
 /// and `beta` 1, no bias, no residual, no activation, full f32 precision.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct MatmulOptions<'a> {
     /// `A` is stored transposed (`[K, M]` or `[batch, K, M]`).
     pub trans_a: bool,
@@ -273,3 +274,14 @@ fn run<B: BackendOps>(
         storage::<B>(OP, "out", out)?,
     )
 }
+
+option_setters!(MatmulOptions<'a> {
+    trans_a: bool,
+    trans_b: bool,
+    alpha: f32,
+    beta: f32,
+    bias: Option<&'a Tensor>,
+    c: Option<&'a Tensor>,
+    activation: Activation,
+    precision: Precision,
+});

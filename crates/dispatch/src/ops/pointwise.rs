@@ -19,6 +19,7 @@ const OP: &str = "pointwise_conv2d";
 
 /// The options of [`Device::pointwise_conv2d`]. `Default`: NCHW, no activation, no residual.
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct PointwiseOptions<'a> {
     /// Layout of input, output and residual.
     pub layout: Layout,
@@ -42,7 +43,8 @@ impl Geometry {
     fn output_shape(&self) -> Vec<usize> {
         match self.layout {
             Layout::Nchw => vec![self.n, self.cout, self.h, self.w],
-            Layout::Nhwc => vec![self.n, self.h, self.w, self.cout],
+            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
+            _ => vec![self.n, self.h, self.w, self.cout],
         }
     }
 }
@@ -195,7 +197,8 @@ impl Device {
                 };
                 self.matmul_into(&desc, input, weight, bias, residual, out)
             }
-            Layout::Nchw => {
+            // NCHW.
+            _ => {
                 let per_image = MatrixView::dense(g.cout, hw);
                 let desc = MatmulDesc {
                     batch: g.n,
@@ -227,3 +230,9 @@ impl Device {
         }
     }
 }
+
+option_setters!(PointwiseOptions<'a> {
+    layout: Layout,
+    activation: Activation,
+    residual: Option<&'a Tensor>,
+});

@@ -47,7 +47,8 @@ impl Device {
         let alpha = (1.0 / hw as f64) as f32;
         let desc = match layout {
             Layout::Nchw => MatmulDesc { alpha, ..MatmulDesc::new(n * c, 1, hw) },
-            Layout::Nhwc => MatmulDesc {
+            // NHWC (`Layout` is `#[non_exhaustive]`; `pool_geometry` admits only the two).
+            _ => MatmulDesc {
                 batch: n,
                 a: MatrixView { offset: 0, ld: hw, batch_stride: 0 },
                 b: MatrixView::dense(hw, c),
@@ -58,7 +59,7 @@ impl Device {
         };
         match layout {
             Layout::Nchw => self.matmul_into(&desc, input, &ones, None, None, out),
-            Layout::Nhwc => self.matmul_into(&desc, &ones, input, None, None, out),
+            _ => self.matmul_into(&desc, &ones, input, None, None, out),
         }
     }
 

@@ -152,17 +152,13 @@ fn bench_conv(
     let in_shape = match layout {
         Layout::Nchw => [batch, c, hw, hw],
         Layout::Nhwc => [batch, hw, hw, c],
+        other => unimplemented!("{other:?}"),
     };
     let x = ints(batch * c * hw * hw, 3);
     let w = ints(c * 9, 4);
     let bias = ints(c, 5);
-    let opts = Conv2dOptions {
-        stride: [s, s],
-        padding: [1, 1, 1, 1],
-        layout,
-        activation: Activation::Relu6,
-        ..Default::default()
-    };
+    let opts =
+        Conv2dOptions::default().stride([s, s]).padding([1, 1, 1, 1]).layout(layout).activation(Activation::Relu6);
     let xt = gpu.tensor_from_f32(&in_shape, dtype, &x)?;
     let wt = gpu.tensor_from_f32(&[c, 1, 3, 3], dtype, &w)?;
     let bt = gpu.tensor_from_f32(&[c], dtype, &bias)?;

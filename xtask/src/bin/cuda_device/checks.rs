@@ -188,7 +188,7 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
                         let bt = upload(dev, &b_shape, dtype, &b)?;
                         let biast = upload(dev, &[n], dtype, &bias)?;
                         let ct = upload(dev, &[m, n], dtype, &c)?;
-                        let mut opts = MatmulOptions { trans_a: ta, trans_b: tb, precision, ..Default::default() };
+                        let mut opts = MatmulOptions::default().trans_a(ta).trans_b(tb).precision(precision);
                         if epi > 0 {
                             opts.alpha = if epi == 1 { 0.5 } else { 2.0 };
                             opts.beta = if epi == 1 { 0.25 } else { -1.0 };
@@ -220,7 +220,7 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         let run = |dev: &Device| -> Result<Vec<f32>> {
             let at = upload(dev, &[batch, m, k], dtype, &a)?;
             let bt = upload(dev, &[k, n], dtype, &b)?;
-            Ok(dev.matmul(&at, &bt, &MatmulOptions { precision, ..Default::default() })?.to_f32_vec()?)
+            Ok(dev.matmul(&at, &bt, &MatmulOptions::default().precision(precision))?.to_f32_vec()?)
         };
         let rule = Rule::exact_sums(Activation::None, 4.0 * k as f64);
         ck.record(
@@ -241,7 +241,7 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
             let at = upload(dev, &[batch, m, k], dtype, &a)?;
             let bt = upload(dev, &[k, n], dtype, &b)?;
             let ct = upload(dev, &[batch, m, n], dtype, &c)?;
-            let opts = MatmulOptions { precision, c: Some(&ct), beta: 0.5, ..Default::default() };
+            let opts = MatmulOptions::default().precision(precision).c(Some(&ct)).beta(0.5);
             Ok(dev.matmul(&at, &bt, &opts)?.to_f32_vec()?)
         };
         let rule = Rule::exact_sums(Activation::None, 4.0 * k as f64 + 0.5 * 2.0);
@@ -297,17 +297,17 @@ fn check_conv(gpu: &Device, ck: &mut Checker) -> Result<()> {
                     let in_shape = match layout {
                         Layout::Nchw => [n, c, h, w],
                         Layout::Nhwc => [n, h, w, c],
+                        other => unimplemented!("{other:?}"),
                     };
                     let x = ints(n * c * h * w, seed);
                     let wt = ints(c * mult * kh * kw, seed + 1);
                     let bias = ints(c * mult, seed + 2);
-                    let opts = Conv2dOptions {
-                        stride: [stride, stride],
-                        padding: [pad, pad, pad, pad],
-                        dilation: [dil, dil],
-                        layout,
-                        activation,
-                    };
+                    let opts = Conv2dOptions::default()
+                        .stride([stride, stride])
+                        .padding([pad, pad, pad, pad])
+                        .dilation([dil, dil])
+                        .layout(layout)
+                        .activation(activation);
                     let run = |dev: &Device| -> Result<Vec<f32>> {
                         let xt = upload(dev, &in_shape, dtype, &x)?;
                         let wtt = upload(dev, &[c * mult, 1, kh, kw], dtype, &wt)?;

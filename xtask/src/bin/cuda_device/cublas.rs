@@ -98,6 +98,7 @@ impl Blas {
             DType::F32 => self.run::<f32>(mode, m, n, k, a, b, reps, |x| x, |x| x),
             DType::F16 => self.run::<f16>(mode, m, n, k, a, b, reps, f16::from_f32, f16::to_f32),
             DType::Bf16 => self.run::<bf16>(mode, m, n, k, a, b, reps, bf16::from_f32, bf16::to_f32),
+            other => unimplemented!("{other:?}"),
         }
     }
 

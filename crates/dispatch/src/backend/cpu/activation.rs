@@ -133,6 +133,9 @@ fn map_inner<const FMA: bool>(act: Activation, x: &[f32], bias: Option<&[f32]>, 
         Activation::Gelu => map_with(gelu_erf::<FMA>, x, bias, out),
         Activation::GeluTanh => map_with(gelu_tanh::<FMA>, x, bias, out),
         Activation::Silu => map_with(silu::<FMA>, x, bias, out),
+        // Every variant there is is matched above; the arm exists because `Activation` is
+        // `#[non_exhaustive]`. A variant added without a CPU kernel fails the `Activation::ALL` tests.
+        other => unreachable!("{other:?} reached the CPU activation kernel"),
     }
 }
 
@@ -145,6 +148,9 @@ fn map_in_place_inner<const FMA: bool>(act: Activation, v: &mut [f32], bias: Opt
         Activation::Gelu => map_in_place_with(gelu_erf::<FMA>, v, bias),
         Activation::GeluTanh => map_in_place_with(gelu_tanh::<FMA>, v, bias),
         Activation::Silu => map_in_place_with(silu::<FMA>, v, bias),
+        // Every variant there is is matched above; the arm exists because `Activation` is
+        // `#[non_exhaustive]`. A variant added without a CPU kernel fails the `Activation::ALL` tests.
+        other => unreachable!("{other:?} reached the CPU activation kernel"),
     }
 }
 

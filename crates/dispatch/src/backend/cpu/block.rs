@@ -145,7 +145,8 @@ impl Block<'_> {
         run_all(&mut stage)?;
         out[..lens.output].par_chunks_mut(image).zip(stage.par_chunks(image)).for_each(|(o, s)| match d.layout {
             Layout::Nhwc => E::narrow_into(s, o),
-            Layout::Nchw => {
+            // NCHW (`Layout` is `#[non_exhaustive]`; `ops::layout_dims` admits only the two).
+            _ => {
                 // Transposed through a stack buffer (no allocation per image).
                 let mut buf = [0.0f32; 1024];
                 for c in 0..co {

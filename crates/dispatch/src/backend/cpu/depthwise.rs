@@ -89,7 +89,8 @@ impl Conv<'_> {
                     out.par_chunks_mut(per * plane).enumerate().for_each(|(t, dst)| run(t * per, dst));
                 }
             }
-            Layout::Nhwc => {
+            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
+            _ => {
                 let row = ow * occ;
                 let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, first, oh, ow, dst);
                 if work < PARALLEL_MIN {

@@ -100,6 +100,7 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
                 ops.run(desc, &mut o).expect("run");
                 load(&o)
             }
+            other => unimplemented!("{other:?}"),
         };
         let want32: Vec<f32> = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
         for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
@@ -214,6 +215,7 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
                 conv.run(&mut o).expect("run");
                 load(&o)
             }
+            other => unimplemented!("{other:?}"),
         };
         let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
         for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
@@ -334,6 +336,7 @@ fn activation_op_in_every_dtype() {
                             a.run::<bf16>(None, &mut ip).expect("run");
                             (load(&o), load(&ip))
                         }
+                        other => unimplemented!("{other:?}"),
                     };
                     for i in 0..len {
                         for (what, g) in [("out", got[i]), ("in place", got_in_place[i])] {
@@ -358,5 +361,6 @@ fn dtype_eps(dtype: DType) -> f32 {
         DType::F32 => 4.0 * f32::EPSILON,
         DType::F16 => 2.0 * 0.000_977,
         DType::Bf16 => 2.0 * 0.007_81,
+        other => unimplemented!("{other:?}"),
     }
 }

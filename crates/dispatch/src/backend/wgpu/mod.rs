@@ -668,9 +668,8 @@ impl WgpuBackend {
             Layout::Nchw => {
                 desc.batch.checked_mul(oc).and_then(|v| v.checked_mul(oh)).and_then(|v| v.checked_mul(ow.div_ceil(4)))
             }
-            Layout::Nhwc => {
-                desc.batch.checked_mul(oh).and_then(|v| v.checked_mul(ow)).and_then(|v| v.checked_mul(oc.div_ceil(4)))
-            }
+            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
+            _ => desc.batch.checked_mul(oh).and_then(|v| v.checked_mul(ow)).and_then(|v| v.checked_mul(oc.div_ceil(4))),
         };
         let items = to_u32(op, "output groups", groups.unwrap_or(usize::MAX))?;
         let mut flags = 0;
