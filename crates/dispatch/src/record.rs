@@ -106,8 +106,9 @@ impl Device {
 
 #[cfg(feature = "bench-refs")]
 impl Device {
-    /// Bench only: on wgpu, `false` makes every launch create its own parameter buffer and
-    /// bind group (what tilekit did before the uniform ring and the bind-group cache), so
+    /// Bench only: on wgpu, `false` makes every launch create its own parameter buffer, bind
+    /// group and command buffer inside error scopes (what tilekit did before the uniform ring,
+    /// the bind-group cache and the batch's shared encoder), so
     /// `cargo xtask bench --suite launch` times both in one run. No effect elsewhere.
     #[doc(hidden)]
     pub fn bench_set_launch_reuse(&self, on: bool) {

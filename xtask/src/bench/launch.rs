@@ -8,9 +8,10 @@
 //! the same for the floor: the same WGSL module from the kernel catalogue, compiled once,
 //! dispatched by a plain loop with a bind group and a parameter block built once — one compute
 //! pass per op in a shared encoder, submitted every 64 ops as tilekit does. tilekit is timed
-//! twice in the same run: as it runs (a uniform ring with dynamic offsets and cached bind
-//! groups) and with that reuse turned off (a parameter buffer and a bind group made per
-//! launch, as before the ring; `Device::bench_set_launch_reuse`). The ratio columns are each
+//! twice in the same run: as it runs (a uniform ring with dynamic offsets, cached bind
+//! groups, one shared encoder per batch and no error scopes per op) and with that reuse turned
+//! off (a parameter buffer, a bind group, a command buffer and three error scopes per op, as
+//! before; `Device::bench_set_launch_reuse`). The ratio columns are each
 //! over the floor, all measured in this run; the target is ≤ 1.5×. The "+wait" columns add
 //! the final `synchronize` (the device time of the chain).
 

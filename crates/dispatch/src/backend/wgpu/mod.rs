@@ -8,10 +8,10 @@
 //!   built on first use and cached by (kernel, storage variant, shape constants). f16 is stored natively
 //!   where the device has `SHADER_F16` (unless [`WgpuOptions::force_packed_f16`]), packed two
 //!   per `u32` otherwise; bf16 is always packed.
-//! - Ops are recorded without a host sync: each op becomes a command buffer (one compute pass
-//!   per launch) queued in `Pending`; the queue is submitted in one `Queue::submit` every
-//!   [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`, `synchronize`). Waits
-//!   poll with a timeout and return a typed error instead of hanging.
+//! - Ops are recorded without a host sync: the ops of a batch go into one shared command
+//!   encoder (one compute pass per launch) held in `Pending`, finished and submitted in one
+//!   `Queue::submit` every [`MAX_PENDING_OPS`] ops and whenever the host waits (`download`,
+//!   `synchronize`). Waits poll with a timeout and return a typed error instead of hanging.
 //! - Per-op host cost: each launch's parameter block goes to a slot of a uniform ring (the
 //!   slots of a submission written in one `write_buffer` just before it), bound with a dynamic
 //!   offset; pipelines have explicit bind-group layouts (read from the module's declarations)

@@ -1,6 +1,6 @@
-//! The submission queue: each op is recorded as one command buffer (one compute pass per
-//! launch) and queued; the queue is submitted every [`MAX_PENDING_OPS`] ops and whenever the
-//! host waits; waits poll with a timeout. Also the launch shapes every op shares: bindings,
+//! The submission queue: the ops of a batch are recorded into one command encoder (one
+//! compute pass per launch), which is finished and submitted every [`MAX_PENDING_OPS`] ops and
+//! whenever the host waits; waits poll with a timeout. Also the launch shapes every op shares: bindings,
 //! 1-D grids folded into 2-D, chunks within the storage-binding limit.
 
 use super::*;
@@ -26,12 +26,24 @@ pub(super) struct Launch<'a> {
     pub(super) grid: [u32; 3],
 }
 
-/// Work recorded but not yet submitted: one finished command buffer per op. One encoder per
-/// op (rather than one shared encoder) keeps a failed op from invalidating the ops recorded
-/// before it: its command buffer is never queued, the others are.
+/// Work recorded but not yet submitted.
+///
+/// The ops of a batch share one command encoder (`encoder`), as an engine's own loop would:
+/// a command buffer per op costs the driver a command buffer each (on lavapipe about as much as
+/// the dispatch itself). Everything an op can get wrong is checked before its first pass is
+/// recorded (arguments, limits, ring slots, bind groups), so a failed op leaves the batch's
+/// encoder untouched. What wgpu could only find while encoding the passes would surface when
+/// the batch is finished and would fail the batch (the op that submits it returns the error);
+/// no such error is known, and the device's loss fails everything anyway.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
+    /// Finished command buffers, in order (the shared encoder's work, sealed before any op
+    /// that brings a command buffer of its own).
     pub(super) buffers: Vec<wgpu::CommandBuffer>,
+    /// The batch's open encoder, if an op has recorded into it since the last seal.
+    pub(super) encoder: Option<wgpu::CommandEncoder>,
+    /// Ops recorded since the last submission.
+    pub(super) ops: usize,
     /// The parameter blocks of the pending launches, one per ring slot (`State::ring_stride`
     /// apart): written to the uniform ring in one `write_buffer` just before the submit, which
     /// orders it after every earlier submission and before these command buffers.
@@ -122,26 +134,45 @@ impl WgpuBackend {
             }
         }
         let mut pending = self.lock_pending()?;
-        let commands = if launches.len() > RING_SLOTS || !self.reuse.load(Ordering::Relaxed) {
-            // More launches than the ring holds (a matmul split into many blocks).
-            self.scoped(0, || {
+        if launches.len() > RING_SLOTS || !self.reuse.load(Ordering::Relaxed) {
+            // More launches than the ring holds (a matmul split into many blocks), or the
+            // bench's old path: a command buffer of its own, after the batch's encoder.
+            let commands = self.scoped(0, || {
                 let mut encoder =
                     self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
                 self.encode_fresh(&mut encoder, op, pipeline, uniform_slot, launches, &queries)?;
                 Ok(encoder.finish())
-            })??
+            })??;
+            self.seal(&mut pending)?;
+            pending.buffers.push(commands);
         } else {
             if pending.ring_used + launches.len() > RING_SLOTS {
                 self.submit(&mut pending, None)?;
             }
             let first = pending.ring_used;
-            let commands = self.op_checked(0, || {
-                let mut encoder =
-                    self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(op) });
-                self.encode_ring(&mut encoder, op, pipeline, uniform_slot, launches, &queries, first)?;
-                Ok(encoder.finish())
-            })??;
+            // Everything that can fail comes before the first pass is recorded: ring offsets
+            // and bind groups (made or taken from the cache).
             let stride = self.ring_stride as usize;
+            let mut bound = Vec::with_capacity(launches.len());
+            for (i, launch) in launches.iter().enumerate() {
+                let offset = u32::try_from((first + i) * stride)
+                    .map_err(|_| Error::Overflow { op, what: "a uniform ring offset".into() })?;
+                bound.push((
+                    self.op_checked(0, || self.cached_bind_group(op, pipeline, uniform_slot, launch))??,
+                    offset,
+                ));
+            }
+            let mut encoder = match pending.encoder.take() {
+                Some(e) => e,
+                None => self.op_checked(0, || {
+                    self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("tilekit batch") })
+                })?,
+            };
+            for (i, (bind_group, offset)) in bound.iter().enumerate() {
+                let grid = launches[i].grid;
+                self.encode_pass(&mut encoder, op, pipeline, bind_group, *offset, grid, queries.get(i));
+            }
+            pending.encoder = Some(encoder);
             let end = (first + launches.len()) * stride;
             if pending.ring_image.len() < end {
                 pending.ring_image.resize(end, 0);
@@ -151,33 +182,10 @@ impl WgpuBackend {
                 pending.ring_image[at..at + launch.params.len()].copy_from_slice(&launch.params);
             }
             pending.ring_used = first + launches.len();
-            commands
-        };
-        pending.buffers.push(commands);
-        if pending.buffers.len() >= MAX_PENDING_OPS {
-            self.submit(&mut pending, None)?;
         }
-        Ok(())
-    }
-
-    /// Encodes `launches` with their parameter blocks in ring slots `first..`, each bound by
-    /// a cached bind group and a dynamic offset.
-    #[allow(clippy::too_many_arguments)]
-    fn encode_ring(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        op: &'static str,
-        pipeline: &Pipeline,
-        uniform_slot: u32,
-        launches: &[Launch<'_>],
-        queries: &[Option<(wgpu::QuerySet, u32)>],
-        first: usize,
-    ) -> Result<()> {
-        for (i, launch) in launches.iter().enumerate() {
-            let bind_group = self.cached_bind_group(op, pipeline, uniform_slot, launch)?;
-            let offset = u32::try_from((first + i) as u64 * self.ring_stride)
-                .map_err(|_| Error::Overflow { op, what: "a uniform ring offset".into() })?;
-            self.encode_pass(encoder, op, pipeline, &bind_group, offset, launch.grid, queries.get(i));
+        pending.ops += 1;
+        if pending.ops >= MAX_PENDING_OPS {
+            self.submit(&mut pending, None)?;
         }
         Ok(())
     }
@@ -295,7 +303,14 @@ impl WgpuBackend {
         pending: &mut Pending,
         extra: Option<wgpu::CommandBuffer>,
     ) -> Result<Option<wgpu::SubmissionIndex>> {
+        pending.ops = 0;
+        let sealed = self.seal(pending);
         let mut buffers = std::mem::take(&mut pending.buffers);
+        if let Err(e) = sealed {
+            // The batch is lost (its encoder failed); its ring slots are free again.
+            pending.ring_used = 0;
+            return Err(e);
+        }
         buffers.extend(extra);
         let used = std::mem::take(&mut pending.ring_used) * self.ring_stride as usize;
         if used > 0 {
@@ -307,6 +322,18 @@ impl WgpuBackend {
         let index = self.scoped(0, || self.queue.submit(buffers))?;
         self.submissions.fetch_add(1, Ordering::Relaxed);
         Ok(Some(index))
+    }
+
+    /// Finishes the batch's shared encoder, if one is open, into `pending.buffers`.
+    fn seal(&self, pending: &mut Pending) -> Result<()> {
+        match pending.encoder.take() {
+            Some(encoder) => {
+                let commands = self.scoped(0, || encoder.finish())?;
+                pending.buffers.push(commands);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Blocks until `index` (or everything submitted) has finished, with a timeout.
