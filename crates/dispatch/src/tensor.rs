@@ -315,4 +315,3 @@ mod tests {
         assert_eq!(Device::cpu().live_buffer_bytes(), 0);
     }
 }
-

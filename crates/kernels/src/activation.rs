@@ -288,6 +288,15 @@ pub fn silu_f32(x: f32) -> f32 {
     }
 }
 
+impl GluDesc {
+    /// `rows` rows of `h` (`2F` wide) into `rows × F` outputs, the gate half through
+    /// `activation`.
+    pub const fn new(rows: usize, f: usize, activation: Activation) -> GluDesc {
+        GluDesc { rows, f, activation }
+    }
+}
+
+crate::field_setters!(GluDesc { rows: usize, f: usize, activation: Activation });
 #[cfg(test)]
 mod tests {
     use super::*;

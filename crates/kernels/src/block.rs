@@ -388,6 +388,42 @@ pub fn bounds(
     out
 }
 
+impl InvertedResidualDesc {
+    /// A block on a dense `[batch, channels, height, width]` input (given in that order
+    /// whatever the layout) projecting to `out_channels`: no expand (`hidden = channels`),
+    /// stride 1, no biases; the setters change the rest (`.expand(true).hidden(6 * c)`).
+    pub const fn new(layout: Layout, [batch, channels, height, width]: [usize; 4], out_channels: usize) -> Self {
+        InvertedResidualDesc {
+            batch,
+            channels,
+            height,
+            width,
+            hidden: channels,
+            out_channels,
+            stride: 1,
+            expand: false,
+            layout,
+            expand_bias: false,
+            dw_bias: false,
+            project_bias: false,
+        }
+    }
+}
+
+crate::field_setters!(InvertedResidualDesc {
+    batch: usize,
+    channels: usize,
+    height: usize,
+    width: usize,
+    hidden: usize,
+    out_channels: usize,
+    stride: usize,
+    expand: bool,
+    layout: Layout,
+    expand_bias: bool,
+    dw_bias: bool,
+    project_bias: bool,
+});
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,6 +371,122 @@ pub struct ActivationDesc {
     pub activation: Activation,
 }
 
+impl MatrixView {
+    /// A view with its three fields: the element offset of the first element of batch 0, the
+    /// leading dimension and the batch stride.
+    pub const fn new(offset: usize, ld: usize, batch_stride: usize) -> MatrixView {
+        MatrixView { offset, ld, batch_stride }
+    }
+}
+
+crate::field_setters!(MatrixView { offset: usize, ld: usize, batch_stride: usize });
+
+crate::field_setters!(MatmulDesc {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    trans_a: bool,
+    trans_b: bool,
+    a: MatrixView,
+    b: MatrixView,
+    c: Option<MatrixView>,
+    bias_offset: Option<usize>,
+    out: MatrixView,
+    alpha: f32,
+    beta: f32,
+    activation: Activation,
+    precision: Precision,
+});
+
+impl Conv2dDesc {
+    /// A `kh × kw` depthwise convolution of a dense `[batch, channels, height, width]` input
+    /// (given in that order whatever the layout) with multiplier 1, stride 1, no padding,
+    /// dilation 1, no bias and no activation; the setters change the rest.
+    pub const fn new(
+        layout: Layout,
+        [batch, channels, height, width]: [usize; 4],
+        [kernel_h, kernel_w]: [usize; 2],
+    ) -> Conv2dDesc {
+        Conv2dDesc {
+            batch,
+            channels,
+            height,
+            width,
+            multiplier: 1,
+            kernel_h,
+            kernel_w,
+            stride_h: 1,
+            stride_w: 1,
+            pad_top: 0,
+            pad_bottom: 0,
+            pad_left: 0,
+            pad_right: 0,
+            dilation_h: 1,
+            dilation_w: 1,
+            layout,
+            has_bias: false,
+            activation: Activation::None,
+        }
+    }
+
+    /// Sets both strides: `[vertical, horizontal]`.
+    #[must_use]
+    pub const fn stride(mut self, [h, w]: [usize; 2]) -> Conv2dDesc {
+        self.stride_h = h;
+        self.stride_w = w;
+        self
+    }
+
+    /// Sets the padding: `[top, bottom, left, right]`.
+    #[must_use]
+    pub const fn padding(mut self, [top, bottom, left, right]: [usize; 4]) -> Conv2dDesc {
+        self.pad_top = top;
+        self.pad_bottom = bottom;
+        self.pad_left = left;
+        self.pad_right = right;
+        self
+    }
+
+    /// Sets both dilations: `[vertical, horizontal]`.
+    #[must_use]
+    pub const fn dilation(mut self, [h, w]: [usize; 2]) -> Conv2dDesc {
+        self.dilation_h = h;
+        self.dilation_w = w;
+        self
+    }
+}
+
+crate::field_setters!(Conv2dDesc {
+    batch: usize,
+    channels: usize,
+    height: usize,
+    width: usize,
+    multiplier: usize,
+    kernel_h: usize,
+    kernel_w: usize,
+    stride_h: usize,
+    stride_w: usize,
+    pad_top: usize,
+    pad_bottom: usize,
+    pad_left: usize,
+    pad_right: usize,
+    dilation_h: usize,
+    dilation_w: usize,
+    layout: Layout,
+    has_bias: bool,
+    activation: Activation,
+});
+
+impl ActivationDesc {
+    /// `len` elements, a bias of `bias_len` elements (or none) broadcast along the last
+    /// dimension, then `activation`.
+    pub const fn new(len: usize, bias_len: Option<usize>, activation: Activation) -> ActivationDesc {
+        ActivationDesc { len, bias_len, activation }
+    }
+}
+
+crate::field_setters!(ActivationDesc { len: usize, bias_len: Option<usize>, activation: Activation });
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,28 @@
 //! It depends on no GPU runtime, so an engine that owns its own device can take the kernel
 //! sources and parameter layouts from here and launch them itself.
 
+/// Chainable setters `field(value) -> Self`, one per listed field, for tilekit's
+/// `#[non_exhaustive]` descriptor and option structs: callers outside the defining crate
+/// build them from a constructor (`MatmulDesc::new(m, n, k).trans_b(true)`) or by assigning the
+/// fields of a value, since struct literals are not allowed there. Each setter takes the
+/// field's own type. (Used by `tilekit` for its option structs too.)
+#[doc(hidden)]
+#[macro_export]
+macro_rules! field_setters {
+    ($name:ident $(<$lt:lifetime>)? { $($field:ident: $ty:ty),* $(,)? }) => {
+        impl$(<$lt>)? $name$(<$lt>)? {
+            $(
+                #[doc = concat!("Sets [`Self::", stringify!($field), "`].")]
+                #[must_use]
+                pub fn $field(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
 pub mod activation;
 pub mod block;
 pub mod catalogue;

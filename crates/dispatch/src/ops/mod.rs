@@ -1,28 +1,20 @@
 //! The public ops: shape-level entry points, their validation, and the hand-off to the
 //! backend. Everything a caller controls is checked here, once, for every backend.
 
-/// `new()` (the `Default`) and one chainable setter per field, named after it, for an option
-/// struct. The option structs are `#[non_exhaustive]` (a field added later is not a breaking
-/// change), so callers outside tilekit build them as
+/// `new()` (the `Default`) and one chainable setter per field (`tilekit_kernels::field_setters`)
+/// for an option struct. The option structs are `#[non_exhaustive]` (a field added later is not
+/// a breaking change), so callers outside tilekit build them as
 /// `MatmulOptions::new().trans_b(true).activation(Activation::Gelu)` or by assigning the fields
-/// of a `default()` value, not with struct literals. Each setter takes the field's own type
-/// (`.bias(Some(&b))`).
+/// of a `default()` value, not with struct literals.
 macro_rules! option_setters {
-    ($name:ident $(<$lt:lifetime>)? { $($field:ident: $ty:ty),* $(,)? }) => {
+    ($name:ident $(<$lt:lifetime>)? { $($body:tt)* }) => {
         impl$(<$lt>)? $name$(<$lt>)? {
             /// The default options (as [`Default::default`]).
             pub fn new() -> Self {
                 Self::default()
             }
-            $(
-                #[doc = concat!("Sets [`Self::", stringify!($field), "`].")]
-                #[must_use]
-                pub fn $field(mut self, $field: $ty) -> Self {
-                    self.$field = $field;
-                    self
-                }
-            )*
         }
+        tilekit_kernels::field_setters!($name$(<$lt>)? { $($body)* });
     };
 }
 
