@@ -44,13 +44,14 @@
 //! The module by concern: `driver.rs` (probe, driver and device checks, error mapping),
 //! `buffers.rs` (device buffers, tilekit's and engines'), `launch.rs` (module and function
 //! caches, launches and their geometry), `ops.rs` (the [`BackendOps`] implementation),
-//! `depthwise.rs` (the depthwise convolution's launch).
+//! `depthwise.rs` (the depthwise convolution's launch), `quant.rs` (`matmul_quant`'s launches).
 
 mod buffers;
 mod depthwise;
 mod driver;
 mod launch;
 mod ops;
+mod quant;
 #[cfg(test)]
 mod tests;
 

@@ -5,7 +5,7 @@ use super::buffers::CudaMem;
 use super::driver::{map_err, version_string};
 use super::launch::{stride_blocks, to_i64};
 use super::{CudaBackend, CudaStorage, KIND};
-use crate::backend::BackendOps;
+use crate::backend::{BackendOps, QuantView};
 use crate::{BackendKind, Error, Result};
 use cudarc::driver::result;
 use tilekit_kernels::catalogue::cuda as cat;
@@ -140,6 +140,19 @@ impl BackendOps for CudaBackend {
                 self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
             }
         }
+    }
+
+    fn matmul_quant(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &CudaStorage,
+        w: &QuantView<'_, CudaStorage>,
+        bias: Option<&CudaStorage>,
+        c: Option<&CudaStorage>,
+        out: &CudaStorage,
+    ) -> Result<()> {
+        self.quant_matmul(desc, dtype, a, w, bias, c, out)
     }
 
     fn depthwise_conv2d(
