@@ -22,6 +22,8 @@
 //! - `qgemv_<fmt>_<storage>_m{4,16}` and `qmatmul_<fmt>_<storage>` — a quantized weight
 //!   (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) as B, dequantized in registers (M ≤ 16) or into shared
 //!   memory tiles (`qmatmul.cu`, [`quant`]);
+//! - `inverted_residual_<dtype>` — the fused MobileNetV2 block, expanded tensor in shared memory
+//!   (`inverted_residual.cu`, [`block`]);
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
 //! - `activation_<dtype>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
@@ -31,6 +33,7 @@
 
 use crate::{DType, Layout, Precision};
 
+pub mod block;
 pub mod gemv;
 pub mod quant;
 
@@ -60,12 +63,21 @@ pub enum Module {
     Gemv,
     /// `qmatmul.cu`: matmuls with a quantized (GGUF block) weight ([`quant`]).
     Qmatmul,
+    /// `inverted_residual.cu`: the fused inverted-residual block ([`block`]).
+    InvertedResidual,
 }
 
 impl Module {
     /// Every module, in a fixed order ([`Module::index`]).
-    pub const ALL: [Module; 6] =
-        [Module::MatmulSimt, Module::MatmulMma, Module::Depthwise, Module::Elementwise, Module::Gemv, Module::Qmatmul];
+    pub const ALL: [Module; 7] = [
+        Module::MatmulSimt,
+        Module::MatmulMma,
+        Module::Depthwise,
+        Module::Elementwise,
+        Module::Gemv,
+        Module::Qmatmul,
+        Module::InvertedResidual,
+    ];
 
     /// The module's position in [`Module::ALL`] (for per-module caches).
     pub const fn index(self) -> usize {
@@ -76,6 +88,7 @@ impl Module {
             Module::Elementwise => 3,
             Module::Gemv => 4,
             Module::Qmatmul => 5,
+            Module::InvertedResidual => 6,
         }
     }
 
@@ -88,6 +101,7 @@ impl Module {
             Module::Elementwise => "elementwise",
             Module::Gemv => "gemv",
             Module::Qmatmul => "qmatmul",
+            Module::InvertedResidual => "inverted_residual",
         }
     }
 
@@ -100,6 +114,7 @@ impl Module {
             Module::Elementwise => include_str!("../../../../shaders/ptx/elementwise.ptx"),
             Module::Gemv => include_str!("../../../../shaders/ptx/gemv.ptx"),
             Module::Qmatmul => include_str!("../../../../shaders/ptx/qmatmul.ptx"),
+            Module::InvertedResidual => include_str!("../../../../shaders/ptx/inverted_residual.ptx"),
         }
     }
 }

@@ -8,7 +8,8 @@
 //!   activation; the tolerance (`tilekit_kernels::tolerance`, its accumulation term zero)
 //!   only covers the epilogue, the activation formulas' last bits and one rounding of 16-bit
 //!   storage. `matmul_quant` with every GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) is
-//!   checked against the CPU backend's on the decode, split-K and tiled paths. Device memory
+//!   checked against the CPU backend's on the decode, split-K and tiled paths, and the fused
+//!   inverted-residual block against the CPU backend's fused block. Device memory
 //!   (`cuMemGetInfo`) is reported before and after. Exits non-zero on any mismatch.
 //! - `tilekit-cuda-device bench [--json FILE]`: the CUDA figures: matmul 4096³ (f32, f16, bf16,
 //!   f32 with bf16 products) against cuBLAS in its default math mode (SGEMM; GemmEx with f32
@@ -22,11 +23,12 @@
 //!   engine on its stream.
 //!
 //! Modules: `data` (inputs), `checks` (the check mode and the comparison rule), `quant` (the
-//! quantized-matmul checks), `interop`, `bench`,
+//! quantized-matmul checks), `block` (the fused inverted-residual block), `interop`, `bench`,
 //! `timing`, `cublas` (the baseline's two handles).
 #![allow(clippy::unwrap_used)] // A measurement tool: a failed setup should stop it loudly.
 
 mod bench;
+mod block;
 mod checks;
 mod cublas;
 mod data;

@@ -44,8 +44,10 @@
 //! The module by concern: `driver.rs` (probe, driver and device checks, error mapping),
 //! `buffers.rs` (device buffers, tilekit's and engines'), `launch.rs` (module and function
 //! caches, launches and their geometry), `ops.rs` (the [`BackendOps`] implementation),
-//! `depthwise.rs` (the depthwise convolution's launch), `quant.rs` (`matmul_quant`'s launches).
+//! `depthwise.rs` (the depthwise convolution's launch), `quant.rs` (`matmul_quant`'s launches),
+//! `block.rs` (the fused inverted-residual block).
 
+mod block;
 mod buffers;
 mod depthwise;
 mod driver;

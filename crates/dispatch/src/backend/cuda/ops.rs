@@ -5,11 +5,11 @@ use super::buffers::CudaMem;
 use super::driver::{map_err, version_string};
 use super::launch::{stride_blocks, to_i64};
 use super::{CudaBackend, CudaStorage, KIND};
-use crate::backend::{BackendOps, QuantView};
+use crate::backend::{BackendOps, BlockArgs, QuantView};
 use crate::{BackendKind, Error, Result};
 use cudarc::driver::result;
 use tilekit_kernels::catalogue::cuda as cat;
-use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, MatmulDesc};
+use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, MatmulDesc};
 
 impl BackendOps for CudaBackend {
     type Storage = CudaStorage;
@@ -153,6 +153,16 @@ impl BackendOps for CudaBackend {
         out: &CudaStorage,
     ) -> Result<()> {
         self.quant_matmul(desc, dtype, a, w, bias, c, out)
+    }
+
+    fn inverted_residual(
+        &self,
+        desc: &InvertedResidualDesc,
+        dtype: DType,
+        args: &BlockArgs<'_, CudaStorage>,
+        out: &CudaStorage,
+    ) -> Result<()> {
+        self.run_block(desc, dtype, args, out)
     }
 
     fn depthwise_conv2d(

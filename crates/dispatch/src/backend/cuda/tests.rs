@@ -72,3 +72,56 @@ fn quantized_matmul_launches() {
         Err(Error::UnsupportedQuantType { op: "matmul_quant", .. })
     ));
 }
+
+/// The fused block's grid and flags: 8 × 8 output tiles, 64 output channels per block, the
+/// residual only at stride 1 with C = C', the 16-byte vector paths only where whole rows are
+/// vectors, and typed errors where the kernel's i32 arithmetic or the grid would not hold.
+#[test]
+fn fused_block_geometry() {
+    use super::block::{BlockOperands, block_geometry};
+    use tilekit_kernels::catalogue::cuda::block::block_flags as f;
+    use tilekit_kernels::{DType, InvertedResidualDesc, Layout};
+    // Built by assignment from a catalogue block (the descriptor may gain fields).
+    let desc = |c: usize, hidden: usize, co: usize, hw: usize, stride: usize, layout: Layout| {
+        let mut d: InvertedResidualDesc = InvertedResidualDesc::mobilenet_v2_blocks(1, 224, layout)[1];
+        d.channels = c;
+        d.height = hw;
+        d.width = hw;
+        d.hidden = hidden;
+        d.out_channels = co;
+        d.stride = stride;
+        d.expand = hidden != c;
+        d
+    };
+    let all = BlockOperands { expand: true, expand_bias: true, dw_bias: true, project_bias: true };
+    // MobileNetV2's second block: 112² × 16 → 96 → 24, stride 2: 56² outputs in 7 × 7 tiles.
+    let (p, grid) = block_geometry(&desc(16, 96, 24, 112, 2, Layout::Nchw), DType::F32, all).expect("fits");
+    assert_eq!(grid, (49, 1));
+    assert_eq!((p.out_h, p.out_w, p.tiles_w), (56, 56, 7));
+    let want = f::EXPAND | f::EXPAND_BIAS | f::DW_BIAS | f::PROJECT_BIAS | f::WE_VEC | f::WP_VEC;
+    assert_eq!(p.flags, want);
+    // Stride 1, C = C', NHWC, f16 (8 elements per vector): residual and the NHWC vector path.
+    let (p, grid) = block_geometry(&desc(24, 144, 24, 9, 1, Layout::Nhwc), DType::F16, all).expect("fits");
+    assert_eq!(grid, (4, 1));
+    assert_eq!(
+        p.flags & (f::RESIDUAL | f::NHWC | f::X_VEC | f::WE_VEC | f::WP_VEC),
+        f::RESIDUAL | f::NHWC | f::X_VEC | f::WE_VEC | f::WP_VEC
+    );
+    // Channel counts off the vector: scalar paths; 160 output channels: 3 channel blocks.
+    let (p, grid) = block_geometry(&desc(3, 18, 160, 5, 1, Layout::Nhwc), DType::F32, all).expect("fits");
+    assert_eq!(grid, (1, 3));
+    assert_eq!(p.flags & (f::WE_VEC | f::WP_VEC | f::X_VEC | f::RESIDUAL), 0);
+    // No expand operand: no expand flags, whatever the desc's channel counts.
+    let none = BlockOperands { dw_bias: true, ..BlockOperands::default() };
+    let (p, _) = block_geometry(&desc(32, 32, 16, 7, 1, Layout::Nchw), DType::Bf16, none).expect("fits");
+    assert_eq!(p.flags, f::DW_BIAS | f::WP_VEC);
+    // Past the grid's y limit or i32 coordinates: typed overflow errors.
+    assert!(matches!(
+        block_geometry(&desc(8, 48, 64 * 65536, 5, 1, Layout::Nchw), DType::F32, all),
+        Err(Error::Overflow { op: "inverted_residual", .. })
+    ));
+    assert!(matches!(
+        block_geometry(&desc(8, 48, 8, i32::MAX as usize, 1, Layout::Nchw), DType::F32, all),
+        Err(Error::Overflow { op: "inverted_residual", .. })
+    ));
+}
