@@ -166,6 +166,132 @@ mod tests {
         assert_eq!(quant_kernel(GgmlType::F16, DType::F32, 1), None);
     }
 
+    /// A host transliteration of `qraw_load` + `qraw_dequant` in `qmatmul.cu`: run `r` of block
+    /// `g` from the two planes, read as the kernel reads them (aligned 16-byte vectors, 32-bit
+    /// words, the Q4_K select of two vectors, the Q6_K scale byte's word and shift).
+    fn kernel_run(ty: GgmlType, sc: &[u8], body: &[u8], g: usize, r: usize) -> [f32; 16] {
+        let vec16 = |off: usize| -> [u32; 4] {
+            assert_eq!(off % 16, 0, "an unaligned 16-byte load");
+            std::array::from_fn(|i| {
+                let b = &body[off + 4 * i..];
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            })
+        };
+        let ld32 = |p: &[u8], off: usize| {
+            assert_eq!(off % 4, 0, "an unaligned 32-bit load");
+            u32::from_le_bytes([p[off], p[off + 1], p[off + 2], p[off + 3]])
+        };
+        let ld16 = |g: usize| u32::from(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+        let h2f = |b: u32| half::f16::from_bits(b as u16).to_f32();
+        let byte_of = |v: &[u32; 4], i: usize| (v[i >> 2] >> (8 * (i & 3))) & 0xff;
+        let mut w = [0.0f32; 16];
+        match ty {
+            GgmlType::Q8_0 => {
+                let (v, d) = (vec16(g * 32 + 16 * r), h2f(ld16(g)));
+                for (i, w) in w.iter_mut().enumerate() {
+                    *w = f32::from(byte_of(&v, i) as u8 as i8) * d;
+                }
+            }
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let v = vec16(g * 16);
+                let bits = if ty == GgmlType::Q4_0 { ld16(g) } else { ld32(sc, 4 * g) };
+                let (d, m) = (h2f(bits), h2f(bits >> 16));
+                for (i, w) in w.iter_mut().enumerate() {
+                    let nib = (byte_of(&v, i) >> (4 * r)) & 15;
+                    *w = if ty == GgmlType::Q4_0 { (nib as i32 - 8) as f32 * d } else { nib as f32 * d + m };
+                }
+            }
+            GgmlType::Q4K => {
+                let base = g * 140;
+                let q = [ld32(body, base), ld32(body, base + 4), ld32(body, base + 8)];
+                let b12 = |i: usize| (q[i / 4] >> (8 * (i & 3))) & 0xff;
+                let off = base + 12 + 32 * (r >> 2) + 16 * (r & 1);
+                let al = off & !15;
+                let v0 = vec16(al);
+                let v1 = if off != al { vec16(al + 16) } else { [0; 4] };
+                let bits = ld32(sc, 4 * g);
+                let (d, dmin) = (h2f(bits), h2f(bits >> 16));
+                let s = r >> 1;
+                let (scv, mv) = if s < 4 {
+                    (b12(s) & 63, b12(s + 4) & 63)
+                } else {
+                    ((b12(s + 4) & 15) | ((b12(s - 4) >> 6) << 4), (b12(s + 4) >> 4) | ((b12(s) >> 6) << 4))
+                };
+                let (d1, m1) = (d * scv as f32, dmin * mv as f32);
+                let wsh = (3 * (g + 1)) & 3;
+                assert_eq!(4 * wsh, off - al, "the kernel's word shift");
+                let words = [v0[0], v0[1], v0[2], v0[3], v1[0], v1[1], v1[2], v1[3]];
+                for (i, w) in w.iter_mut().enumerate() {
+                    let nib = (words[i / 4 + wsh] >> (8 * (i % 4) + 4 * ((r >> 1) & 1))) & 15;
+                    *w = d1 * nib as f32 - m1;
+                }
+            }
+            GgmlType::Q6K => {
+                let base = g * 208;
+                let (h, t, j) = (r >> 3, (r & 7) >> 1, r & 1);
+                let v0 = vec16(base + 64 * h + 32 * (t & 1) + 16 * j);
+                let v1 = vec16(base + 128 + 32 * h + 16 * j);
+                let so = base + 192 + 8 * h + j + 2 * t;
+                let scale = ((ld32(body, so & !3) >> (8 * (so & 3))) & 0xff) as u8 as i8;
+                let ds = h2f(ld16(g)) * f32::from(scale);
+                for (i, w) in w.iter_mut().enumerate() {
+                    let lo = (byte_of(&v0, i) >> (4 * (t >> 1))) & 15;
+                    let hb = (byte_of(&v1, i) >> (2 * t)) & 3;
+                    *w = ds * ((lo | (hb << 4)) as i32 - 32) as f32;
+                }
+            }
+            _ => unreachable!("a dense type"),
+        }
+        w
+    }
+
+    /// The kernels' run decomposition reproduces `quant::dequantize` bit for bit on random
+    /// blocks of every format (every Q4_K alignment of its 140-byte bodies included), reading
+    /// the planes only with the aligned loads the kernels use. This checks the index and bit
+    /// arithmetic `qmatmul.cu` mirrors; the CUDA code itself runs only on a GPU
+    /// (`cargo xtask device-check`).
+    #[test]
+    fn the_run_decomposition_reproduces_the_reference() {
+        for ty in GgmlType::QUANTIZED {
+            let (sb, bb, first) = match ty {
+                GgmlType::Q8_0 => (2, 32, true),
+                GgmlType::Q4_0 => (2, 16, true),
+                GgmlType::Q4_1 => (4, 16, true),
+                GgmlType::Q4K => (4, 140, true),
+                _ => (2, 208, false),
+            };
+            let blocks = 13;
+            let mut s = 0x9e3779b97f4a7c15u64 ^ ty.block_bytes() as u64;
+            let data: Vec<u8> = (0..blocks * ty.block_bytes())
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (s >> 56) as u8
+                })
+                .collect();
+            // The planes as `quant_tensor.rs` splits them, padded to whole 16-byte vectors as
+            // tilekit's allocations are.
+            let (mut sc, mut body) = (Vec::new(), Vec::new());
+            for blk in data.chunks_exact(ty.block_bytes()) {
+                let (a, b) = if first { blk.split_at(sb) } else { (&blk[bb..], &blk[..bb]) };
+                sc.extend_from_slice(a);
+                body.extend_from_slice(b);
+            }
+            sc.resize(sc.len().div_ceil(16) * 16 + 16, 0);
+            body.resize(body.len().div_ceil(16) * 16 + 16, 0);
+            let bs = ty.block_size();
+            let want = crate::quant::dequantize(ty, &data, &[1, blocks * bs]).expect("valid blocks");
+            for g in 0..blocks {
+                for r in 0..bs / RUN {
+                    let got = kernel_run(ty, &sc, &body, g, r);
+                    let w = &want[g * bs + r * RUN..][..RUN];
+                    for i in 0..RUN {
+                        assert_eq!(got[i].to_bits(), w[i].to_bits(), "{ty} block {g} run {r} weight {i}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_plan_covers_k_in_whole_blocks_and_fills_two_waves() {
         for ty in GgmlType::QUANTIZED {
