@@ -49,7 +49,7 @@ pub fn block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Resu
 }
 
 /// One inverted-residual block as one fused op ([`Device::inverted_residual`]: the expanded
-/// tensor stays on chip). Where the backend has no fused kernel (`Error::Backend`, today CUDA)
+/// tensor stays on chip). Where the backend has no fused kernel (`Error::Backend`)
 /// or refuses the tensors, the unfused chain ([`block`]) runs instead.
 pub fn fused_block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Result<Tensor, tilekit::Error> {
     let weights = tilekit::BlockWeights {

@@ -9,8 +9,8 @@
 //! - The weights are `blk.N.ffn_gate.weight`, `blk.N.ffn_up.weight` (`[F, K]` in numpy order)
 //!   and `blk.N.ffn_down.weight` (`[K, F]`), in any type tilekit reads (F32, F16, BF16, Q8_0,
 //!   Q4_0, Q4_1, Q4_K, Q6_K). Dense weights of one type run in that dtype; anything else runs in
-//!   f32. Quantized weights stay quantized on the device where it has quantized kernels (the
-//!   CPU today) and are dequantized on the host elsewhere (see `mlp.rs`, `matmul_b_operand`).
+//!   f32. Quantized weights stay quantized on the device where it has quantized kernels (CPU
+//!   and CUDA today) and are dequantized on the host elsewhere (see `mlp.rs`, `matmul_b_operand`).
 //! - `X.npy` is a C-order float32 (or float16) array of shape `[K]` or `[M, K]`; `Y.npy` is
 //!   float32 of the same shape.
 //! - Any problem is one line on stderr (naming the tensor or file) and exit status 1.

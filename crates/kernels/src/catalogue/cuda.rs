@@ -19,6 +19,11 @@
 //!   blocks, across blocks ([`gemv`]);
 //! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, 16 < M ≤ 32 with B stored K × N
 //!   (`matmul_simt.cu`): a block per 32 columns, K split across warps;
+//! - `qgemv_<fmt>_<storage>_m{4,16}` and `qmatmul_<fmt>_<storage>` — a quantized weight
+//!   (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) as B, dequantized in registers (M ≤ 16) or into shared
+//!   memory tiles (`qmatmul.cu`, [`quant`]);
+//! - `inverted_residual_<dtype>` — the fused MobileNetV2 block, expanded tensor in shared memory
+//!   (`inverted_residual.cu`, [`block`]);
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
 //! - `activation_<dtype>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
@@ -28,7 +33,9 @@
 
 use crate::{DType, Layout, Precision};
 
+pub mod block;
 pub mod gemv;
+pub mod quant;
 
 /// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
 pub const PTX_ISA: &str = "8.4";
@@ -54,12 +61,23 @@ pub enum Module {
     Elementwise,
     /// `gemv.cu`: GEMV / skinny GEMM for M <= 16, both layouts of B.
     Gemv,
+    /// `qmatmul.cu`: matmuls with a quantized (GGUF block) weight ([`quant`]).
+    Qmatmul,
+    /// `inverted_residual.cu`: the fused inverted-residual block ([`block`]).
+    InvertedResidual,
 }
 
 impl Module {
     /// Every module, in a fixed order ([`Module::index`]).
-    pub const ALL: [Module; 5] =
-        [Module::MatmulSimt, Module::MatmulMma, Module::Depthwise, Module::Elementwise, Module::Gemv];
+    pub const ALL: [Module; 7] = [
+        Module::MatmulSimt,
+        Module::MatmulMma,
+        Module::Depthwise,
+        Module::Elementwise,
+        Module::Gemv,
+        Module::Qmatmul,
+        Module::InvertedResidual,
+    ];
 
     /// The module's position in [`Module::ALL`] (for per-module caches).
     pub const fn index(self) -> usize {
@@ -69,6 +87,8 @@ impl Module {
             Module::Depthwise => 2,
             Module::Elementwise => 3,
             Module::Gemv => 4,
+            Module::Qmatmul => 5,
+            Module::InvertedResidual => 6,
         }
     }
 
@@ -80,6 +100,8 @@ impl Module {
             Module::Depthwise => "depthwise",
             Module::Elementwise => "elementwise",
             Module::Gemv => "gemv",
+            Module::Qmatmul => "qmatmul",
+            Module::InvertedResidual => "inverted_residual",
         }
     }
 
@@ -91,6 +113,8 @@ impl Module {
             Module::Depthwise => include_str!("../../../../shaders/ptx/depthwise.ptx"),
             Module::Elementwise => include_str!("../../../../shaders/ptx/elementwise.ptx"),
             Module::Gemv => include_str!("../../../../shaders/ptx/gemv.ptx"),
+            Module::Qmatmul => include_str!("../../../../shaders/ptx/qmatmul.ptx"),
+            Module::InvertedResidual => include_str!("../../../../shaders/ptx/inverted_residual.ptx"),
         }
     }
 }

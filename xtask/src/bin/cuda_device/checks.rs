@@ -119,6 +119,8 @@ pub fn check(gpu: &Device, json_path: Option<&str>) -> Result<()> {
     let before = crate::memory("before the checks");
     let t0 = Instant::now();
     check_matmul(gpu, &mut ck)?;
+    crate::quant::check_quant(gpu, &mut ck)?;
+    crate::block::check_block(gpu, &mut ck)?;
     check_conv(gpu, &mut ck)?;
     check_activation(gpu, &mut ck)?;
     check_refs(gpu, &mut ck)?;

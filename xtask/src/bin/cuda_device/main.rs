@@ -7,8 +7,10 @@
 //!   so every partial sum is exact and any correct kernel matches bit for bit before the
 //!   activation; the tolerance (`tilekit_kernels::tolerance`, its accumulation term zero)
 //!   only covers the epilogue, the activation formulas' last bits and one rounding of 16-bit
-//!   storage. Device memory (`cuMemGetInfo`) is reported before and after. Exits non-zero on
-//!   any mismatch.
+//!   storage. `matmul_quant` with every GGUF block format (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) is
+//!   checked against the CPU backend's on the decode, split-K and tiled paths, and the fused
+//!   inverted-residual block against the CPU backend's fused block. Device memory
+//!   (`cuMemGetInfo`) is reported before and after. Exits non-zero on any mismatch.
 //! - `tilekit-cuda-device bench [--json FILE]`: the CUDA figures: matmul 4096³ (f32, f16, bf16,
 //!   f32 with bf16 products) against cuBLAS in its default math mode (SGEMM; GemmEx with f32
 //!   compute for f16/bf16), skinny M = 1..32 × 4096 × 4096, MobileNetV2's depthwise layers,
@@ -20,15 +22,18 @@
 //!   stream and `CudaSlice`s, a tilekit matmul and ReLU on them, the result read back by the
 //!   engine on its stream.
 //!
-//! Modules: `data` (inputs), `checks` (the check mode and the comparison rule), `interop`, `bench`,
+//! Modules: `data` (inputs), `checks` (the check mode and the comparison rule), `quant` (the
+//! quantized-matmul checks), `block` (the fused inverted-residual block), `interop`, `bench`,
 //! `timing`, `cublas` (the baseline's two handles).
 #![allow(clippy::unwrap_used)] // A measurement tool: a failed setup should stop it loudly.
 
 mod bench;
+mod block;
 mod checks;
 mod cublas;
 mod data;
 mod interop;
+mod quant;
 mod timing;
 
 use anyhow::{Result, bail};

@@ -1,0 +1,83 @@
+//! The depthwise convolution's launch: when the kernels may use 16-byte vectors, and the
+//! parameter block.
+
+use super::launch::{stride_blocks, to_i32, to_i64};
+use super::{CudaBackend, CudaStorage};
+use crate::{Error, Result};
+use tilekit_kernels::catalogue::cuda as cat;
+use tilekit_kernels::{Conv2dDesc, DType, Layout};
+
+impl CudaBackend {
+    /// See [`super::super::BackendOps::depthwise_conv2d`].
+    pub(super) fn depthwise(
+        &self,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &CudaStorage,
+        weight: &CudaStorage,
+        bias: Option<&CudaStorage>,
+        out: &CudaStorage,
+    ) -> Result<()> {
+        const OP: &str = "depthwise_conv2d";
+        let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
+            return Err(Error::InvalidParameter { op: OP, param: "desc", reason: "empty output".into() });
+        };
+        let occ = desc.out_channels();
+        let work = match desc.layout {
+            Layout::Nchw => [desc.batch, occ, oh, ow.div_ceil(cat::dw_vec(dtype))],
+            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
+            _ => [desc.batch, oh, ow.div_ceil(cat::DW_NHWC_X), occ.div_ceil(cat::dw_vec(dtype))],
+        }
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Overflow { op: OP, what: "work items".into() })?;
+        if work == 0 {
+            return Ok(());
+        }
+        // When the kernels may use 16-byte vectors (see `ConvParams::vec`).
+        let v = cat::dw_vec(dtype);
+        let aligned = |s: &CudaStorage| self.ptr(s).is_multiple_of(16);
+        let vec = match desc.layout {
+            Layout::Nhwc => desc.multiplier == 1 && desc.channels.is_multiple_of(v) && aligned(input) && aligned(out),
+            // NCHW.
+            _ => {
+                desc.kernel_w == 3
+                    && desc.pad_left == 1
+                    && desc.dilation_w == 1
+                    && matches!(desc.stride_w, 1 | 2)
+                    && desc.width.is_multiple_of(v)
+                    && aligned(input)
+            }
+        };
+        let i = |what: &str, v: usize| to_i32(OP, what, v);
+        // The kernels index whole tensors in i64 but take every single dimension as i32.
+        i("channels × multiplier", occ)?;
+        let p = cat::ConvParams {
+            input: self.ptr(input),
+            weight: self.ptr(weight),
+            bias: bias.map_or(0, |s| self.ptr(s)),
+            out: self.ptr(out),
+            work: to_i64(OP, "work items", work)?,
+            batch: i("batch", desc.batch)?,
+            channels: i("channels", desc.channels)?,
+            height: i("height", desc.height)?,
+            width: i("width", desc.width)?,
+            multiplier: i("multiplier", desc.multiplier)?,
+            kh: i("kernel_h", desc.kernel_h)?,
+            kw: i("kernel_w", desc.kernel_w)?,
+            sh: i("stride_h", desc.stride_h)?,
+            sw: i("stride_w", desc.stride_w)?,
+            pt: i("pad_top", desc.pad_top)?,
+            pl: i("pad_left", desc.pad_left)?,
+            dh: i("dilation_h", desc.dilation_h)?,
+            dw: i("dilation_w", desc.dilation_w)?,
+            oh: i("out_h", oh)?,
+            ow: i("out_w", ow)?,
+            act: desc.activation.code(),
+            has_bias: u32::from(desc.has_bias && bias.is_some()),
+            vec: u32::from(vec),
+        };
+        let blocks = stride_blocks(work as u64, self.sms);
+        self.launch(cat::depthwise_kernel(dtype, desc.layout), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
+    }
+}
