@@ -187,7 +187,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     progress.finish_and_clear();
     if args.suite.is_empty() || args.suite.iter().any(|s| s == "decode") {
-        quant::run(&devices, args.quick)?;
+        let flusher = if ctx.flush { Some(ctx.flusher.get_or_insert_with(Flusher::new)) } else { None };
+        quant::run(&devices, args.quick, &rows, flusher)?;
     }
     report::print_tune_summary(&rows);
     report::print_ort_summary(&rows);

@@ -2,8 +2,8 @@
 //!
 //! A Python helper (`ort_helper.py`, embedded in the xtask and run with `python3 -c`, or the
 //! interpreter in `TILEKIT_BENCH_PYTHON`) builds a one-op ONNX graph for each case — MatMul
-//! (+ Add + Gelu for the fused epilogue), Conv with `group = C` + Clip(0, 6), Add +
-//! Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
+//! (Gemm with `transB` for B stored `[N, K]`; + Add + Gelu for the fused epilogue), Conv
+//! with `group = C` + Clip(0, 6), Add + Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
 //! warm, or with the caches flushed before each run exactly when the tilekit row is. Nothing is
 //! downloaded: without `python3`, `onnxruntime` or `onnx` the bench prints a note and the
 //! column stays empty.
@@ -64,9 +64,9 @@ impl Ort {
     /// `flush_bytes` of memory when that is not 0.
     pub fn time(&mut self, case: &Case, runs: usize, warmup: usize, flush_bytes: usize) -> Result<Stats> {
         let mut req = match *case {
-            Case::Matmul { trans_b: true, .. } => bail!("the ONNX Runtime helper times B stored [K, N] only"),
-            Case::Matmul { m, n, k, bias, activation, .. } => serde_json::json!({
+            Case::Matmul { m, n, k, bias, activation, trans_b } => serde_json::json!({
                 "op": "matmul", "m": m, "n": n, "k": k, "bias": bias, "activation": activation.name(),
+                "trans_b": trans_b,
             }),
             Case::Conv { batch, channels, size, stride, layout } => serde_json::json!({
                 "op": "conv", "batch": batch, "channels": channels, "size": size, "stride": stride,

@@ -80,9 +80,13 @@ def main():
             feeds = {}
             if op == "matmul":
                 m, n, k = req["m"], req["n"], req["k"]
-                w = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-                inits = [init("w", w)]
-                nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+                if req.get("trans_b"):
+                    # B stored [N, K] (nn.Linear / GGUF): Gemm with transB, as PyTorch exports Linear.
+                    inits = [init("w", rng.uniform(-1, 1, (n, k)).astype(np.float32))]
+                    nodes = [helper.make_node("Gemm", ["x", "w"], ["mm"], transB=1)]
+                else:
+                    inits = [init("w", rng.uniform(-1, 1, (k, n)).astype(np.float32))]
+                    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
                 cur = "mm"
                 if req["bias"]:
                     inits.append(init("b", rng.uniform(-1, 1, (n,))))

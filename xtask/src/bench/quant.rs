@@ -6,10 +6,14 @@
 //! output columns, every row of the output, under `tilekit_kernels::tolerance`) before it is
 //! timed. Bytes are what the op must move (the quantized weight, A and the output); GB/s is
 //! bytes over the median time, and "roof" divides it by the backend's own copy kernel
-//! (`Device::copy`) moving the same number of bytes, timed in the same run. Backends without
-//! quantized kernels print a SKIP line.
+//! (`Device::copy`) moving the same number of bytes, timed in the same run. "vs f16" is the
+//! dense f16 row of the same shape and layout (`MxNxK B[N,K]`, from the same run: pass
+//! `--dtype f16` or `all`) over this row's time: above 1 the quantized row is faster; the
+//! ideal is the ratio of weight bytes (Q8_0 1.9×, Q4_0 and Q4_K 3.6×, Q6_K 2.6×). Backends
+//! without quantized kernels print a SKIP line.
 
-use super::measure::{Plan, time};
+use super::measure::{Flusher, Plan, time_between};
+use super::report::Row;
 use anyhow::{Context, Result, bail};
 use tilekit::quant::{GgmlType, dequantize};
 use tilekit::{DType, Device, Error, MatmulOptions, QTensor, Tensor};
@@ -81,7 +85,15 @@ fn check(ty: GgmlType, bytes: &[u8], a: &[f32], y: &[f32], (m, n, k): (usize, us
 }
 
 /// One timed row: the op's median seconds and the copy roof's for the same bytes.
-fn row(dev: &Device, ty: GgmlType, shape: (usize, usize, usize), quick: bool) -> Result<Option<(f64, f64, usize)>> {
+/// With `flusher`, the host caches are flushed before every timed run (of the op and of the
+/// copy), as for the dense CPU decode rows.
+fn row(
+    dev: &Device,
+    ty: GgmlType,
+    shape: (usize, usize, usize),
+    quick: bool,
+    mut flusher: Option<&mut Flusher>,
+) -> Result<Option<(f64, f64, usize)>> {
     let (m, n, k) = shape;
     let bytes = weight_bytes(ty, n, k)?;
     let w: QTensor = dev.quant_tensor(ty, &[n, k], &bytes)?;
@@ -99,7 +111,8 @@ fn row(dev: &Device, ty: GgmlType, shape: (usize, usize, usize), quick: bool) ->
     check(ty, &bytes, &a, &y.to_f32_vec()?, shape)?;
     let moved = bytes.len() + 4 * (m * k + m * n);
     let plan = Plan::op(quick, dev.is_software());
-    let op = time(plan, || {
+    let mut flush = || flusher.as_mut().map_or((), |f| f.flush());
+    let op = time_between(plan, &mut flush, || {
         let _y = dev.matmul_quant(&at, &w, &opts)?;
         Ok(dev.synchronize()?)
     })?;
@@ -107,32 +120,51 @@ fn row(dev: &Device, ty: GgmlType, shape: (usize, usize, usize), quick: bool) ->
     let words = (moved / 8).max(1);
     let src: Tensor = dev.zeros(&[words], DType::F32)?;
     let dst: Tensor = dev.zeros(&[words], DType::F32)?;
-    let copy = time(Plan::reference(quick), || {
+    let copy = time_between(Plan::reference(quick), flush, || {
         dev.copy(&src, &dst)?;
         Ok(dev.synchronize()?)
     })?;
     Ok(Some((op.median_s, copy.median_s, moved)))
 }
 
-/// Runs the quantized decode rows on every device and prints their table.
-pub fn run(devices: &[Device], quick: bool) -> Result<()> {
+/// The median seconds of the dense f16 row of `shape` with B stored `[N, K]` on `dev`, if the run has it.
+fn f16_row(rows: &[Row], dev: &Device, (m, n, k): (usize, usize, usize)) -> Option<f64> {
+    let shape = format!("{m}x{n}x{k} B[N,K]");
+    let r = rows.iter().find(|r| {
+        r.op == "matmul" && r.shape == shape && r.dtype == DType::F16.name() && r.backend == dev.kind().name()
+    })?;
+    r.passed().then_some(r.stats?.median_s)
+}
+
+/// Runs the quantized decode rows on every device and prints their table (`rows`: the run's
+/// dense rows, for the speedup over f16; `flusher`: flush the caches between CPU runs).
+pub fn run(devices: &[Device], quick: bool, rows: &[Row], mut flusher: Option<&mut Flusher>) -> Result<()> {
     println!("\n== decode, quantized weights (A f32 [M, K] · W[N, K]ᵀ; bytes = weight + A + output)");
     println!(
-        "   {:<8} {:<6} {:>16} {:>10} {:>9} {:>8} {:>10} {:>6}",
-        "backend", "type", "MxNxK", "weight MB", "ms", "GB/s", "copy GB/s", "roof"
+        "   {:<8} {:<6} {:>16} {:>10} {:>9} {:>8} {:>10} {:>6} {:>8}",
+        "backend", "type", "MxNxK", "weight MB", "ms", "GB/s", "copy GB/s", "roof", "vs f16"
     );
     for dev in devices {
         for ty in TYPES {
             for shape in shapes(quick) {
                 let (m, n, k) = shape;
                 let what = || format!("{} {ty} {m}x{n}x{k}", dev.kind());
-                let Some((t, copy, moved)) = row(dev, ty, shape, quick).with_context(what)? else {
+                let Some((t, copy, moved)) = row(
+                    dev,
+                    ty,
+                    shape,
+                    quick,
+                    flusher.as_deref_mut().filter(|_| dev.kind() == tilekit::BackendKind::Cpu),
+                )
+                .with_context(what)?
+                else {
                     break;
                 };
                 let gbs = moved as f64 / t / 1e9;
                 let copy_gbs = moved as f64 / copy / 1e9;
+                let vs_f16 = f16_row(rows, dev, shape).map_or("-".into(), |f| format!("{:.2}x", f / t));
                 println!(
-                    "   {:<8} {:<6} {:>16} {:>10.2} {:>9.3} {:>8.2} {:>10.2} {:>5.0}%",
+                    "   {:<8} {:<6} {:>16} {:>10.2} {:>9.3} {:>8.2} {:>10.2} {:>5.0}% {:>8}",
                     dev.kind().to_string(),
                     ty.name(),
                     format!("{m}x{n}x{k}"),
@@ -140,7 +172,8 @@ pub fn run(devices: &[Device], quick: bool) -> Result<()> {
                     t * 1e3,
                     gbs,
                     copy_gbs,
-                    100.0 * gbs / copy_gbs
+                    100.0 * gbs / copy_gbs,
+                    vs_f16
                 );
             }
         }

@@ -9,14 +9,14 @@
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
 //!   and each load of `B` from L1 serves two rows;
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
-//!   each row of `B` is read from memory once and dotted with up to four rows of `A` at a
-//!   time, in 16 independent lanes (so the sum vectorises without reassociation), reduced at
-//!   the end.
+//!   each 32-element step of a row of `B` is loaded once and meets every row of `A` (all `M`
+//!   per pass, so the row is read from memory once and from L1 never again), each row in 16
+//!   independent lanes (so the sum vectorises without reassociation), reduced at the end.
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
 //! the output.
 
-use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
+use super::matmul::{Epilogue, Geometry, MatmulOperands, SKINNY_M, epilogue_rows};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, scratch};
 use crate::Result;
@@ -105,60 +105,50 @@ multiversion! {
     fn rows_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => rows_inner
 }
 
-/// Dot products of `R` rows of A (from row `i0`) with one contiguous row `bj` of B.
-#[inline(always)]
-fn dots<const FMA: bool, const R: usize>(p: &Block, i0: usize, bj: &[f32]) -> [f32; R] {
-    let k = p.k;
-    let full = k - k % LANES;
-    let mut s = [[0.0f32; LANES]; R];
-    let mut q = 0;
-    while q < full {
-        let bc = &bj[q..q + LANES];
-        for (r, sr) in s.iter_mut().enumerate() {
-            let ar = &p.a[(i0 + r) * p.lda + q..][..LANES];
-            for l in 0..LANES {
-                sr[l] = madd::<FMA>(ar[l], bc[l], sr[l]);
-            }
-        }
-        q += LANES;
-    }
-    let mut out = [0.0f32; R];
-    for (r, o) in out.iter_mut().enumerate() {
-        // Pairwise reduction of the lanes, then the remainder.
-        let mut v = s[r];
-        let mut w = LANES / 2;
-        while w > 0 {
-            for l in 0..w {
-                v[l] += v[l + w];
-            }
-            w /= 2;
-        }
-        let ar = &p.a[(i0 + r) * p.lda..];
-        let mut t = v[0];
-        for q in full..k {
-            t = madd::<FMA>(ar[q], bj[q], t);
-        }
-        *o = t;
-    }
-    out
-}
+/// Elements of a row of `B` (stored `N × K`) per step: two AVX-512 vectors, four AVX2 ones.
+const STEP: usize = 2 * LANES;
 
-/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`.
+/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`: each step of a row of B is
+/// loaded once and meets the same `K`-range of every row of A, in one 16-lane accumulator per
+/// row (so the sums vectorise without reassociation), reduced once per output.
 #[inline(always)]
 fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    let (m, k) = (p.m, p.k);
+    let full = k - k % STEP;
     for jj in 0..nb {
-        let bj = &p.b[(j0 + jj) * p.ldb..][..p.k];
-        let mut i = 0;
-        while i + 4 <= p.m {
-            let d = dots::<FMA, 4>(p, i, bj);
-            for (r, v) in d.into_iter().enumerate() {
-                acc[(i + r) * nb + jj] = v;
+        let bj = &p.b[(j0 + jj) * p.ldb..][..k];
+        let mut lanes = [[0.0f32; LANES]; SKINNY_M];
+        let lanes = &mut lanes[..m];
+        let mut q = 0;
+        while q < full {
+            let v = &bj[q..q + STEP];
+            for (i, ln) in lanes.iter_mut().enumerate() {
+                let ar = &p.a[i * p.lda + q..][..STEP];
+                for l in 0..LANES {
+                    ln[l] = madd::<FMA>(ar[l], v[l], ln[l]);
+                }
+                for l in 0..LANES {
+                    ln[l] = madd::<FMA>(ar[LANES + l], v[LANES + l], ln[l]);
+                }
             }
-            i += 4;
+            q += STEP;
         }
-        while i < p.m {
-            acc[i * nb + jj] = dots::<FMA, 1>(p, i, bj)[0];
-            i += 1;
+        for (i, ln) in lanes.iter().enumerate() {
+            // Pairwise reduction of the lanes, then the remainder.
+            let mut v = *ln;
+            let mut w = LANES / 2;
+            while w > 0 {
+                for l in 0..w {
+                    v[l] += v[l + w];
+                }
+                w /= 2;
+            }
+            let ar = &p.a[i * p.lda..];
+            let mut t = v[0];
+            for q in full..k {
+                t = madd::<FMA>(ar[q], bj[q], t);
+            }
+            acc[i * nb + jj] = t;
         }
     }
 }

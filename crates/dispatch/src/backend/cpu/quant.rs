@@ -1,41 +1,40 @@
 //! Quantized matmul on the CPU: `act(alpha · op(A) · dequantize(W)ᵀ + bias + beta · C)`.
 //!
 //! The weight `W` `[N, K]` stays quantized in memory (the two planes of `quant_tensor.rs`);
-//! it is dequantized in pieces of at most [`CH`] elements of one row into a stack buffer, by
-//! reassembling the GGUF blocks there and calling `tilekit_kernels::quant::dequantize_into`
-//! (so every weight is bit for bit what the host dequantizer gives), and used at once:
-//! - **Decode** (`M ≤ 16`): threads over blocks of output columns; each piece of a weight row is
-//!   dotted with the same `K`-range of every row of `op(A)` (densified to f32 once, `M × K`)
-//!   with eight-lane accumulators, compiled per instruction set (`simd.rs`). `W` streams once.
+//! it is dequantized 32 elements at a time straight from the planes into `f32` lanes
+//! (`qgroup.rs`: one scale's group, bit for bit what the host dequantizer gives):
+//! - **Decode** (`M ≤ 16`): threads over blocks of output columns (rows of `W`); each group
+//!   of a weight row, once in registers, meets the same 32 columns of every row of `op(A)`
+//!   (densified to f32 once, `M × K`, L1/L2-resident) in 16-lane accumulators, one per row,
+//!   reduced once per output. Every weight byte is read from memory once, whatever `M`; the
+//!   kernel is compiled per instruction set (`simd.rs`).
 //! - **Larger M**: threads over panels of [`panel_cols`] weight rows; each panel is dequantized
-//!   into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm` call multiplies
-//!   `op(A)` by it. Only a panel, never the whole weight, is ever dequantized.
+//!   group by group into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm`
+//!   call multiplies `op(A)` by it. Only a panel, never the whole weight, is ever dequantized;
+//!   the dequantization costs a few instructions per weight against `M` multiply-adds.
 //!
 //! Both write f32 sums column-major into an `N × M` scratch; the epilogue (`matmul.rs`'s, so
 //! bias, beta·C and the activation are exactly the dense matmul's) then runs row by row and
 //! rounds once into the output's storage type.
 
 use super::matmul::{Epilogue, SKINNY_M, epilogue_rows};
+use super::qgroup::{Format, G, dequant_rows, with_format};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal, scratch};
 use crate::Result;
 use crate::quant_tensor::PlaneGeometry;
 use rayon::prelude::*;
 use tilekit_kernels::MatmulDesc;
-use tilekit_kernels::quant::{GgmlType, dequantize_into};
-
-/// Elements of one dequantized piece of a weight row: one k-quant super-block, eight 32-element
-/// blocks (1 KiB of f32, in L1 next to the `M` rows of `A` it meets).
-pub(super) const CH: usize = 256;
-
-/// Bytes of the reassembled GGUF blocks of one piece: eight `Q8_0` blocks are the most.
-const RAW: usize = 8 * 34;
+use tilekit_kernels::quant::GgmlType;
 
 /// Below this many multiply-adds the work runs on the calling thread.
 const PARALLEL_MIN: usize = 1 << 20;
 
 /// f32 elements of one panel of dequantized weight rows (256 KiB: L2-resident).
 const PANEL: usize = 1 << 16;
+
+/// Lanes of each row's accumulator (one AVX-512 vector, two AVX2 ones).
+const LANES: usize = 16;
 
 /// A quantized weight `[n, k]`: its type and the bytes of its two planes.
 #[derive(Clone, Copy)]
@@ -61,80 +60,61 @@ impl QWeights<'_> {
         }
         Ok(g)
     }
-
-    /// Dequantizes row `j`, elements `k0 .. k0 + dst.len()` (whole blocks, at most [`CH`]).
-    #[inline]
-    fn dequant(&self, g: PlaneGeometry, j: usize, k0: usize, dst: &mut [f32]) -> Result<()> {
-        let bs = self.ty.block_size();
-        let nb = dst.len() / bs;
-        let bb = g.scale_bytes + g.body_bytes;
-        let g0 = j * (self.k / bs) + k0 / bs;
-        let mut raw = [0u8; RAW];
-        for (i, blk) in raw[..nb * bb].chunks_exact_mut(bb).enumerate() {
-            let s = &self.scales[(g0 + i) * g.scale_bytes..][..g.scale_bytes];
-            let q = &self.body[(g0 + i) * g.body_bytes..][..g.body_bytes];
-            if g.scales_first {
-                blk[..g.scale_bytes].copy_from_slice(s);
-                blk[g.scale_bytes..].copy_from_slice(q);
-            } else {
-                blk[..g.body_bytes].copy_from_slice(q);
-                blk[g.body_bytes..].copy_from_slice(s);
-            }
-        }
-        dequantize_into(self.ty, &raw[..nb * bb], &[1, dst.len()], dst).map_err(|e| internal(e.to_string()))
-    }
 }
 
-/// `Σ x[i]·y[i]` with eight independent accumulators (vectorised; the order differs from a
-/// left-to-right sum, which the tolerance rule allows).
+/// The decode kernel for format `F` over weight rows `j0 ..`: `acc[jj·m + i] = op(A)[i] ·
+/// W[j0 + jj]`. Each 32-element group is dequantized once into `w` (registers) and used for
+/// all `m` rows before the next group is read.
 #[inline(always)]
-fn dot<const FMA: bool>(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
-    let (xr, yr) = (xc.remainder(), yc.remainder());
-    for (a, b) in xc.zip(yc) {
-        for l in 0..8 {
-            acc[l] = madd::<FMA>(a[l], b[l], acc[l]);
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (a, b) in xr.iter().zip(yr) {
-        s = madd::<FMA>(*a, *b, s);
-    }
-    s
-}
-
-/// The decode kernel over one block of columns `j0 ..`: `acc[jj·m + i] = op(A)[i] · W[j0 + jj]`.
-#[inline(always)]
-fn decode_cols_inner<const FMA: bool>(
-    w: &QWeights,
-    g: PlaneGeometry,
-    a: &[f32],
-    m: usize,
-    j0: usize,
-    acc: &mut [f32],
-) -> Result<()> {
+fn decode_fmt<const FMA: bool, F: Format>(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
     let k = w.k;
-    let mut buf = [0.0f32; CH];
+    let nb = k / F::BS;
     for (jj, col) in acc.chunks_exact_mut(m).enumerate() {
-        let mut sums = [0.0f32; SKINNY_M];
-        let mut k0 = 0;
-        while k0 < k {
-            let len = CH.min(k - k0);
-            w.dequant(g, j0 + jj, k0, &mut buf[..len])?;
-            for (i, s) in sums.iter_mut().enumerate().take(m) {
-                *s += dot::<FMA>(&a[i * k + k0..][..len], &buf[..len]);
+        let mut lanes = [[0.0f32; LANES]; SKINNY_M];
+        let lanes = &mut lanes[..m];
+        let b0 = (j0 + jj) * nb;
+        for b in 0..nb {
+            let s = &w.scales[(b0 + b) * F::SB..][..F::SB];
+            let q = &w.body[(b0 + b) * F::BB..][..F::BB];
+            for g in 0..F::BS / G {
+                let mut v = [0.0f32; G];
+                F::group(s, q, g, &mut v);
+                let k0 = b * F::BS + g * G;
+                for (i, ln) in lanes.iter_mut().enumerate() {
+                    let ar = &a[i * k + k0..][..G];
+                    for l in 0..LANES {
+                        ln[l] = madd::<FMA>(ar[l], v[l], ln[l]);
+                    }
+                    for l in 0..LANES {
+                        ln[l] = madd::<FMA>(ar[LANES + l], v[LANES + l], ln[l]);
+                    }
+                }
             }
-            k0 += len;
         }
-        col.copy_from_slice(&sums[..m]);
+        for (c, ln) in col.iter_mut().zip(lanes.iter()) {
+            // Pairwise reduction of the lanes.
+            let mut v = *ln;
+            let mut h = LANES / 2;
+            while h > 0 {
+                for l in 0..h {
+                    v[l] += v[l + h];
+                }
+                h /= 2;
+            }
+            *c = v[0];
+        }
     }
-    Ok(())
+}
+
+#[inline(always)]
+fn decode_cols_inner<const FMA: bool>(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+    with_format!(w.ty, F => decode_fmt::<FMA, F>(w, a, m, j0, acc), _ => acc.fill(f32::NAN));
 }
 
 multiversion! {
-    /// [`decode_cols_inner`] for the detected instruction set.
-    fn decode_cols(w: &QWeights, g: PlaneGeometry, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) -> Result<()> => decode_cols_inner
+    /// [`decode_fmt`] for the weight's format and the detected instruction set (the type was
+    /// checked by [`QWeights::check`]).
+    fn decode_cols(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) => decode_cols_inner
 }
 
 /// Weight rows per panel of the larger-M path: an L2-sized slab of `K` dequantized values per
@@ -144,15 +124,11 @@ fn panel_cols(k: usize) -> usize {
 }
 
 /// One panel of the larger-M path: dequantizes weight rows `j0 .. j0 + cols` and multiplies.
-fn panel(w: &QWeights, g: PlaneGeometry, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) -> Result<()> {
+fn panel(isa: Isa, w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) -> Result<()> {
     let k = w.k;
     let cols = acc.len() / m;
     let mut wp = scratch(cols * k)?;
-    for (jj, row) in wp.chunks_exact_mut(k).enumerate() {
-        for (p, piece) in row.chunks_mut(CH).enumerate() {
-            w.dequant(g, j0 + jj, p * CH, piece)?;
-        }
-    }
+    dequant_rows(isa, w.ty, w.scales, w.body, k, j0, &mut wp);
     // SAFETY: dst is `acc`, m × cols column-major (element (i, jj) at jj·m + i), exclusively
     // borrowed; lhs is `a`, m × k row-major, and rhs(p, jj) = wp[jj·k + p]: every index gemm
     // forms lies inside those three slices, which do not overlap. read_dst is false.
@@ -193,11 +169,16 @@ pub(super) struct QuantOperands<'d> {
 impl QuantOperands<'_> {
     /// Runs the matmul into `out` (the output buffer, in its storage type).
     pub(super) fn run<E: Elem>(&self, desc: &MatmulDesc, out: &mut [E]) -> Result<()> {
+        self.run_with(Isa::detect(), desc, out)
+    }
+
+    /// [`Self::run`] with the kernels compiled for `isa` (tests run every one the CPU has).
+    pub(super) fn run_with<E: Elem>(&self, isa: Isa, desc: &MatmulDesc, out: &mut [E]) -> Result<()> {
         let (m, n, k) = (desc.m, desc.n, desc.k);
         if self.w.n != n || self.w.k != k {
             return Err(internal("the weight's shape does not match the descriptor".into()));
         }
-        let g = self.w.check()?;
+        self.w.check()?;
         let (ar, ac) = desc.a_stored();
         if desc.a.required_len(desc.batch, ar, ac).is_none_or(|need| need > self.a.len()) {
             return Err(internal("a's view is out of bounds".into()));
@@ -213,7 +194,6 @@ impl QuantOperands<'_> {
         if self.bias.is_some_and(|b| b.len() < n) {
             return Err(internal("bias shorter than N".into()));
         }
-        let isa = Isa::detect();
         let parallel = m * n * k >= PARALLEL_MIN;
         let mut a = scratch(m * k)?;
         let mut acc = scratch(n * m)?;
@@ -232,15 +212,15 @@ impl QuantOperands<'_> {
                 if m <= SKINNY_M {
                     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
                     let cols = n.div_ceil(4 * threads).max(8);
-                    let task = |(b, chunk): (usize, &mut [f32])| decode_cols(isa, w, g, a, m, b * cols, chunk);
+                    let task = |(b, chunk): (usize, &mut [f32])| decode_cols(isa, w, a, m, b * cols, chunk);
                     if parallel {
-                        acc.par_chunks_mut(cols * m).enumerate().try_for_each(task)?;
+                        acc.par_chunks_mut(cols * m).enumerate().for_each(task);
                     } else {
-                        acc.chunks_mut(cols * m).enumerate().try_for_each(task)?;
+                        acc.chunks_mut(cols * m).enumerate().for_each(task);
                     }
                 } else {
                     let cols = panel_cols(k);
-                    let task = |(b, chunk): (usize, &mut [f32])| panel(w, g, a, m, b * cols, chunk);
+                    let task = |(b, chunk): (usize, &mut [f32])| panel(isa, w, a, m, b * cols, chunk);
                     if parallel {
                         acc.par_chunks_mut(cols * m).enumerate().try_for_each(task)?;
                     } else {
@@ -278,28 +258,102 @@ impl QuantOperands<'_> {
 mod tests {
     use super::*;
     use crate::quant_tensor::split_planes;
+    use half::f16;
+    use tilekit_kernels::quant::dequantize;
 
-    /// Each piece the kernels dequantize is bit for bit the host dequantizer's, for every
-    /// type, at every piece offset of a row.
-    #[test]
-    fn pieces_match_the_host_dequantizer() {
-        let (n, k) = (3, 512);
-        for ty in GgmlType::QUANTIZED {
-            let g = PlaneGeometry::of(ty).unwrap();
-            let bytes: Vec<u8> = (0..ty.tensor_bytes(&[n, k]).unwrap()).map(|i| ((i * 131 + 17) % 251) as u8).collect();
-            // Keep the f16 scales finite and moderate: their high bytes are below 0x7C.
-            let want = tilekit_kernels::quant::dequantize(ty, &bytes, &[n, k]).unwrap();
-            let (s, b) = split_planes(g, ty.block_bytes(), &bytes);
-            let w = QWeights { ty, n, k, scales: &s, body: &b };
-            w.check().unwrap();
-            for j in 0..n {
-                for k0 in (0..k).step_by(CH) {
-                    let mut buf = [0.0f32; CH];
-                    w.dequant(g, j, k0, &mut buf).unwrap();
-                    for (p, v) in buf.iter().enumerate() {
-                        let e = want[j * k + k0 + p];
-                        assert!(v.to_bits() == e.to_bits() || (v.is_nan() && e.is_nan()), "{ty} [{j}, {}]", k0 + p);
+    /// Blocks of `ty` with random quants and scales chosen so that every dequantized weight is
+    /// a small multiple of 1/2 and every sum of up to 1280 products with A in `[-2, 2]` is
+    /// exact in f32 (so any summation order gives the f64 reference's value).
+    fn exact_blocks(ty: GgmlType, n: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            (*seed >> 20) as u8
+        };
+        let mut out: Vec<u8> = (0..ty.tensor_bytes(&[n, k]).unwrap()).map(|_| next()).collect();
+        let f = |x: f32| f16::from_f32(x).to_le_bytes();
+        for (b, blk) in out.chunks_exact_mut(ty.block_bytes()).enumerate() {
+            let d = [1.0, 0.5, 2.0][b % 3];
+            match ty {
+                GgmlType::Q8_0 | GgmlType::Q4_0 => blk[..2].copy_from_slice(&f(d)),
+                GgmlType::Q4_1 => {
+                    blk[..2].copy_from_slice(&f(d));
+                    blk[2..4].copy_from_slice(&f([-3.0, 0.0, 1.5][b % 3]));
+                }
+                GgmlType::Q4K => {
+                    blk[..2].copy_from_slice(&f(d.min(1.0)));
+                    blk[2..4].copy_from_slice(&f([0.5, 1.0, 0.0][b % 3]));
+                }
+                GgmlType::Q6K => {
+                    // Sub-block scales in [-16, 16).
+                    for s in &mut blk[192..208] {
+                        *s = (*s & 0x1F).wrapping_sub(16);
                     }
+                    blk[208..210].copy_from_slice(&f(d.min(1.0)));
+                }
+                _ => unreachable!(),
+            }
+        }
+        out
+    }
+
+    /// Runs `op(A) · dequantize(W)ᵀ (+ bias)` in `isa` and compares every output word with the
+    /// f64 reference (and the guard words after the output with their sentinel).
+    fn check(isa: Isa, ty: GgmlType, (m, n, k): (usize, usize, usize), trans_a: bool, seed: &mut u64) {
+        let bytes = exact_blocks(ty, n, k, seed);
+        let wd = dequantize(ty, &bytes, &[n, k]).unwrap();
+        let a: Vec<f32> = (0..m * k).map(|p| ((p as u64 * 7 + *seed) % 5) as f32 - 2.0).collect();
+        let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 - 3.0).collect();
+        let with_bias = (m + n) % 2 == 1;
+        let g = PlaneGeometry::of(ty).unwrap();
+        let (s, b) = split_planes(g, ty.block_bytes(), &bytes);
+        let mut desc = MatmulDesc::new(m, n, k);
+        desc.trans_b = true;
+        desc.trans_a = trans_a;
+        let (ar, ac) = desc.a_stored();
+        desc.a = tilekit_kernels::MatrixView::dense(ar, ac);
+        // A stored as op(A)ᵀ when trans_a: element (i, p) of op(A) at p · m + i.
+        let stored: Vec<f32> = if trans_a { (0..k * m).map(|x| a[(x % m) * k + x / m]).collect() } else { a.clone() };
+        let ops = QuantOperands {
+            a: &stored,
+            w: QWeights { ty, n, k, scales: &s, body: &b },
+            bias: with_bias.then_some(&bias[..]),
+            c: None,
+        };
+        let mut out = vec![-77.0f32; m * n + 3];
+        ops.run_with(isa, &desc, &mut out).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let mut e: f64 = (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(wd[j * k + p])).sum();
+                if with_bias {
+                    e += f64::from(bias[j]);
+                }
+                let got = out[i * n + j];
+                assert_eq!(got, e as f32, "{ty} {isa:?} {m}x{n}x{k} trans_a={trans_a}: [{i}, {j}]");
+            }
+        }
+        assert!(out[m * n..].iter().all(|&x| x == -77.0), "{ty} {isa:?} {m}x{n}x{k}: wrote past the output");
+    }
+
+    /// Every format in every instruction set the CPU has: M = 1…16 (decode) and 17 (panels),
+    /// K one block and many, N odd; then shapes large enough to split N across threads into
+    /// blocks that do not divide it.
+    #[test]
+    fn quantized_matmul_is_exact_in_every_isa() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for ty in GgmlType::QUANTIZED {
+            let bs = ty.block_size();
+            let many = if bs == 32 { 37 * bs } else { 5 * bs };
+            for isa in Isa::available() {
+                for m in 1..=17 {
+                    check(isa, ty, (m, 13, bs), m == 3, &mut seed);
+                    check(isa, ty, (m, 5, many), m == 16, &mut seed);
+                }
+                for m in [1, 7, 16, 17] {
+                    let (n, k) = (67, many);
+                    assert!(m * n * k >= PARALLEL_MIN || m < 16, "the shape must reach the parallel path");
+                    check(isa, ty, (m, n, k), false, &mut seed);
                 }
             }
         }

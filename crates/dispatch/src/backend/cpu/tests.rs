@@ -170,6 +170,21 @@ fn parallel_paths_are_exact() {
     }
 }
 
+/// f32 outputs on either side of the one-call limit (`CACHED_OUT`, 2^18 elements): one `gemm`
+/// then the epilogue below it, row panels above it; every epilogue, both B layouts.
+#[test]
+fn fused_outputs_on_both_sides_of_the_one_call_limit_are_exact() {
+    let mut seed = 500;
+    for &(m, n, k) in &[(17, 300, 9), (512, 512, 3), (520, 509, 4)] {
+        for tb in [false, true] {
+            for variant in [1, 2, 3, 4] {
+                check_matmul(&matmul_desc(m, n, k, false, tb, variant), seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
 /// The plain-gemm path and the panels around it, small and odd: M past the skinny limit,
 /// K = 0 (only the epilogue), batches.
 #[test]
