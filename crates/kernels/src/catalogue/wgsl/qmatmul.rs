@@ -94,7 +94,10 @@ pub(super) fn overrides(kernel: Kernel, spec: Spec) -> Vec<(&'static str, f64)> 
 pub fn choose(format: QuantFormat, m: usize, subgroups: bool) -> (Kernel, Spec) {
     if m <= QGEMV_ROWS {
         let kernel = if subgroups { Kernel::QuantGemvSubgroup(format) } else { Kernel::QuantGemv(format) };
-        (kernel, Spec { rows: m.clamp(1, QGEMV_ROWS) as u32, wg: QGEMV_WG, ..Spec::DEFAULT })
+        // Rows rounded up to a power of two: five pipelines per format and switch set instead
+        // of sixteen (each costs a shader compile); the extra rows read zeros and are not stored.
+        let rows = m.clamp(1, QGEMV_ROWS).next_power_of_two() as u32;
+        (kernel, Spec { rows, wg: QGEMV_WG, ..Spec::DEFAULT })
     } else {
         (Kernel::QuantMatmul(format), Spec::DEFAULT)
     }
@@ -145,6 +148,9 @@ mod tests {
         assert_eq!(choose(QuantFormat::Q4K, 16, true).0, Kernel::QuantGemvSubgroup(QuantFormat::Q4K));
         assert_eq!(choose(QuantFormat::Q4K, 16, false).0, Kernel::QuantGemv(QuantFormat::Q4K));
         assert_eq!(choose(QuantFormat::Q4K, 17, true).0, Kernel::QuantMatmul(QuantFormat::Q4K));
+        assert_eq!(choose(QuantFormat::Q8_0, 1, true).1.rows, 1);
+        assert_eq!(choose(QuantFormat::Q8_0, 5, true).1.rows, 8);
+        assert_eq!(choose(QuantFormat::Q8_0, 16, true).1.rows, 16);
         assert_eq!(module(Kernel::QuantMatmul(QuantFormat::Q8_0), ElementStorage::F32).workgroup_size, QMATMUL_WG);
     }
 }
