@@ -42,57 +42,140 @@ impl WgpuBackend {
         // but their bases are honoured the same way.
         let desc = &Self::rebased(desc, [a, w.body, out], bias, c)?;
         let limit = self.binding_limit();
-        for (what, s) in [
-            ("a", Some(a)),
-            ("the weight's scale plane", Some(w.scales)),
-            ("the weight's body plane", Some(w.body)),
-            ("bias", bias),
-            ("c", c),
-            ("the output", Some(out)),
-        ] {
+        for (what, s) in [("a", Some(a)), ("bias", bias), ("c", c), ("the output", Some(out))] {
             if let Some(s) = s
                 && s.buffer.size() > limit
             {
                 return Err(Error::Overflow {
                     op,
                     what: format!(
-                        "{what}: a binding of {} bytes (the quantized kernels bind whole buffers; the limit is {limit})",
+                        "{what}: a binding of {} bytes (the quantized matmul splits only the weight; the limit is {limit})",
                         s.buffer.size()
                     ),
                 });
             }
         }
         let mut params = self.matmul_params(op, desc)?;
-        params.b_off = to_u32(op, "the weight's body offset", desc.b.offset)?;
         params.b_ld = 0;
-        // Half-words: the f16 scales of Q8_0, Q4_0 and Q6_K are two to a word.
-        params.b_bs = to_u32(op, "the weight's scale offset", w.scales.base.saturating_mul(2))?;
         params.flags &= !matmul_flags::B_VEC;
-        if params.b_off.is_multiple_of(4) {
-            params.flags |= matmul_flags::B_VEC;
-        }
         let (kernel, spec) = qmatmul::choose(format, desc.m, self.subgroups);
         let spec = spec.with_switches(desc);
-        let (gx, gy) = match kernel {
-            Kernel::QuantMatmul(_) => {
-                (div_ceil_u32(params.n, qmatmul::QMATMUL_BLOCK), div_ceil_u32(params.m, qmatmul::QMATMUL_BLOCK))
-            }
-            _ => (div_ceil_u32(params.n, qmatmul::QGEMV_COLS), 1),
+        let (block_m, block_n) = match kernel {
+            Kernel::QuantMatmul(_) => (qmatmul::QMATMUL_BLOCK, qmatmul::QMATMUL_BLOCK),
+            _ => (desc.m.max(1) as u32, qmatmul::QGEMV_COLS),
         };
+        let gy = div_ceil_u32(params.m, block_m);
         let pipeline = self.pipeline(op, kernel, self.storage_variant(dtype), spec)?;
-        let binds = vec![
-            whole(0, &a.buffer),
-            whole(1, &w.scales.buffer),
-            whole(2, bias.map_or(&self.dummy, |s| &s.buffer)),
-            whole(3, c.map_or(&self.dummy, |s| &s.buffer)),
-            whole(4, &out.buffer),
-            whole(cat::qmatmul::BODY_BINDING, &w.body.buffer),
-        ];
-        let launches: Vec<Launch<'_>> = self
-            .batched_launches(op, params, desc.batch, gx, gy)?
-            .into_iter()
-            .map(|(params, grid)| Launch { binds: binds.clone(), params, grid })
-            .collect();
+        let bias_buf = bias.map_or(&self.dummy, |s| &s.buffer);
+        let c_buf = c.map_or(&self.dummy, |s| &s.buffer);
+        let mut launches = Vec::new();
+        for cols in self.weight_blocks(op, w, desc.b.offset)? {
+            let mut p = params;
+            p.n = to_u32(op, "N", cols.count)?;
+            p.b_off = cols.body_off;
+            p.b_bs = cols.scale_off;
+            if p.b_off.is_multiple_of(4) {
+                p.flags |= matmul_flags::B_VEC;
+            }
+            // The block's columns start n0 columns into the output, bias and C rows; the
+            // vector stores need the output view still aligned.
+            let n0 = to_u32(op, "column", cols.first)?;
+            p.o_off =
+                p.o_off.checked_add(n0).ok_or_else(|| Error::Overflow { op, what: "the output offset".into() })?;
+            p.bias_off += if desc.bias_offset.is_some() { n0 } else { 0 };
+            p.c_off += if desc.c.is_some() { n0 } else { 0 };
+            if !p.o_off.is_multiple_of(4) {
+                p.flags &= !matmul_flags::O_VEC;
+            }
+            let gx = div_ceil_u32(p.n, block_n);
+            let binds = vec![
+                whole(0, &a.buffer),
+                Bind { slot: 1, buffer: &w.scales.buffer, window: cols.scale_window },
+                whole(2, bias_buf),
+                whole(3, c_buf),
+                whole(4, &out.buffer),
+                Bind { slot: cat::qmatmul::BODY_BINDING, buffer: &w.body.buffer, window: cols.body_window },
+            ];
+            for (params, grid) in self.batched_launches(op, p, desc.batch, gx, gy)? {
+                launches.push(Launch { binds: binds.clone(), params, grid });
+            }
+        }
         self.record(op, &pipeline, 5, &launches)
+    }
+}
+
+/// A block of weight rows (output columns) bound as windows of the two planes.
+struct WeightBlock {
+    /// First output column and number of columns.
+    first: usize,
+    count: usize,
+    /// The body plane's window (`None`: the whole buffer) and the block's first word in it.
+    body_window: Option<(u64, u64)>,
+    body_off: u32,
+    /// The scale plane's window and the block's first half-word in it.
+    scale_window: Option<(u64, u64)>,
+    scale_off: u32,
+}
+
+impl WgpuBackend {
+    /// The weight as one block bound whole where both planes fit the storage-binding limit,
+    /// else as blocks of rows whose windows of each plane fit it (each window starting at a
+    /// multiple of the storage offset alignment). `body_base` is the body plane's first word.
+    fn weight_blocks(
+        &self,
+        op: &'static str,
+        w: &QuantView<'_, WgpuStorage>,
+        body_base: usize,
+    ) -> Result<Vec<WeightBlock>> {
+        let limit = self.binding_limit();
+        let scale_base = w.scales.base * 2;
+        if w.body.buffer.size() <= limit && w.scales.buffer.size() <= limit {
+            return Ok(vec![WeightBlock {
+                first: 0,
+                count: w.n,
+                body_window: None,
+                body_off: to_u32(op, "the weight's body offset", body_base)?,
+                scale_window: None,
+                scale_off: to_u32(op, "the weight's scale offset", scale_base)?,
+            }]);
+        }
+        let geometry = crate::quant_tensor::PlaneGeometry::of(w.ty)
+            .ok_or_else(|| Error::Backend { backend: KIND, message: format!("{} has no plane geometry", w.ty) })?;
+        let blocks_per_row = w.k / w.ty.block_size();
+        let row_body = blocks_per_row * geometry.body_bytes;
+        let row_scale = blocks_per_row * geometry.scale_bytes;
+        // A window may start up to one alignment (and a word) before the block's first byte.
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment).max(16);
+        let room = limit.saturating_sub(align + 16) as usize;
+        let rows = room / row_body.max(row_scale).max(1);
+        if rows == 0 {
+            return Err(Error::Overflow {
+                op,
+                what: format!(
+                    "one row of the quantized weight ({row_body} bytes) with the device's storage-binding limit of {limit} bytes"
+                ),
+            });
+        }
+        let mut out = Vec::new();
+        let mut first = 0;
+        while first < w.n {
+            let count = rows.min(w.n - first);
+            let body_words = row_body / 4;
+            let (body_window, body_off) = self.window_of(w.body, first * body_words, count * body_words, 4)?;
+            // Scales in half-words: Q8_0, Q4_0 and Q6_K rows may start mid-word.
+            let h0 = first * row_scale / 2;
+            let words = (count * row_scale).div_ceil(4) + 1;
+            let (scale_window, scale_word_off) = self.window_of(w.scales, h0 / 2, words, 4)?;
+            out.push(WeightBlock {
+                first,
+                count,
+                body_window: Some(body_window),
+                body_off,
+                scale_window: Some(scale_window),
+                scale_off: 2 * scale_word_off + (h0 % 2) as u32,
+            });
+            first += count;
+        }
+        Ok(out)
     }
 }

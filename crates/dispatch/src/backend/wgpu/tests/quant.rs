@@ -176,6 +176,33 @@ fn quantized_kernels_are_exact_on_integer_data_both_reductions() {
     }
 }
 
+/// `matmul_quant` of a `[batch, m, k]` A in `dtype` with an integer-valued weight, within the
+/// f32-accumulation bound of the reference.
+#[allow(clippy::too_many_arguments)]
+fn check_close(dev: &Device, ty: GgmlType, dtype: DType, batch: usize, m: usize, n: usize, k: usize, seed: u64) {
+    let wbytes = integer_weights(ty, n, k, seed);
+    let w: Vec<f64> = dequantize(ty, &wbytes, &[n, k]).unwrap().into_iter().map(f64::from).collect();
+    let q = dev.quant_tensor(ty, &[n, k], &wbytes).unwrap();
+    let at = dev.tensor_from_f32(&[batch, m, k], dtype, &values(batch * m * k, seed + 1)).unwrap();
+    let mut o = crate::MatmulOptions::default();
+    o.trans_b = true;
+    let out = dev.matmul_quant(&at, &q, &o).unwrap();
+    let mut desc = MatmulDesc::new(m, n, k);
+    desc.batch = batch;
+    desc.trans_b = true;
+    desc.a.batch_stride = m * k;
+    desc.b = MatrixView { offset: 0, ld: k, batch_stride: 0 };
+    desc.out.batch_stride = m * n;
+    let a64 = widen(&at);
+    let mut want = vec![0.0; batch * m * n];
+    reference::matmul(&desc, &a64, &w, None, None, &mut want);
+    let mut mag = vec![0.0; batch * m * n];
+    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+    reference::matmul(&desc, &abs(&a64), &abs(&w), None, None, &mut mag);
+    let got = out.to_f32_vec().unwrap();
+    assert_close(&format!("{ty} {dtype} {batch}x{m}x{n}x{k}"), dtype, &got, &want, &mag, k);
+}
+
 /// A longer K (several passes of the decode workgroup over the units, several slabs of the
 /// tiled kernel), M and N over one tiled block, a batch of two: within the f32-accumulation
 /// bound of the reference, on both reductions.
@@ -183,34 +210,38 @@ fn quantized_kernels_are_exact_on_integer_data_both_reductions() {
 fn quantized_kernels_long_k_and_batches() {
     for packed in [false, true] {
         let Some(dev) = device(packed) else { return };
-        for (i, (ty, m, n, k)) in
-            [(GgmlType::Q4_0, 3, 67, 32 * 130), (GgmlType::Q6K, 2, 5, 256 * 9), (GgmlType::Q4K, 70, 66, 512)]
-                .into_iter()
-                .enumerate()
-        {
-            let seed = 9500 + i as u64;
-            let wbytes = integer_weights(ty, n, k, seed);
-            let w: Vec<f64> = dequantize(ty, &wbytes, &[n, k]).unwrap().into_iter().map(f64::from).collect();
-            let q = dev.quant_tensor(ty, &[n, k], &wbytes).unwrap();
-            let a = values(2 * m * k, seed + 1);
-            let at = dev.tensor_from_f32(&[2, m, k], DType::F32, &a).unwrap();
-            let mut o = crate::MatmulOptions::default();
-            o.trans_b = true;
-            let out = dev.matmul_quant(&at, &q, &o).unwrap();
-            let mut desc = MatmulDesc::new(m, n, k);
-            desc.batch = 2;
-            desc.trans_b = true;
-            desc.a.batch_stride = m * k;
-            desc.b = MatrixView { offset: 0, ld: k, batch_stride: 0 };
-            desc.out.batch_stride = m * n;
-            let mut want = vec![0.0; 2 * m * n];
-            let a64: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
-            reference::matmul(&desc, &a64, &w, None, None, &mut want);
-            let mut mag = vec![0.0; 2 * m * n];
-            let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
-            reference::matmul(&desc, &abs(&a64), &abs(&w), None, None, &mut mag);
-            let got = out.to_f32_vec().unwrap();
-            assert_close(&format!("{ty} m{m} n{n} k{k} packed {packed}"), DType::F32, &got, &want, &mag, k);
-        }
+        check_close(dev, GgmlType::Q4_0, DType::F32, 2, 3, 67, 32 * 130, 9500);
+        check_close(dev, GgmlType::Q6K, DType::F32, 2, 2, 5, 256 * 9, 9501);
+        check_close(dev, GgmlType::Q4K, DType::F32, 2, 70, 66, 512, 9502);
     }
+}
+
+/// An engine's device with a 2304-byte storage-binding limit: a weight whose planes are over it
+/// runs as blocks of rows bound as windows (decode and tiled kernels, planes starting mid-word
+/// and mid-window); A or an output over it is refused with a typed error.
+#[test]
+fn a_weight_over_the_binding_limit_runs_in_blocks() {
+    let Some(adapter) = crate::backend::wgpu::adapter::enumerate().ok().and_then(|a| a.into_iter().next()) else {
+        eprintln!("SKIP quantized binding-limit test: no adapter");
+        return;
+    };
+    let limits = wgpu::Limits { max_storage_buffer_binding_size: 2304, ..adapter.limits() };
+    let desc = wgpu::DeviceDescriptor { label: Some("engine"), required_limits: limits, ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let dev = Device::from_wgpu(device, queue).unwrap();
+    if backend(&dev).limits.max_storage_buffer_binding_size > 2304 {
+        eprintln!("SKIP quantized binding-limit checks: the device did not take the lower limit");
+        return;
+    }
+    // Body planes of 2368, 3840, 2704 and 2800 bytes.
+    check_close(&dev, GgmlType::Q8_0, DType::F32, 1, 2, 37, 64, 9600);
+    check_close(&dev, GgmlType::Q8_0, DType::Bf16, 1, 17, 60, 64, 9601);
+    check_close(&dev, GgmlType::Q6K, DType::F32, 1, 1, 13, 256, 9602);
+    check_close(&dev, GgmlType::Q4K, DType::F32, 1, 2, 20, 256, 9603);
+    let ty = GgmlType::Q4_0;
+    let q = dev.quant_tensor(ty, &[4, 32 * 20], &integer_weights(ty, 4, 32 * 20, 1)).unwrap();
+    let a = dev.zeros(&[1, 32 * 20], DType::F32).unwrap();
+    let mut o = crate::MatmulOptions::default();
+    o.trans_b = true;
+    assert!(matches!(dev.matmul_quant(&a, &q, &o), Err(Error::Overflow { .. })));
 }
