@@ -19,6 +19,11 @@
 //   widened with the bit-exact `f32_from_f16_bits`, then `q * d`, `(q - 8) * d`, `q * d + m`,
 //   `(d * sc) * q - dmin * m`, `(d * sc) * q`.
 //
+// The product's switches (transposed A, bias, C, activation) are read from the parameter
+// block, not specialised as `override` constants as in `matmul.wgsl`: they are uniform branches
+// (A's loads, the epilogue once per output) in a memory-bound kernel, and a pipeline per switch
+// set would multiply the pipelines (each a shader compile, ~0.5 s on lavapipe) by 48.
+//
 // Entry points (the format is the `QTYPE` override constant, one pipeline per format):
 // - `qgemv_subgroup` / `qgemv` (M <= 16): as `gemv.wgsl`, a workgroup of WG invocations owns
 //   QG_COLS = 4 output columns (weight rows) and all M rows of them; its invocations split K
@@ -45,12 +50,6 @@ override GV_ROWS: u32 = 16u;
 // The block format: QT_Q8_0 ... QT_Q6_K (`QuantFormat::code` in the catalogue).
 override QTYPE: u32 = 0u;
 
-override TRANS_A: bool = false;
-// Always true (the weight is stored [N, K]); declared so the matmul switches apply unchanged.
-override TRANS_B: bool = true;
-override HAS_BIAS: bool = false;
-override HAS_C: bool = false;
-override ACT: u32 = 0u;
 
 const QT_Q8_0: u32 = 0u;
 const QT_Q4_0: u32 = 1u;
@@ -71,6 +70,8 @@ const A_VEC: u32 = 1u;
 // The body plane's view starts at a multiple of 4 words: vec4<u32> loads.
 const Q_VEC: u32 = 2u;
 const O_VEC: u32 = 4u;
+const HAS_BIAS: u32 = 16u;
+const HAS_C: u32 = 32u;
 
 // `MatmulParams` of the catalogue, field for field; B's fields carry the weight planes:
 // `q_off` (b_off) is the body plane's first word, `s_off` (b_bs) the scale plane's first
@@ -263,7 +264,7 @@ fn load4_op_a(base: u32, i: u32, k: u32) -> vec4<f32> {
     if (i >= p.m || k >= p.k) {
         return v;
     }
-    if (!TRANS_A) {
+    if (p.trans_a == 0u) {
         let idx = base + i * p.a_ld + k;
         if ((p.flags & A_VEC) != 0u) {
             v = ld4_a(idx >> 2u);
@@ -288,7 +289,7 @@ fn q_store(row: u32, col0: u32, bt: u32, acc: vec4<f32>) {
     }
     let full = col0 + 4u <= p.n;
     var v = p.alpha * acc;
-    if (HAS_BIAS) {
+    if ((p.flags & HAS_BIAS) != 0u) {
         var bias = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
             if (col0 + j < p.n) {
@@ -297,7 +298,7 @@ fn q_store(row: u32, col0: u32, bt: u32, acc: vec4<f32>) {
         }
         v = v + bias;
     }
-    if (HAS_C) {
+    if ((p.flags & HAS_C) != 0u) {
         let cidx = p.c_off + bt * p.c_bs + row * p.c_ld + col0;
         var cv = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
@@ -307,7 +308,7 @@ fn q_store(row: u32, col0: u32, bt: u32, acc: vec4<f32>) {
         }
         v = v + p.beta * cv;
     }
-    v = apply_act4(v, ACT);
+    v = apply_act4(v, p.act);
     let oidx = p.o_off + bt * p.o_bs + row * p.o_ld + col0;
     if ((p.flags & O_VEC) != 0u && full) {
         st4_out(oidx >> 2u, v);

@@ -169,8 +169,8 @@ fn every_gemv_specialisation_validates() {
 }
 
 /// Every quantized-matmul pipeline validates after `process_overrides`: each format, the decode
-/// kernel (both reductions, rows 1, 5 and 16) and the tiled kernel, each storage variant of A,
-/// several sets of switches (the weight is always stored transposed).
+/// kernel (both reductions, rows 1, 5 and 16) and the tiled kernel, each storage variant of A.
+/// (Their switches are parameters, not overrides: the switch sets must all give one module.)
 #[test]
 fn every_quant_specialisation_validates() {
     use tilekit::kernels::catalogue::wgsl::{QuantFormat, qmatmul};
@@ -187,6 +187,7 @@ fn every_quant_specialisation_validates() {
             for switches in switch_sets {
                 for storage in ElementStorage::ALL {
                     let module = module_with(kernel, storage, Spec { switches, ..spec });
+                    assert_eq!(module, module_with(kernel, storage, spec), "{}", module.name);
                     if let Err(e) = specialise(&module) {
                         failures.push(format!("{} rows {m} {switches:?}: {e}", module.name));
                     }

@@ -623,10 +623,13 @@ impl Spec {
         match kernel {
             Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
             Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), ..self },
-            Kernel::Gemv | Kernel::GemvSubgroup | Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => {
+            Kernel::Gemv | Kernel::GemvSubgroup => {
                 Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
             }
-            Kernel::QuantMatmul(_) => Spec { switches: self.switches, ..Spec::DEFAULT },
+            // The quantized kernels read their switches from the parameter block.
+            Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => {
+                Spec { rows: self.rows.clamp(1, qmatmul::QGEMV_ROWS as u32), wg: self.wg, ..Spec::DEFAULT }
+            }
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
@@ -761,15 +764,11 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
             Kernel::InvertedResidual => (INVERTED_RESIDUAL, "inverted_residual", Vec::new(), BLOCK_WORKGROUP_BYTES),
             Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => {
-                let mut o = qmatmul::overrides(kernel, spec);
-                o.extend(spec.switches.overrides());
                 let entry = if matches!(kernel, Kernel::QuantGemv(_)) { "qgemv" } else { "qgemv_subgroup" };
-                (QMATMUL, entry, o, gemv::workgroup_bytes(spec.wg))
+                (QMATMUL, entry, qmatmul::overrides(kernel, spec), gemv::workgroup_bytes(spec.wg))
             }
             Kernel::QuantMatmul(_) => {
-                let mut o = qmatmul::overrides(kernel, spec);
-                o.extend(spec.switches.overrides());
-                (QMATMUL, "qmatmul", o, qmatmul::QMATMUL_WORKGROUP_BYTES)
+                (QMATMUL, "qmatmul", qmatmul::overrides(kernel, spec), qmatmul::QMATMUL_WORKGROUP_BYTES)
             }
         };
     let typed = kernel.is_typed();

@@ -59,7 +59,7 @@ impl WgpuBackend {
         params.b_ld = 0;
         params.flags &= !matmul_flags::B_VEC;
         let (kernel, spec) = qmatmul::choose(format, desc.m, self.subgroups);
-        let spec = spec.with_switches(desc);
+        // The switches (transposed A, bias, C, activation) travel in the parameter block.
         let (block_m, block_n) = match kernel {
             Kernel::QuantMatmul(_) => (qmatmul::QMATMUL_BLOCK, qmatmul::QMATMUL_BLOCK),
             _ => (desc.m.max(1) as u32, qmatmul::QGEMV_COLS),

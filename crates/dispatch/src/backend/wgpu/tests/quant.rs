@@ -69,8 +69,7 @@ fn st(t: &Tensor) -> &WgpuStorage {
 fn profiled_kernel(dev: &Device, q: &crate::QTensor, m: usize) -> String {
     let [n, k] = q.shape;
     let a = dev.zeros(&[m, k], DType::F32).unwrap();
-    let mut o = crate::MatmulOptions::default();
-    o.trans_b = true;
+    let o = trans_b();
     dev.profile_begin().unwrap();
     dev.matmul_quant(&a, q, &o).unwrap();
     let p = dev.profile_end().unwrap();
@@ -81,6 +80,15 @@ fn profiled_kernel(dev: &Device, q: &crate::QTensor, m: usize) -> String {
         .find(|r| r.op == "matmul_quant" && r.shape.contains(&shape))
         .map(|r| r.kernel.clone())
         .unwrap_or_default()
+}
+
+/// Options with `trans_b` (built field by field: the options struct is `#[non_exhaustive]` to
+/// users).
+#[allow(clippy::field_reassign_with_default)]
+fn trans_b() -> crate::MatmulOptions<'static> {
+    let mut o = crate::MatmulOptions::default();
+    o.trans_b = true;
+    o
 }
 
 const GUARD: f32 = -777.0;
@@ -184,8 +192,7 @@ fn check_close(dev: &Device, ty: GgmlType, dtype: DType, batch: usize, m: usize,
     let w: Vec<f64> = dequantize(ty, &wbytes, &[n, k]).unwrap().into_iter().map(f64::from).collect();
     let q = dev.quant_tensor(ty, &[n, k], &wbytes).unwrap();
     let at = dev.tensor_from_f32(&[batch, m, k], dtype, &values(batch * m * k, seed + 1)).unwrap();
-    let mut o = crate::MatmulOptions::default();
-    o.trans_b = true;
+    let o = trans_b();
     let out = dev.matmul_quant(&at, &q, &o).unwrap();
     let mut desc = MatmulDesc::new(m, n, k);
     desc.batch = batch;
@@ -241,7 +248,6 @@ fn a_weight_over_the_binding_limit_runs_in_blocks() {
     let ty = GgmlType::Q4_0;
     let q = dev.quant_tensor(ty, &[4, 32 * 20], &integer_weights(ty, 4, 32 * 20, 1)).unwrap();
     let a = dev.zeros(&[1, 32 * 20], DType::F32).unwrap();
-    let mut o = crate::MatmulOptions::default();
-    o.trans_b = true;
+    let o = trans_b();
     assert!(matches!(dev.matmul_quant(&a, &q, &o), Err(Error::Overflow { .. })));
 }
