@@ -321,8 +321,18 @@ fn q_store(row: u32, col0: u32, bt: u32, acc: vec4<f32>) {
     }
 }
 
+// Unit `un` of weight row n, or a zero unit (all weights 0) past the last row.
+fn row_unit(n: u32, un: u32, upb: u32, bpr: u32) -> QUnit {
+    if (n >= p.n) {
+        var z: QUnit;
+        return z;
+    }
+    return load_unit(n * bpr + un / upb, un % upb);
+}
+
 // The partial GV_ROWS x 4 tile of invocation t of `qgemv`: columns col0..col0+4, units t,
-// t + WG, ... of their weight rows.
+// t + WG, ... of their weight rows. The four units are loaded first, so each vec4 of op(A) is
+// read once per unit and used for all four columns.
 fn qgemv_partial(col0: u32, bt: u32, t: u32) -> array<vec4<f32>, MAX_ROWS> {
     let a_base = p.a_off + bt * p.a_bs;
     let upb = block_size() / UNIT;
@@ -333,24 +343,18 @@ fn qgemv_partial(col0: u32, bt: u32, t: u32) -> array<vec4<f32>, MAX_ROWS> {
         acc[i] = vec4<f32>(0.0);
     }
     for (var un = t; un < units; un += WG) {
-        for (var c = 0u; c < QG_COLS; c++) {
-            let n = col0 + c;
-            if (n >= p.n) {
-                break;
-            }
-            let u = load_unit(n * bpr + un / upb, un % upb);
-            var s: array<f32, MAX_ROWS>;
-            for (var i = 0u; i < MAX_ROWS; i++) {
-                s[i] = 0.0;
-            }
-            for (var j = 0u; j < 8u; j++) {
-                let w = unit_group(u, j);
-                for (var i = 0u; i < GV_ROWS; i++) {
-                    s[i] += dot(load4_op_a(a_base, i, UNIT * un + 4u * j), w);
-                }
-            }
+        let u0 = row_unit(col0, un, upb, bpr);
+        let u1 = row_unit(col0 + 1u, un, upb, bpr);
+        let u2 = row_unit(col0 + 2u, un, upb, bpr);
+        let u3 = row_unit(col0 + 3u, un, upb, bpr);
+        for (var j = 0u; j < 8u; j++) {
+            let w0 = unit_group(u0, j);
+            let w1 = unit_group(u1, j);
+            let w2 = unit_group(u2, j);
+            let w3 = unit_group(u3, j);
             for (var i = 0u; i < GV_ROWS; i++) {
-                acc[i][c] += s[i];
+                let a = load4_op_a(a_base, i, UNIT * un + 4u * j);
+                acc[i] += vec4<f32>(dot(a, w0), dot(a, w1), dot(a, w2), dot(a, w3));
             }
         }
     }
