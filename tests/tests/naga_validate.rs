@@ -167,3 +167,36 @@ fn every_gemv_specialisation_validates() {
     assert!(checked >= 2 * 16 * 4 * 4);
     assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Every quantized-matmul pipeline validates after `process_overrides`: each format, the decode
+/// kernel (both reductions, rows 1, 5 and 16) and the tiled kernel, each storage variant of A.
+/// (Their switches are parameters, not overrides: the switch sets must all give one module.)
+#[test]
+fn every_quant_specialisation_validates() {
+    use tilekit::kernels::catalogue::wgsl::{QuantFormat, qmatmul};
+    let switch_sets = [
+        MatmulSwitches { trans_b: true, ..MatmulSwitches::default() },
+        MatmulSwitches { trans_a: true, trans_b: true, bias: true, c: false, act: 1 },
+        MatmulSwitches { trans_a: false, trans_b: true, bias: true, c: true, act: 5 },
+    ];
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for format in QuantFormat::ALL {
+        for (m, subgroups) in [(1, true), (5, false), (16, true), (16, false), (17, true)] {
+            let (kernel, spec) = qmatmul::choose(format, m, subgroups);
+            for switches in switch_sets {
+                for storage in ElementStorage::ALL {
+                    let module = module_with(kernel, storage, Spec { switches, ..spec });
+                    assert_eq!(module, module_with(kernel, storage, spec), "{}", module.name);
+                    if let Err(e) = specialise(&module) {
+                        failures.push(format!("{} rows {m} {switches:?}: {e}", module.name));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("naga: {checked} quantized matmul specialisations validated after process_overrides");
+    assert!(checked >= 5 * 5 * 3 * 4);
+    assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
+}

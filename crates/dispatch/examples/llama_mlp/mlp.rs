@@ -84,7 +84,7 @@ pub fn run_dtype(weights: &[GgufTensor<'_>]) -> DType {
 /// Quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), all of one type, stay quantized: their
 /// block bytes are stacked (rows hold whole blocks, so stacking rows is concatenating bytes)
 /// into one [`QTensor`] that [`Device::matmul_quant`] dequantizes in registers. Where the
-/// device has no quantized kernels yet (`Error::UnsupportedQuantType`: wgpu today), or
+/// device has no quantized kernels (`Error::UnsupportedQuantType`), or
 /// the types are mixed, the weights are dequantized on the host into f32 instead, four to
 /// eight times the bytes. Dense weights in `dtype` are uploaded as they are stored; other dense
 /// types are widened to f32 (exact).

@@ -23,6 +23,8 @@
 //! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 2 for M ≤ 16) in 8 × 4 warp tiles | 8 × 8 outputs; BK-deep slabs of A and B staged in workgroup memory without bank conflicts ([`layout`]), software-pipelined |
 //! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × [`SMALL_M_COLS`] outputs (M ≤ 4), no workgroup memory |
 //! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
+//! | [`Kernel::QuantGemv`], [`Kernel::QuantGemvSubgroup`] | [`qmatmul::QGEMV_WG`] = 64 | quantized weights, M ≤ 16 rows × 4 columns per workgroup, K split 32 weights at a time, dequantized in registers, reduced as the GEMV ([`qmatmul`]) |
+//! | [`Kernel::QuantMatmul`] | 16 × 16 | 4 × 4 outputs of a 64 × 64 block; 32-deep slabs of op(A) and dequantized weights staged in workgroup memory (16 KiB) |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
@@ -59,6 +61,9 @@ use crate::{DType, MatmulDesc};
 
 pub mod gemv;
 pub mod layout;
+pub mod qmatmul;
+
+pub use qmatmul::QuantFormat;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
 const MATMUL: &str = include_str!("../../../../shaders/wgsl/matmul.wgsl");
@@ -69,6 +74,7 @@ const COPY: &str = include_str!("../../../../shaders/wgsl/copy.wgsl");
 const GEMV: &str = include_str!("../../../../shaders/wgsl/gemv.wgsl");
 const GLU: &str = include_str!("../../../../shaders/wgsl/glu.wgsl");
 const INVERTED_RESIDUAL: &str = include_str!("../../../../shaders/wgsl/inverted_residual.wgsl");
+const QMATMUL: &str = include_str!("../../../../shaders/wgsl/qmatmul.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,23 +151,49 @@ pub enum Kernel {
     /// The fused inverted-residual block (`inverted_residual.wgsl`, parameters
     /// [`BlockParams`]).
     InvertedResidual,
+    /// Quantized-weight GEMV for M <= [`qmatmul::QGEMV_ROWS`], reduced through workgroup
+    /// memory (`qmatmul.wgsl`, entry `qgemv`; [`qmatmul`]).
+    QuantGemv(QuantFormat),
+    /// The same kernel reduced with subgroup operations (entry `qgemv_subgroup`).
+    QuantGemvSubgroup(QuantFormat),
+    /// Quantized-weight tiled matmul, weights dequantized into workgroup memory (entry
+    /// `qmatmul`).
+    QuantMatmul(QuantFormat),
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 11] = [
-        Kernel::Matmul,
-        Kernel::MatmulSmallM,
-        Kernel::MatmulNaive,
-        Kernel::DepthwiseConv2d,
-        Kernel::Activation,
-        Kernel::ActivationInPlace,
-        Kernel::Copy,
-        Kernel::Gemv,
-        Kernel::GemvSubgroup,
-        Kernel::Glu,
-        Kernel::InvertedResidual,
-    ];
+    pub const ALL: [Kernel; 26] = {
+        use QuantFormat as F;
+        [
+            Kernel::Matmul,
+            Kernel::MatmulSmallM,
+            Kernel::MatmulNaive,
+            Kernel::DepthwiseConv2d,
+            Kernel::Activation,
+            Kernel::ActivationInPlace,
+            Kernel::Copy,
+            Kernel::Gemv,
+            Kernel::GemvSubgroup,
+            Kernel::Glu,
+            Kernel::InvertedResidual,
+            Kernel::QuantGemv(F::Q8_0),
+            Kernel::QuantGemv(F::Q4_0),
+            Kernel::QuantGemv(F::Q4_1),
+            Kernel::QuantGemv(F::Q4K),
+            Kernel::QuantGemv(F::Q6K),
+            Kernel::QuantGemvSubgroup(F::Q8_0),
+            Kernel::QuantGemvSubgroup(F::Q4_0),
+            Kernel::QuantGemvSubgroup(F::Q4_1),
+            Kernel::QuantGemvSubgroup(F::Q4K),
+            Kernel::QuantGemvSubgroup(F::Q6K),
+            Kernel::QuantMatmul(F::Q8_0),
+            Kernel::QuantMatmul(F::Q4_0),
+            Kernel::QuantMatmul(F::Q4_1),
+            Kernel::QuantMatmul(F::Q4K),
+            Kernel::QuantMatmul(F::Q6K),
+        ]
+    };
 
     /// The module name stem.
     pub const fn name(self) -> &'static str {
@@ -177,17 +209,27 @@ impl Kernel {
             Kernel::GemvSubgroup => "gemv_subgroup",
             Kernel::Glu => "glu",
             Kernel::InvertedResidual => "inverted_residual",
+            Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => qmatmul::name(self),
         }
     }
 
     /// Whether the module needs `enable subgroups` (the `SUBGROUP` feature).
     pub const fn needs_subgroups(self) -> bool {
-        matches!(self, Kernel::GemvSubgroup)
+        matches!(self, Kernel::GemvSubgroup | Kernel::QuantGemvSubgroup(_))
     }
 
     /// Whether the kernel takes a matmul's parameter block and bindings.
     pub const fn is_matmul(self) -> bool {
-        matches!(self, Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup)
+        matches!(
+            self,
+            Kernel::Matmul
+                | Kernel::MatmulSmallM
+                | Kernel::Gemv
+                | Kernel::GemvSubgroup
+                | Kernel::QuantGemv(_)
+                | Kernel::QuantGemvSubgroup(_)
+                | Kernel::QuantMatmul(_)
+        )
     }
 
     /// Whether the module depends on the element storage (the copy moves raw words).
@@ -401,6 +443,10 @@ fn bindings(kernel: Kernel) -> Vec<Binding> {
         Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup => {
             vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
         }
+        // The weight planes are declared in `qmatmul.wgsl` itself (raw words, any dtype).
+        Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => {
+            vec![read("a", 0), read("bias", 2), read("c", 3), write("out", 4)]
+        }
         Kernel::MatmulNaive => vec![read("a", 0), read("b", 1), write("out", 2)],
         Kernel::DepthwiseConv2d => vec![read("input", 0), read("weight", 1), read("bias", 2), write("out", 3)],
         Kernel::Activation => vec![read("x", 0), read("bias", 1), write("out", 2)],
@@ -580,6 +626,10 @@ impl Spec {
             Kernel::Gemv | Kernel::GemvSubgroup => {
                 Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
             }
+            // The quantized kernels read their switches from the parameter block.
+            Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => {
+                Spec { rows: self.rows.clamp(1, qmatmul::QGEMV_ROWS as u32), wg: self.wg, ..Spec::DEFAULT }
+            }
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
@@ -599,6 +649,8 @@ impl Spec {
             ),
             Kernel::MatmulSmallM => format!("small-m wg{}", self.wg),
             Kernel::Gemv | Kernel::GemvSubgroup => format!("gemv wg{}", self.wg),
+            Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => format!("qgemv wg{}", self.wg),
+            Kernel::QuantMatmul(_) => "64x64/bk32 (16x16 inv)".to_string(),
             Kernel::DepthwiseConv2d => format!("wg{}", self.wg),
             _ => "default".to_string(),
         }
@@ -711,6 +763,13 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             }
             Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
             Kernel::InvertedResidual => (INVERTED_RESIDUAL, "inverted_residual", Vec::new(), BLOCK_WORKGROUP_BYTES),
+            Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => {
+                let entry = if matches!(kernel, Kernel::QuantGemv(_)) { "qgemv" } else { "qgemv_subgroup" };
+                (QMATMUL, entry, qmatmul::overrides(kernel, spec), gemv::workgroup_bytes(spec.wg))
+            }
+            Kernel::QuantMatmul(_) => {
+                (QMATMUL, "qmatmul", qmatmul::overrides(kernel, spec), qmatmul::QMATMUL_WORKGROUP_BYTES)
+            }
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -721,6 +780,9 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     }
     match kernel {
         Kernel::Gemv | Kernel::GemvSubgroup => source.push_str(&gemv::text(kernel, kernel_text)),
+        Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => {
+            source.push_str(&qmatmul::text(kernel, kernel_text));
+        }
         _ => source.push_str(kernel_text),
     }
     source.push_str(&generated_block(kernel, storage));
@@ -728,7 +790,13 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
         Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
-        Kernel::MatmulSmallM | Kernel::DepthwiseConv2d | Kernel::Gemv | Kernel::GemvSubgroup => [spec.wg, 1, 1],
+        Kernel::MatmulSmallM
+        | Kernel::DepthwiseConv2d
+        | Kernel::Gemv
+        | Kernel::GemvSubgroup
+        | Kernel::QuantGemv(_)
+        | Kernel::QuantGemvSubgroup(_) => [spec.wg, 1, 1],
+        Kernel::QuantMatmul(_) => qmatmul::QMATMUL_WG,
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
         _ => [WG_1D, 1, 1],
     };
@@ -972,7 +1040,7 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 10 * 4 + 1);
+        assert_eq!(all.len(), 25 * 4 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -997,6 +1065,7 @@ mod tests {
             ("gemv.wgsl", Kernel::GemvSubgroup, GEMV),
             ("glu.wgsl", Kernel::Glu, GLU),
             ("inverted_residual.wgsl", Kernel::InvertedResidual, INVERTED_RESIDUAL),
+            ("qmatmul.wgsl", Kernel::QuantGemvSubgroup(QuantFormat::Q8_0), QMATMUL),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {

@@ -80,6 +80,7 @@ mod interop;
 mod launch;
 mod pipelines;
 mod profile;
+mod quant;
 mod queue;
 mod split;
 mod tuning;
@@ -325,6 +326,19 @@ impl BackendOps for WgpuBackend {
         let desc = &Self::rebased(desc, [a, b, out], bias, c)?;
         Self::check_engine_alias("matmul", out, &[("a", Some(a)), ("b", Some(b)), ("bias", bias), ("c", c)])?;
         self.run_matmul(desc, dtype, a, b, bias, c, out, TuneRequest::AsConfigured).map(drop)
+    }
+
+    fn matmul_quant(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &WgpuStorage,
+        w: &super::QuantView<'_, WgpuStorage>,
+        bias: Option<&WgpuStorage>,
+        c: Option<&WgpuStorage>,
+        out: &WgpuStorage,
+    ) -> Result<()> {
+        self.run_matmul_quant(desc, dtype, a, w, bias, c, out)
     }
 
     fn depthwise_conv2d(

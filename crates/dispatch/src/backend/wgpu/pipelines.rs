@@ -112,7 +112,14 @@ impl WgpuBackend {
         })?;
         let (pipeline, layout) = pipeline;
         let name = match kernel {
-            Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup | Kernel::DepthwiseConv2d => {
+            Kernel::Matmul
+            | Kernel::MatmulSmallM
+            | Kernel::Gemv
+            | Kernel::GemvSubgroup
+            | Kernel::DepthwiseConv2d
+            | Kernel::QuantGemv(_)
+            | Kernel::QuantGemvSubgroup(_)
+            | Kernel::QuantMatmul(_) => {
                 format!("{} [{}]", module.name, spec.label(kernel))
             }
             _ => module.name.clone(),

@@ -55,7 +55,7 @@ fn gemv_is_chosen_for_up_to_16_rows_with_the_device_reduction() {
     assert_eq!(own.len(), gemv_devices().len(), "a device of its own for every shared test device");
     for (dev, name) in &own {
         let (dev, name) = (dev, *name);
-        for m in [1, 7, 16] {
+        for m in [1, 16] {
             let k = kernel_of(dev, m);
             assert!(k.starts_with(&format!("{name}_f32 [gemv wg")), "m = {m}: {k}");
         }
@@ -68,19 +68,22 @@ fn gemv_is_chosen_for_up_to_16_rows_with_the_device_reduction() {
     }
 }
 
-/// Every M from 1 to 16, both weight layouts (and transposed A), N and K primes and
-/// non-multiples of 4, K = 0 and 1, K over one pass of the workgroup (4 · 64 = 256), guard
-/// values around the output; f32 on both reductions.
+/// Row counts 1, 3, 8 and 16 (each M is a pipeline of its own: compiling one per M costs more
+/// than it covers), both weight layouts (and transposed A), N and K primes and non-multiples
+/// of 4, K = 0 and 1, K over one pass of the workgroup (4 · 64 = 256), guard values around the
+/// output; f32 on both reductions. (M = 17, the switch to the tiled kernel, is checked in
+/// `gemv_is_chosen_for_up_to_16_rows_with_the_device_reduction` and the matmul tests.)
 #[test]
 fn gemv_edge_shapes_both_layouts_both_reductions() {
     for (dev, _) in gemv_devices() {
-        for m in 1..=16 {
-            let (n, k) = [(1, 1), (5, 7), (13, 31), (37, 300), (4, 0), (3, 2)][m % 6];
-            for (ta, tb) in [(false, false), (false, true), (true, true), (true, false)] {
-                if ta && m % 4 != 1 {
+        for (i, m) in [1, 3, 8, 16].into_iter().enumerate() {
+            for (j, (ta, tb)) in [(false, false), (false, true), (true, true), (true, false)].into_iter().enumerate() {
+                // Transposed A at M = 1 and 16 only; the shapes rotate through the layouts.
+                if ta && m != 1 && m != 16 {
                     continue;
                 }
-                run_matmul_case(dev, DType::F32, &dense_case(1, m, n, k, ta, tb), 500 + m as u64);
+                let (n, k) = [(1, 1), (5, 7), (13, 31), (37, 300), (4, 0), (3, 2)][(i + j) % 6];
+                run_matmul_case(dev, DType::F32, &dense_case(1, m, n, k, ta, tb), 500 + (4 * i + j) as u64);
             }
         }
         // A long K split over several passes, and N over many workgroups.
@@ -92,56 +95,60 @@ fn gemv_edge_shapes_both_layouts_both_reductions() {
 }
 
 /// Every dtype (f32, native f16, packed f16, bf16) on both reductions with the whole epilogue
-/// (alpha, bias, beta·C, each activation) and strided, unaligned views; bf16 precision.
+/// (alpha, bias, beta·C, each activation once) and strided, unaligned views, each dtype in both
+/// weight layouts; aligned views (vec4 paths) and bf16 precision in each dtype, both layouts.
 #[test]
 fn gemv_every_dtype_with_the_epilogue_and_strided_views() {
+    let dtypes = [DType::F32, DType::F16, DType::Bf16];
     for (dev, _) in gemv_devices() {
         // f16 is native on the first device where the adapter has SHADER_F16, packed on the second.
-        for (d_i, dtype) in [DType::F32, DType::F16, DType::Bf16].into_iter().enumerate() {
-            for (i, act) in Activation::ALL.into_iter().enumerate() {
-                let (m, n, k) = ([1, 4, 9, 16, 2, 13][i % 6], 11, 21);
-                for tb in [false, true] {
-                    let mut desc = MatmulDesc::new(m, n, k);
-                    desc.batch = 2;
-                    desc.trans_b = tb;
-                    let (br, bc) = desc.b_stored();
-                    desc.a = MatrixView { offset: 3, ld: k + 2, batch_stride: m * (k + 2) + 1 };
-                    desc.b = MatrixView { offset: 1, ld: bc + 1, batch_stride: br * (bc + 1) };
-                    desc.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) });
-                    desc.out = MatrixView { offset: 2, ld: n + 3, batch_stride: m * (n + 3) + 4 };
-                    desc.bias_offset = Some(1);
-                    desc.alpha = 1.5;
-                    desc.beta = -0.75;
-                    desc.activation = act;
-                    let seed = 600 + (d_i * 20 + i) as u64;
-                    run_matmul_case(dev, dtype, &MatmulCase { desc, bias: true }, seed);
-                }
-            }
-            // Aligned views: vec4 loads of A and B along K or N, vec4 stores.
-            for tb in [false, true] {
-                let mut case = dense_case(1, 5, 24, 40, false, tb);
-                case.desc.bias_offset = Some(4);
-                case.bias = true;
-                case.desc.activation = Activation::Relu;
-                run_matmul_case(dev, dtype, &case, 650);
-                let mut case = dense_case(1, 3, 10, 19, false, tb);
-                case.desc.precision = Precision::Bf16;
-                run_matmul_case(dev, dtype, &case, 660);
-            }
+        // Activation i runs in dtype i mod 3 and layout (i / 3) mod 2: with six activations each
+        // (dtype, layout) pair runs once.
+        for (i, act) in Activation::ALL.into_iter().enumerate() {
+            let dtype = dtypes[i % 3];
+            let tb = (i / 3) % 2 == 1;
+            let (m, n, k) = ([1, 4, 9, 16, 2, 13][i % 6], 11, 21);
+            let mut desc = MatmulDesc::new(m, n, k);
+            desc.batch = 2;
+            desc.trans_b = tb;
+            let (br, bc) = desc.b_stored();
+            desc.a = MatrixView { offset: 3, ld: k + 2, batch_stride: m * (k + 2) + 1 };
+            desc.b = MatrixView { offset: 1, ld: bc + 1, batch_stride: br * (bc + 1) };
+            desc.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) });
+            desc.out = MatrixView { offset: 2, ld: n + 3, batch_stride: m * (n + 3) + 4 };
+            desc.bias_offset = Some(1);
+            desc.alpha = 1.5;
+            desc.beta = -0.75;
+            desc.activation = act;
+            run_matmul_case(dev, dtype, &MatmulCase { desc, bias: true }, 600 + i as u64);
+        }
+        for (d_i, dtype) in dtypes.into_iter().enumerate() {
+            // Aligned views: vec4 loads of A and B along K or N, vec4 stores; then bf16
+            // precision in the other layout.
+            let tb = d_i % 2 == 0;
+            let mut case = dense_case(1, 5, 24, 40, false, tb);
+            case.desc.bias_offset = Some(4);
+            case.bias = true;
+            case.desc.activation = Activation::Relu;
+            run_matmul_case(dev, dtype, &case, 650);
+            let mut case = dense_case(1, 3, 10, 19, false, !tb);
+            case.desc.precision = Precision::Bf16;
+            run_matmul_case(dev, dtype, &case, 660);
         }
     }
 }
 
 /// Integer inputs make every sum exact: both reductions match the reference bit for bit, in
-/// every dtype, both layouts, with bias, C and relu.
+/// every dtype, both layouts (two shapes per dtype), with bias, C and relu.
 #[test]
 fn gemv_integer_inputs_match_bit_for_bit() {
     let ints = |n: usize, seed: u64| -> Vec<f32> { values(n, seed).iter().map(|v| (v * 2.5).round()).collect() };
     for (dev, kernel) in gemv_devices() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
-            for (i, &(m, n, k, tb)) in
-                [(1, 9, 300, true), (16, 7, 13, false), (5, 70, 64, true), (2, 5, 11, false)].iter().enumerate()
-            {
+            // Two shapes per dtype, one per layout; f32 takes M = 1 and 16.
+            let shapes = [(1, 9, 300, true), (16, 7, 13, false), (5, 70, 64, true), (2, 5, 11, false)];
+            let first = if dtype == DType::F32 { 0 } else { 2 };
+            for (i, &(m, n, k, tb)) in shapes[first..first + 2].iter().enumerate() {
                 let mut d = dense_case(1, m, n, k, false, tb).desc;
                 d.c = Some(MatrixView::dense(m, n));
                 d.bias_offset = Some(0);

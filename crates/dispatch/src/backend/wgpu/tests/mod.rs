@@ -15,6 +15,7 @@ mod elementwise;
 mod gemv;
 mod limits;
 mod matmul;
+mod quant;
 
 use conv::*;
 use elementwise::*;
