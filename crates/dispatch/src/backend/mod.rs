@@ -138,6 +138,30 @@ pub(crate) trait BackendOps {
         bias: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// [`BackendOps::depthwise_conv2d`] with the weight pre-packed `[kh, kw, C·m]`
+    /// (`crate::PackedDepthwise`). The default unpacks it on the host into a temporary
+    /// `[C·m, 1, kh, kw]` weight and runs `depthwise_conv2d` on that (same kernel, so the same
+    /// result bit for bit); backends whose kernels read the packed layout override it.
+    fn depthwise_conv2d_packed(
+        &self,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &Self::Storage,
+        weight: &Self::Storage,
+        bias: Option<&Self::Storage>,
+        out: &Self::Storage,
+    ) -> Result<()> {
+        let size = dtype.size_bytes();
+        let (oc, taps) = (desc.out_channels(), desc.kernel_h * desc.kernel_w);
+        let bytes = self.download(weight, dtype)?;
+        let need = oc * taps * size;
+        if bytes.len() < need {
+            return Err(Error::Overflow { op: "depthwise_conv2d", what: "the packed weight's buffer".into() });
+        }
+        let unpacked = crate::ops::permute_taps(&bytes[..need], size, oc, taps, false);
+        let w = self.upload(dtype, &unpacked)?;
+        self.depthwise_conv2d(desc, dtype, input, &w, bias, out)
+    }
     /// See [`ActivationDesc`]. `x` and `out` may be the same storage.
     fn activation(
         &self,
