@@ -400,3 +400,97 @@ fn run_packed<B: BackendOps>(
         storage::<B>(OP, "out", out)?,
     )
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::{Activation, Conv2dOptions, DType, Device, Error, Layout};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32 * 37 + seed * 11) % 23) as f32 - 11.0).collect()
+    }
+
+    /// On the CPU backend (which unpacks), every dtype and both layouts, with a multiplier:
+    /// packed and unpacked weights give the same bytes, and the packed tensor is `[kh, kw, C·m]`
+    /// with element (tap, oc) = weight (oc, tap).
+    #[test]
+    fn packed_weights_give_the_same_bytes_on_the_cpu() {
+        let dev = Device::cpu();
+        let (c, m, kh, kw) = (3, 2, 3, 2);
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                let shape = if layout == Layout::Nchw { [2, c, 5, 7] } else { [2, 5, 7, c] };
+                let x = dev.tensor_from_f32(&shape, dtype, &values(2 * c * 35, 1)).unwrap();
+                let w = dev.tensor_from_f32(&[c * m, 1, kh, kw], dtype, &values(c * m * kh * kw, 2)).unwrap();
+                let b = dev.tensor_from_f32(&[c * m], dtype, &values(c * m, 3)).unwrap();
+                let packed = dev.pack_depthwise_weights(&w, c).unwrap();
+                assert_eq!(packed.tensor().shape(), [kh, kw, c * m]);
+                assert_eq!((packed.channels(), packed.multiplier(), packed.kernel_size()), (c, m, [kh, kw]));
+                let (wv, pv) = (w.to_f32_vec().unwrap(), packed.tensor().to_f32_vec().unwrap());
+                for oc in 0..c * m {
+                    for t in 0..kh * kw {
+                        assert_eq!(pv[t * c * m + oc].to_bits(), wv[oc * kh * kw + t].to_bits());
+                    }
+                }
+                let mut o = Conv2dOptions::default();
+                o.stride = [2, 1];
+                o.padding = [1, 0, 1, 1];
+                o.layout = layout;
+                o.activation = Activation::Relu6;
+                let want = dev.depthwise_conv2d(&x, &w, Some(&b), &o).unwrap();
+                let got = dev.depthwise_conv2d_packed(&x, &packed, Some(&b), &o).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{dtype} {layout:?}");
+                let into = dev.zeros(want.shape(), dtype).unwrap();
+                dev.depthwise_conv2d_packed_into(&x, &packed, Some(&b), &o, &into).unwrap();
+                assert_eq!(into.to_bytes().unwrap(), want.to_bytes().unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn packing_and_packed_calls_refuse_bad_input() {
+        let dev = Device::cpu();
+        let w = dev.tensor_from_f32(&[6, 1, 3, 3], DType::F32, &values(54, 4)).unwrap();
+        // Weight shapes pack_depthwise_weights refuses.
+        let bad = |shape: &[usize], c: usize| {
+            let t = dev.zeros(shape, DType::F32).unwrap();
+            dev.pack_depthwise_weights(&t, c).unwrap_err()
+        };
+        assert!(matches!(bad(&[6, 3, 3], 3), Error::WrongRank { .. }));
+        assert!(matches!(bad(&[6, 2, 3, 3], 3), Error::ShapeMismatch { .. }));
+        assert!(matches!(bad(&[6, 1, 3, 3], 4), Error::ShapeMismatch { .. }));
+        assert!(matches!(bad(&[6, 1, 3, 3], 0), Error::ShapeMismatch { .. }));
+        let other = Device::cpu();
+        assert!(matches!(other.pack_depthwise_weights(&w, 3).unwrap_err(), Error::DeviceMismatch { .. }));
+        let packed = dev.pack_depthwise_weights(&w, 3).unwrap();
+        let o = Conv2dOptions::default();
+        // An input with another channel count than the packing was made for.
+        let x4 = dev.zeros(&[1, 6, 5, 5], DType::F32).unwrap();
+        let e = dev.depthwise_conv2d_packed(&x4, &packed, None, &o).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { tensor: "weight", .. }), "{e:?}");
+        // Another dtype.
+        let xh = dev.zeros(&[1, 3, 5, 5], DType::F16).unwrap();
+        assert!(matches!(
+            dev.depthwise_conv2d_packed(&xh, &packed, None, &o).unwrap_err(),
+            Error::DTypeMismatch { .. }
+        ));
+        // Another device.
+        let xo = other.zeros(&[1, 3, 5, 5], DType::F32).unwrap();
+        assert!(matches!(
+            other.depthwise_conv2d_packed(&xo, &packed, None, &o).unwrap_err(),
+            Error::DeviceMismatch { .. }
+        ));
+        // A wrong rank and a wrong output shape.
+        let x3 = dev.zeros(&[3, 5, 5], DType::F32).unwrap();
+        assert!(matches!(dev.depthwise_conv2d_packed(&x3, &packed, None, &o).unwrap_err(), Error::WrongRank { .. }));
+        let x = dev.zeros(&[1, 3, 5, 5], DType::F32).unwrap();
+        let out = dev.zeros(&[1, 6, 3, 4], DType::F32).unwrap();
+        assert!(matches!(
+            dev.depthwise_conv2d_packed_into(&x, &packed, None, &o, &out).unwrap_err(),
+            Error::ShapeMismatch { tensor: "out", .. }
+        ));
+        // The output aliasing the packed weights.
+        let e = dev.depthwise_conv2d_packed_into(&x, &packed, None, &o, packed.tensor()).unwrap_err();
+        assert!(matches!(e, Error::Aliasing { .. }), "{e:?}");
+    }
+}
