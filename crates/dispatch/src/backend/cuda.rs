@@ -51,6 +51,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tilekit_kernels::catalogue::cuda::{self as cat, Kernel, Module};
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, Layout, MatmulDesc, MatrixView};
 
+mod depthwise;
+
 const KIND: BackendKind = BackendKind::Cuda;
 
 /// Looks for a usable CUDA driver and device without ever panicking. `Ok` describes what was
@@ -767,7 +769,7 @@ impl BackendOps for CudaBackend {
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| Error::Overflow { op: OP, what: "work items".into() })?;
-        if work == 0 {
+        if work == 0 || self.depthwise_tiled(desc, dtype, input, weight, bias, out, false)? {
             return Ok(());
         }
         // When the kernels may use 16-byte vectors (see `ConvParams::vec`).
