@@ -7,10 +7,12 @@
 use super::*;
 use tilekit_kernels::catalogue::wgsl::DwTiledPlan;
 
-/// Whether `TILEKIT_DW_GENERAL` asks for the general kernel everywhere (the bench's "old
-/// kernel" rows compare the two in one run with it; read at each call).
+/// The general kernel everywhere, process-wide: the bench's reference point for the tiled
+/// kernel (`Device::set_previous_depthwise`, feature `bench-refs`), never set otherwise.
+pub(crate) static GENERAL_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn general_only() -> bool {
-    std::env::var_os("TILEKIT_DW_GENERAL").is_some_and(|v| v != "0")
+    GENERAL_ONLY.load(Ordering::Relaxed)
 }
 
 impl WgpuBackend {

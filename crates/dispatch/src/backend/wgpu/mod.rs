@@ -72,7 +72,7 @@ mod adapter;
 mod block;
 mod buffers;
 pub(crate) mod cache;
-mod depthwise;
+pub(crate) mod depthwise;
 mod health;
 mod interop;
 mod launch;
