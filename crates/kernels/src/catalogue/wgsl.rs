@@ -29,7 +29,7 @@
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
 //! | [`Kernel::Glu`] | 64 | 4 outputs (vec4 when F is a multiple of 4) |
-//! | [`Kernel::InvertedResidual`] | 64, grid (tiles, C'/64, N) | 1 pixel × 32 output channels of an 8 × 4 tile; hidden channels in chunks of 16 in workgroup memory (15,936 bytes) |
+//! | [`Kernel::InvertedResidual`] | 256, grid (tiles, C'/320, N) | 1 pixel × up to 40 output channels (`ACC`) of an 8 × 4 tile; hidden channels in chunks of 8 in workgroup memory (16,160 bytes); the expand stage runs once per tile for C' ≤ 320 |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
 //! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
@@ -591,6 +591,7 @@ impl Spec {
                 Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
             }
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
+            Kernel::InvertedResidual => Spec { wg: self.wg.clamp(1, BLOCK_MAX_ACC), ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
     }
@@ -721,7 +722,12 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 (GEMV, entry, o, gemv::workgroup_bytes(spec.wg))
             }
             Kernel::Glu => (GLU, "glu", vec![("WG", WG_1D as f64)], 0),
-            Kernel::InvertedResidual => (INVERTED_RESIDUAL, "inverted_residual", Vec::new(), BLOCK_WORKGROUP_BYTES),
+            Kernel::InvertedResidual => (
+                INVERTED_RESIDUAL,
+                "inverted_residual",
+                vec![("ACC", f64::from(spec.wg.clamp(1, BLOCK_MAX_ACC)))],
+                BLOCK_WORKGROUP_BYTES,
+            ),
         };
     let typed = kernel.is_typed();
     let needs_f16 = typed && storage.needs_f16();
@@ -741,6 +747,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
         Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
         Kernel::MatmulSmallM | Kernel::DepthwiseConv2d | Kernel::Gemv | Kernel::GemvSubgroup => [spec.wg, 1, 1],
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
+        Kernel::InvertedResidual => [BLOCK_WG, 1, 1],
         _ => [WG_1D, 1, 1],
     };
     WgslModule {
@@ -981,15 +988,31 @@ impl DwTiledPlan {
 }
 
 /// Workgroup storage of [`Kernel::InvertedResidual`]: the expanded chunk over the largest
-/// footprint (153 pixels × 16 channels), the filtered chunk (32 × 16) and the chunk's
-/// projection weights (64 × 16), f32.
-pub const BLOCK_WORKGROUP_BYTES: u32 = (153 * 16 + 32 * 16 + 64 * 16) * 4;
+/// footprint (153 pixels × 8 channels), the filtered chunk (32 × 8) and the chunk's
+/// projection weights (320 × 8), f32: 16,160 bytes.
+pub const BLOCK_WORKGROUP_BYTES: u32 = (153 * 8 + 32 * 8 + 320 * 8) * 4;
+/// Invocations per workgroup of [`Kernel::InvertedResidual`]: 8 per pixel of the 32-pixel tile.
+pub const BLOCK_WG: u32 = 256;
+/// The most accumulators an invocation of [`Kernel::InvertedResidual`] keeps (`MAX_ACC`); the
+/// pipeline's `ACC` override (carried in [`Spec::wg`]) is `ceil(min(C', 320) / 8)`.
+pub const BLOCK_MAX_ACC: u32 = 40;
 /// Output tile of [`Kernel::InvertedResidual`]: `BLOCK_TILE_W × BLOCK_TILE_H` pixels.
 pub const BLOCK_TILE_W: u32 = 8;
 /// See [`BLOCK_TILE_W`].
 pub const BLOCK_TILE_H: u32 = 4;
-/// Output channels per workgroup of [`Kernel::InvertedResidual`] (the grid's y).
-pub const BLOCK_OUT_CHANNELS: u32 = 64;
+/// Output channels per workgroup of [`Kernel::InvertedResidual`] (the grid's y): 8 lanes ×
+/// [`BLOCK_MAX_ACC`], at least every MobileNetV2 block's C', so each tile's expand stage runs
+/// once.
+pub const BLOCK_OUT_CHANNELS: u32 = 320;
+
+impl Spec {
+    /// The spec of [`Kernel::InvertedResidual`] for `out_channels` outputs: `ACC` (in `wg`) =
+    /// the accumulators an invocation needs.
+    pub fn block(out_channels: usize) -> Spec {
+        let acc = out_channels.clamp(1, BLOCK_OUT_CHANNELS as usize).div_ceil(8) as u32;
+        Spec { wg: acc, ..Spec::DEFAULT }
+    }
+}
 
 /// `BlockParams::flags` bits (`inverted_residual.wgsl`).
 #[allow(missing_docs)]
