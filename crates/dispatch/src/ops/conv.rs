@@ -414,6 +414,9 @@ mod tests {
     /// packed and unpacked weights give the same bytes, and the packed tensor is `[kh, kw, C·m]`
     /// with element (tap, oc) = weight (oc, tap).
     #[test]
+    // Options built field by field: the form that keeps compiling once `Conv2dOptions` is
+    // `#[non_exhaustive]`.
+    #[allow(clippy::field_reassign_with_default)]
     fn packed_weights_give_the_same_bytes_on_the_cpu() {
         let dev = Device::cpu();
         let (c, m, kh, kw) = (3, 2, 3, 2);

@@ -195,6 +195,9 @@ fn depthwise_outside_the_tiled_kernel() {
 /// whose other elements hold a sentinel; the tiled kernel's overhanging tiles must leave
 /// them alone (a clamped out-of-bounds store would land on the last element).
 #[test]
+// Options built field by field: the form that keeps compiling once `Conv2dOptions` is
+// `#[non_exhaustive]`.
+#[allow(clippy::field_reassign_with_default)]
 fn tiled_depthwise_keeps_guard_bands() {
     let Some(dev) = device(false) else { return };
     let (wdev, queue) = dev.wgpu_device().unwrap();
