@@ -610,6 +610,7 @@ impl Spec {
             ),
             Kernel::MatmulSmallM => format!("small-m wg{}", self.wg),
             Kernel::Gemv | Kernel::GemvSubgroup => format!("gemv wg{}", self.wg),
+            Kernel::DepthwiseConv2d if self.wg == DW_TILED => "tiled".to_string(),
             Kernel::DepthwiseConv2d => format!("wg{}", self.wg),
             _ => "default".to_string(),
         }
@@ -662,9 +663,21 @@ pub fn skinny_candidates(m: usize) -> (Kernel, Vec<Spec>) {
     }
 }
 
-/// The candidate specs (default first) of the depthwise convolution.
+/// The [`Spec::wg`] that stands for [`Kernel::DepthwiseTiled`] among the depthwise candidates
+/// (the tuner times the tiled kernel against the general one at each workgroup size).
+pub const DW_TILED: u32 = 0;
+
+/// The candidate specs (default first) of the depthwise convolution: the tiled kernel
+/// ([`DW_TILED`]), then the general one at each of [`WG_CANDIDATES`].
 pub fn conv_candidates() -> Vec<Spec> {
-    WG_CANDIDATES.iter().map(|&wg| Spec { wg, ..Spec::DEFAULT }).collect()
+    conv_candidates_for(true)
+}
+
+/// [`conv_candidates`] with the tiled kernel only where it applies (`tiled`: a
+/// [`DwTiledPlan`] covers the convolution); the default is the first.
+pub fn conv_candidates_for(tiled: bool) -> Vec<Spec> {
+    let tiled = tiled.then_some(Spec { wg: DW_TILED, ..Spec::DEFAULT });
+    tiled.into_iter().chain(WG_CANDIDATES.iter().map(|&wg| Spec { wg, ..Spec::DEFAULT })).collect()
 }
 
 /// A stable 64-bit FNV-1a hash of the source of `kernel` in `storage` (the text does not
@@ -1192,7 +1205,8 @@ mod tests {
         assert!(!MatmulTile { wg_x: 8, wg_y: 6, bk: 8 }.is_valid());
         assert_eq!(MATMUL_TILE_CANDIDATES[0], MatmulTile::DEFAULT);
         assert_eq!(MATMUL_SHORT_TILE_CANDIDATES[0], MatmulTile::SHORT);
-        assert_eq!(conv_candidates()[0], Spec::DEFAULT);
+        assert_eq!(conv_candidates()[0].wg, DW_TILED);
+        assert_eq!(conv_candidates_for(false)[0], Spec::DEFAULT);
         assert_eq!(skinny_candidates(2).1[0].wg, SMALL_M_WG);
         assert_eq!(matmul_candidates(16).0, Kernel::Gemv);
         assert_eq!(matmul_candidates(17).0, Kernel::Matmul);

@@ -15,6 +15,12 @@ fn general_only() -> bool {
     GENERAL_ONLY.load(Ordering::Relaxed)
 }
 
+/// `spec` for the general kernel: the tiled kernel's stand-in ([`cat::DW_TILED`], which a
+/// forced or cached spec may carry where no tiled plan applies) becomes the default workgroup.
+fn general(spec: Spec) -> Spec {
+    if spec.wg == cat::DW_TILED { Spec { wg: cat::WG_1D, ..spec } } else { spec }
+}
+
 impl WgpuBackend {
     /// The depthwise convolution, its spec chosen as `request` says; the report of a tune it
     /// ran. `packed`: the weight is pre-packed `[kh, kw, C·m]` (else `[C·m, 1, kh, kw]`). The
@@ -39,8 +45,9 @@ impl WgpuBackend {
             // Over the storage-binding limit or past u32 indices: blocks bound as windows.
             let storage = self.storage_variant(dtype);
             let kernel = Kernel::DepthwiseConv2d;
-            let candidates = cat::conv_candidates();
+            let candidates = cat::conv_candidates_for(false);
             let run = |spec: Spec| {
+                let spec = general(spec);
                 let launches = self.split_conv(op, desc, dtype, spec, [input, weight, out], bias, packed)?;
                 let pipeline = self.pipeline(op, kernel, storage, spec)?;
                 self.record(op, &pipeline, 4, &launches)
@@ -117,28 +124,30 @@ impl WgpuBackend {
         };
         let storage = self.storage_variant(dtype);
         let max = self.limits.max_compute_workgroups_per_dimension.max(1);
-        if let Some(plan) = DwTiledPlan::new(desc, max).filter(|_| !general_only()) {
-            let mut p = p;
-            p.tile_h = plan.tile_h;
-            p.patch_h = plan.patch_h;
-            p.patch_w = plan.patch_w;
-            p.c_blocks = plan.c_blocks;
+        // The tiled kernel where its plan covers the convolution: the default, and one of the
+        // tuner's candidates with the general kernel at each workgroup size.
+        let plan = DwTiledPlan::new(desc, max).filter(|_| !general_only());
+        let mut tiled = p;
+        if let Some(plan) = &plan {
+            tiled.tile_h = plan.tile_h;
+            tiled.patch_h = plan.patch_h;
+            tiled.patch_w = plan.patch_w;
+            tiled.c_blocks = plan.c_blocks;
             if packed && p.out_c.is_multiple_of(4) && p.w_off.is_multiple_of(4) {
-                p.flags |= conv_flags::W_VEC;
+                tiled.flags |= conv_flags::W_VEC;
             }
             if desc.layout == Layout::Nchw && desc.width.is_multiple_of(4) && in_off.is_multiple_of(4) {
-                p.flags |= conv_flags::IN_VEC;
+                tiled.flags |= conv_flags::IN_VEC;
             }
-            let kernel = Kernel::DepthwiseTiled;
-            let run = |_: Spec| self.launch_tiled_conv(op, &p, &plan, storage, [input, weight, out], bias);
-            let key = || format!("tiled|{}", conv_key_tail(desc));
-            let (spec, report) = self.choose(kernel, storage, &[Spec::DEFAULT], key, &run, request)?;
-            run(spec)?;
-            return Ok(report);
         }
         let kernel = Kernel::DepthwiseConv2d;
-        let candidates = cat::conv_candidates();
-        let run = |spec: Spec| self.launch_conv(op, &p, storage, spec, [input, weight, out], bias);
+        let candidates = cat::conv_candidates_for(plan.is_some());
+        let run = |spec: Spec| match &plan {
+            Some(plan) if spec.wg == cat::DW_TILED => {
+                self.launch_tiled_conv(op, &tiled, plan, storage, [input, weight, out], bias)
+            }
+            _ => self.launch_conv(op, &p, storage, general(spec), [input, weight, out], bias),
+        };
         let (spec, report) = self.choose(kernel, storage, &candidates, || conv_key_tail(desc), &run, request)?;
         run(spec)?;
         Ok(report)
