@@ -45,7 +45,7 @@ impl WgpuBackend {
             // Over the storage-binding limit or past u32 indices: blocks bound as windows.
             let storage = self.storage_variant(dtype);
             let kernel = Kernel::DepthwiseConv2d;
-            let candidates = cat::conv_candidates_for(false);
+            let candidates = cat::conv_candidates_for(false, desc.layout);
             let run = |spec: Spec| {
                 let spec = general(spec);
                 let launches = self.split_conv(op, desc, dtype, spec, [input, weight, out], bias, packed)?;
@@ -124,8 +124,9 @@ impl WgpuBackend {
         };
         let storage = self.storage_variant(dtype);
         let max = self.limits.max_compute_workgroups_per_dimension.max(1);
-        // The tiled kernel where its plan covers the convolution: the default, and one of the
-        // tuner's candidates with the general kernel at each workgroup size.
+        // The tiled kernel where its plan covers the convolution: one of the tuner's candidates
+        // with the general kernel at each workgroup size (the default in NHWC, see
+        // `conv_candidates_for`).
         let plan = DwTiledPlan::new(desc, max).filter(|_| !general_only());
         let mut tiled = p;
         if let Some(plan) = &plan {
@@ -141,7 +142,7 @@ impl WgpuBackend {
             }
         }
         let kernel = Kernel::DepthwiseConv2d;
-        let candidates = cat::conv_candidates_for(plan.is_some());
+        let candidates = cat::conv_candidates_for(plan.is_some(), desc.layout);
         let run = |spec: Spec| match &plan {
             Some(plan) if spec.wg == cat::DW_TILED => {
                 self.launch_tiled_conv(op, &tiled, plan, storage, [input, weight, out], bias)

@@ -2,7 +2,8 @@
 //! multiplier, half types.
 
 use super::*;
-use tilekit_kernels::catalogue::wgsl::DwTiledPlan;
+use crate::WgpuOptions;
+use tilekit_kernels::catalogue::wgsl::{self as cat, DwTiledPlan, Spec};
 
 pub(super) fn conv_desc(layout: Layout, c: usize, m: usize, hw: (usize, usize), k: (usize, usize)) -> Conv2dDesc {
     Conv2dDesc {
@@ -153,23 +154,45 @@ fn tiled_cases(layout: Layout) -> Vec<Conv2dDesc> {
     v
 }
 
+/// Devices of these tests' own (native f16, and f16 packed in u32) with the tiled kernel forced
+/// (NCHW does not take it by default), and the dtypes to run on each.
+fn tiled_devices(what: &str) -> Vec<(Device, Vec<DType>)> {
+    let mut v = Vec::new();
+    for packed in [false, true] {
+        let opts =
+            WgpuOptions { allow_software: true, adapter_name: None, force_packed_f16: packed, no_subgroups: false };
+        match Device::wgpu(&opts) {
+            Ok(dev) => {
+                *backend(&dev).force_spec.lock().unwrap() = Some(Spec { wg: cat::DW_TILED, ..Spec::DEFAULT });
+                let dtypes = if packed { vec![DType::F16] } else { vec![DType::F32, DType::F16, DType::Bf16] };
+                v.push((dev, dtypes));
+            }
+            Err(e) => eprintln!("SKIP {what}: no adapter ({e})"),
+        }
+    }
+    v
+}
+
 #[test]
 fn tiled_depthwise_edges_both_layouts() {
-    let Some(dev) = device(false) else { return };
-    for layout in [Layout::Nchw, Layout::Nhwc] {
-        for (i, d) in tiled_cases(layout).iter().enumerate() {
-            assert!(DwTiledPlan::new(d, 65535).is_some(), "not tiled: {d:?}");
-            run_conv_case(dev, DType::F32, d, 700 + i as u64);
+    for (dev, _) in tiled_devices("tiled depthwise edges").iter().take(1) {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            for (i, d) in tiled_cases(layout).iter().enumerate() {
+                assert!(DwTiledPlan::new(d, 65535).is_some(), "not tiled: {d:?}");
+                run_conv_case(dev, DType::F32, d, 700 + i as u64);
+            }
         }
     }
 }
 
 #[test]
 fn tiled_depthwise_half_types() {
-    for (dev, dtype) in variants() {
-        for layout in [Layout::Nchw, Layout::Nhwc] {
-            for (i, d) in tiled_cases(layout).iter().enumerate().filter(|(i, _)| matches!(i, 2 | 4 | 6)) {
-                run_conv_case(dev, dtype, d, 800 + i as u64);
+    for (dev, dtypes) in &tiled_devices("tiled depthwise half types") {
+        for &dtype in dtypes.iter().filter(|&&t| t != DType::F32) {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                for (i, d) in tiled_cases(layout).iter().enumerate().filter(|(i, _)| matches!(i, 2 | 4 | 6)) {
+                    run_conv_case(dev, dtype, d, 800 + i as u64);
+                }
             }
         }
     }
@@ -199,7 +222,8 @@ fn depthwise_outside_the_tiled_kernel() {
 // `#[non_exhaustive]`.
 #[allow(clippy::field_reassign_with_default)]
 fn tiled_depthwise_keeps_guard_bands() {
-    let Some(dev) = device(false) else { return };
+    let devices = tiled_devices("tiled depthwise guard bands");
+    let Some((dev, _)) = devices.first() else { return };
     let (wdev, queue) = dev.wgpu_device().unwrap();
     for layout in [Layout::Nchw, Layout::Nhwc] {
         let d = with(conv_desc(layout, 5, 1, (9, 13), (3, 3)), [1, 1, 1, 1], 2, (1, 1));
