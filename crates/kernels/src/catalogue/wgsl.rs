@@ -29,7 +29,7 @@
 //! | [`Kernel::Activation`] | 64 | 4 elements (vec4) |
 //! | [`Kernel::Copy`] | 64 | 16 bytes (`vec4<u32>`) |
 //! | [`Kernel::Glu`] | 64 | 4 outputs (vec4 when F is a multiple of 4) |
-//! | [`Kernel::InvertedResidual`] | 256, grid (tiles, C'/320, N) | 1 pixel × up to 40 output channels (`ACC`) of an 8 × 4 tile; hidden channels in chunks of 8 in workgroup memory (16,160 bytes); the expand stage runs once per tile for C' ≤ 320 |
+//! | [`Kernel::InvertedResidual`] | 256, grid (tiles, C'/160, N) | 1 pixel × up to 20 output channels (`ACC`) of an 8 × 4 tile; hidden channels in chunks of 8 in workgroup memory (11,040 bytes); the expand stage runs once per tile for C' ≤ 160 |
 //!
 //! The shape constants of a pipeline are its [`Spec`]; 1-D launches fold into a 2-D grid. The
 //! matmul kernels are also specialised to the product's switches ([`MatmulSwitches`]:
@@ -1010,21 +1010,21 @@ impl DwTiledPlan {
 
 /// Workgroup storage of [`Kernel::InvertedResidual`]: the expanded chunk over the largest
 /// footprint (153 pixels × 8 channels), the filtered chunk (32 × 8) and the chunk's
-/// projection weights (320 × 8), f32: 16,160 bytes.
-pub const BLOCK_WORKGROUP_BYTES: u32 = (153 * 8 + 32 * 8 + 320 * 8) * 4;
+/// projection weights (160 × 8), f32: 11,040 bytes.
+pub const BLOCK_WORKGROUP_BYTES: u32 = (153 * 8 + 32 * 8 + 160 * 8) * 4;
 /// Invocations per workgroup of [`Kernel::InvertedResidual`]: 8 per pixel of the 32-pixel tile.
 pub const BLOCK_WG: u32 = 256;
 /// The most accumulators an invocation of [`Kernel::InvertedResidual`] keeps (`MAX_ACC`); the
-/// pipeline's `ACC` override (carried in [`Spec::wg`]) is `ceil(min(C', 320) / 8)`.
-pub const BLOCK_MAX_ACC: u32 = 40;
+/// pipeline's `ACC` override (carried in [`Spec::wg`]) is `ceil(min(C', 160) / 8)`.
+pub const BLOCK_MAX_ACC: u32 = 20;
 /// Output tile of [`Kernel::InvertedResidual`]: `BLOCK_TILE_W × BLOCK_TILE_H` pixels.
 pub const BLOCK_TILE_W: u32 = 8;
 /// See [`BLOCK_TILE_W`].
 pub const BLOCK_TILE_H: u32 = 4;
 /// Output channels per workgroup of [`Kernel::InvertedResidual`] (the grid's y): 8 lanes ×
-/// [`BLOCK_MAX_ACC`], at least every MobileNetV2 block's C', so each tile's expand stage runs
-/// once.
-pub const BLOCK_OUT_CHANNELS: u32 = 320;
+/// [`BLOCK_MAX_ACC`], at least the C' of 16 of MobileNetV2's 17 blocks, whose tiles are
+/// expanded once (the last, C' = 320, twice).
+pub const BLOCK_OUT_CHANNELS: u32 = 160;
 
 impl Spec {
     /// The spec of [`Kernel::InvertedResidual`] for `out_channels` outputs: `ACC` (in `wg`) =
