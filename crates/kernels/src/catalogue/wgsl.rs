@@ -677,8 +677,10 @@ pub fn conv_candidates() -> Vec<Spec> {
 /// applies (`tiled`: a [`DwTiledPlan`] covers it); the first is the untuned default. NHWC
 /// defaults to the tiled kernel and NCHW to the general one at 64 invocations: on lavapipe
 /// (the one device measured so far, `cargo xtask bench --suite mobilenet`) the tiled kernel
-/// ran MobileNetV2's NHWC layers 1.4–3.0× faster than the general one and its NCHW layers
-/// 0.23–1.33× as fast. The tuner times both wherever it runs.
+/// ran MobileNetV2's NHWC layers 1.1–3.4× faster than the general one in two runs, while its
+/// NCHW layers came out at 0.23–1.33× — no better than the 0.28–1.25× spread of the general
+/// kernel against itself in one run — and its 8 × 32 tile leaves most invocations idle on the
+/// 7² and 14² planes. The tuner times both wherever it runs.
 pub fn conv_candidates_for(tiled: bool, layout: crate::Layout) -> Vec<Spec> {
     let tiled = tiled.then_some(Spec { wg: DW_TILED, ..Spec::DEFAULT });
     let general = WG_CANDIDATES.iter().map(|&wg| Spec { wg, ..Spec::DEFAULT });
