@@ -231,3 +231,239 @@ template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& 
 DW_ENTRY(f32, float)
 DW_ENTRY(f16, f16)
 DW_ENTRY(bf16, bf16)
+
+// ---- The tiled kernels: `depthwise_tiled_<dtype>_<nchw|nhwc>` ----
+// An input tile plus its halo, and the block's filter taps, staged in shared memory once per
+// block; every thread then reads its taps from there, so each input element leaves global
+// memory once per block rather than once per tap (the 16-byte loads of the kernels above hit
+// L1/L2 for the other taps; these do not depend on it). Grid: x = output column tiles, y =
+// output row tiles, z = images × output channels (NCHW) or × channel blocks (NHWC), walked with
+// a stride of gridDim.z so any batch fits. A thread's place in the tile is bit fields of
+// threadIdx.x and the block's is blockIdx (one division per z step): no per-element div/mod.
+// The host (`backend/cuda/depthwise.rs`, `catalogue::cuda::DwTiledPlan`) picks tile_h so the
+// patch fits DWT_PATCH_BYTES and runs the kernels above where no plan fits.
+// - NCHW: 256 threads as 8 rows × 32 column groups, each V consecutive outputs of one row (one
+//   16-byte store); a tile is 8 × 32V outputs of one channel, any multiplier. The patch rows
+//   are staged as 16-byte vectors from a 16-byte-aligned column (with `in_vec`: W a multiple
+//   of V and an aligned input, every vector is wholly inside the row or wholly padding).
+// - NHWC (multiplier 1): 256 threads as 32 pixel slots × 8 channel vectors; a block covers
+//   tile_h × 8 pixels × 8V channels, and a thread's V channels of a pixel are one 16-byte
+//   load from the patch and one 16-byte store (with `in_vec` / `out_vec`: C a multiple of V,
+//   aligned tensors). The taps are staged as f32, 8V per tap.
+// Padded taps are skipped (not multiplied by zero), as in the reference.
+
+// Parameters of the tiled kernels (`DwTiledParams` in `crates/kernels/src/catalogue/cuda.rs`).
+struct DwTiledParams {
+    u64 input;
+    u64 weight;
+    u64 bias;
+    u64 out;
+    i64 z_total;
+    i32 channels, height, width, multiplier;
+    i32 kh, kw, sh, sw, pt, pl, dh, dw;
+    i32 oh, ow;
+    // Output rows per tile (NHWC), the patch's rows and width (NCHW: 16-byte vectors; NHWC:
+    // pixels) and the channel blocks per image (NHWC).
+    i32 tile_h, patch_h, patch_w, c_blocks;
+    // Weight element (oc, tap) is at oc·w_ch + tap·w_tap: [C·m, 1, kh, kw] or packed [kh, kw, C·m].
+    i32 w_tap, w_ch;
+    u32 act;
+    u32 flags;
+};
+#define DWT_BIAS 1u
+#define DWT_IN_VEC 2u
+#define DWT_OUT_VEC 4u
+#define DWT_THREADS 256
+// 40 KiB of patch and 6.25 KiB of taps: under the 48 KiB of static shared memory, 4 blocks per
+// SM on sm_90 (228 KiB). The largest MobileNetV2 patch is NHWC stride 2 with 8-row tiles:
+// 17 × 17 pixels × 8 vectors × 16 bytes = 36,992 bytes.
+#define DWT_PATCH_BYTES 40960
+#define DWT_W_FLOATS 1600
+
+template <typename T> __device__ __forceinline__ void dwt_nchw(const DwTiledParams& p, uint4* sm, float* sw) {
+    constexpr int V = 16 / sizeof(T);
+    constexpr int TW = 32 * V;
+    const T* in = (const T*)p.input;
+    const T* wt = (const T*)p.weight;
+    T* out = (T*)p.out;
+    const T* patch = (const T*)sm;
+    const int tx = threadIdx.x & 31;
+    const int ty = threadIdx.x >> 5;
+    const int occ = p.channels * p.multiplier;
+    const int ox0 = blockIdx.x * TW;
+    const int oy0 = blockIdx.y * 8;
+    const int ys = oy0 * p.sh - p.pt;
+    const int xs = ox0 * p.sw - p.pl;
+    const int xa = xs & ~(V - 1);
+    const int shift = xs - xa;
+    const int taps = p.kh * p.kw;
+    const int pw = p.patch_w * V;
+    for (i64 z = blockIdx.z; z < p.z_total; z += gridDim.z) {
+        const int oc = (int)(z % occ);
+        const i64 n = z / occ;
+        const T* plane = in + (n * p.channels + oc / p.multiplier) * (i64)p.height * p.width;
+        // The previous step's readers are done with the shared arrays.
+        __syncthreads();
+        for (int t = threadIdx.x; t < taps; t += DWT_THREADS) sw[t] = to_f32(wt[(i64)oc * p.w_ch + (i64)t * p.w_tap]);
+        for (int r = ty; r < p.patch_h; r += 8) {
+            const int iy = ys + r;
+            const bool rok = iy >= 0 && iy < p.height;
+            const T* row = plane + (i64)(rok ? iy : 0) * p.width;
+            for (int v = tx; v < p.patch_w; v += 32) {
+                const int ix = xa + v * V;
+                uint4 val = make_uint4(0, 0, 0, 0);
+                if (p.flags & DWT_IN_VEC) {
+                    if (rok && ix >= 0 && ix < p.width) val = *(const uint4*)(row + ix);
+                } else {
+                    __align__(16) Vec16<T> t;
+#pragma unroll
+                    for (int e = 0; e < V; e++) {
+                        const int x = ix + e;
+                        t.v[e] = rok && x >= 0 && x < p.width ? row[x] : T{};
+                    }
+                    val = *(const uint4*)&t;
+                }
+                sm[r * p.patch_w + v] = val;
+            }
+        }
+        __syncthreads();
+        const int oy = oy0 + ty;
+        const int oxb = ox0 + tx * V;
+        if (oy >= p.oh || oxb >= p.ow) continue;
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int ky = 0; ky < p.kh; ky++) {
+            const int pr = ty * p.sh + ky * p.dh;
+            const int iy = ys + pr;
+            if (iy < 0 || iy >= p.height) continue;
+            const T* prow = patch + pr * pw;
+            for (int kx = 0; kx < p.kw; kx++) {
+                const float f = sw[ky * p.kw + kx];
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const int pc = (tx * V + j) * p.sw + kx * p.dw + shift;
+                    const int ix = xa + pc;
+                    if (ix >= 0 && ix < p.width) acc[j] = fmaf(to_f32(prow[pc]), f, acc[j]);
+                }
+            }
+        }
+        const float b = (p.flags & DWT_BIAS) ? to_f32(((const T*)p.bias)[oc]) : 0.0f;
+        T* o = out + ((n * occ + oc) * p.oh + oy) * (i64)p.ow + oxb;
+        __align__(16) Vec16<T> res;
+#pragma unroll
+        for (int j = 0; j < V; j++) res.v[j] = from_f32<T>(activate(p.act, acc[j] + b));
+        if ((p.flags & DWT_OUT_VEC) && oxb + V <= p.ow) {
+            *(uint4*)o = *(const uint4*)&res;
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (oxb + j < p.ow) o[j] = res.v[j];
+        }
+    }
+}
+
+template <typename T> __device__ __forceinline__ void dwt_nhwc(const DwTiledParams& p, uint4* sm, float* sw) {
+    constexpr int V = 16 / sizeof(T);
+    constexpr int CB = 8 * V;
+    const T* in = (const T*)p.input;
+    const T* wt = (const T*)p.weight;
+    T* out = (T*)p.out;
+    const int cv = threadIdx.x & 7;
+    const int slot = threadIdx.x >> 3;
+    const int ox0 = blockIdx.x * 8;
+    const int oy0 = blockIdx.y * p.tile_h;
+    const int ys = oy0 * p.sh - p.pt;
+    const int xs = ox0 * p.sw - p.pl;
+    const int C = p.channels;
+    const int taps = p.kh * p.kw;
+    for (i64 z = blockIdx.z; z < p.z_total; z += gridDim.z) {
+        const int c0 = (int)(z % p.c_blocks) * CB;
+        const i64 n = z / p.c_blocks;
+        const int c = c0 + cv * V;
+        const T* img = in + n * p.height * (i64)p.width * C;
+        __syncthreads();
+        for (int e = threadIdx.x; e < taps * CB; e += DWT_THREADS) {
+            const int ch = c0 + (e & (CB - 1));
+            sw[e] = ch < C ? to_f32(wt[(i64)ch * p.w_ch + (i64)(e / CB) * p.w_tap]) : 0.0f;
+        }
+        for (int r = 0; r < p.patch_h; r++) {
+            const int iy = ys + r;
+            const bool rok = iy >= 0 && iy < p.height;
+            for (int x = slot; x < p.patch_w; x += 32) {
+                const int ix = xs + x;
+                uint4 val = make_uint4(0, 0, 0, 0);
+                if (rok && ix >= 0 && ix < p.width) {
+                    const T* px = img + ((i64)iy * p.width + ix) * C + c;
+                    if (p.flags & DWT_IN_VEC) {
+                        if (c < C) val = *(const uint4*)px;
+                    } else {
+                        __align__(16) Vec16<T> t;
+#pragma unroll
+                        for (int e = 0; e < V; e++) t.v[e] = c + e < C ? px[e] : T{};
+                        val = *(const uint4*)&t;
+                    }
+                }
+                sm[(r * p.patch_w + x) * 8 + cv] = val;
+            }
+        }
+        __syncthreads();
+        if (c >= C) continue;
+        float b[V];
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            b[j] = (p.flags & DWT_BIAS) && c + j < C ? to_f32(((const T*)p.bias)[c + j]) : 0.0f;
+        for (int q = slot; q < p.tile_h * 8; q += 32) {
+            const int ty = q >> 3;
+            const int tx = q & 7;
+            const int oy = oy0 + ty;
+            const int ox = ox0 + tx;
+            if (oy >= p.oh || ox >= p.ow) continue;
+            float acc[V];
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] = 0.0f;
+            for (int ky = 0; ky < p.kh; ky++) {
+                const int pr = ty * p.sh + ky * p.dh;
+                const int iy = ys + pr;
+                if (iy < 0 || iy >= p.height) continue;
+                for (int kx = 0; kx < p.kw; kx++) {
+                    const int pc = tx * p.sw + kx * p.dw;
+                    const int ix = xs + pc;
+                    if (ix < 0 || ix >= p.width) continue;
+                    __align__(16) Vec16<T> t;
+                    *(uint4*)&t = sm[(pr * p.patch_w + pc) * 8 + cv];
+                    const float* f = sw + (ky * p.kw + kx) * CB + cv * V;
+#pragma unroll
+                    for (int j = 0; j < V; j++) acc[j] = fmaf(to_f32(t.v[j]), f[j], acc[j]);
+                }
+            }
+            T* o = out + ((n * p.oh + oy) * (i64)p.ow + ox) * C + c;
+            __align__(16) Vec16<T> res;
+#pragma unroll
+            for (int j = 0; j < V; j++) res.v[j] = from_f32<T>(activate(p.act, acc[j] + b[j]));
+            if (p.flags & DWT_OUT_VEC) {
+                *(uint4*)o = *(const uint4*)&res;
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    if (c + j < C) o[j] = res.v[j];
+            }
+        }
+    }
+}
+
+#define DWT_ENTRY(DT, T)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(DWT_THREADS) depthwise_tiled_##DT##_nchw(const DwTiledParams p) {    \
+        __shared__ uint4 sm[DWT_PATCH_BYTES / 16];                                                                     \
+        __shared__ float sw[DWT_W_FLOATS];                                                                             \
+        dwt_nchw<T>(p, sm, sw);                                                                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(DWT_THREADS) depthwise_tiled_##DT##_nhwc(const DwTiledParams p) {    \
+        __shared__ uint4 sm[DWT_PATCH_BYTES / 16];                                                                     \
+        __shared__ float sw[DWT_W_FLOATS];                                                                             \
+        dwt_nhwc<T>(p, sm, sw);                                                                                        \
+    }
+
+DWT_ENTRY(f32, float)
+DWT_ENTRY(f16, f16)
+DWT_ENTRY(bf16, bf16)

@@ -1,9 +1,11 @@
 // Depthwise 2-D convolution with fused bias and activation (see `Conv2dDesc`): output channel
 // oc reads input channel oc / multiplier through its own kh x kw filter.
 //
-// Design: depthwise convolution does ~2 FLOP per byte, so it is memory-bound everywhere; the
-// kernel aims at few, wide memory transactions and reuse through the cache rather than at
-// workgroup-memory tiling (taps are read directly).
+// Two entry points. `depthwise_tiled` (below) stages an input tile plus halo in workgroup
+// memory; the backends take it wherever its patch fits. `depthwise_conv2d` is the general
+// kernel for the rest (NHWC with a multiplier > 1, patches over the workgroup arrays, more
+// taps than they hold): depthwise convolution does ~2 FLOP per byte, so it aims at few, wide
+// memory transactions and reuse through the cache (taps are read directly).
 // - NCHW: each invocation computes 4 consecutive outputs along W of one (n, oc, oy) row. Each
 //   filter tap is loaded once and used for the 4 outputs; neighbouring invocations read
 //   neighbouring input columns, so the loads coalesce. The 4 outputs are stored as one vec4
@@ -50,6 +52,20 @@ struct ConvParams {
     w_off: u32,
     b_off: u32,
     o_off: u32,
+    // Weight strides: element (oc, tap) is at w_off + oc * w_ch + tap * w_tap, so one kernel
+    // reads both the `[C*m, 1, kh, kw]` layout (w_ch = kh*kw, w_tap = 1) and the pre-packed
+    // `[kh, kw, C*m]` one (w_ch = 1, w_tap = C*m).
+    w_tap: u32,
+    w_ch: u32,
+    // The tiled entry point only (see `depthwise_tiled`): output rows per tile, the staged
+    // patch's rows and width (NCHW: in vec4s; NHWC: in pixels), the first z of this launch
+    // (grids over 65535 in z are split over launches) and the 16-channel blocks per image (NHWC).
+    tile_h: u32,
+    patch_h: u32,
+    patch_w: u32,
+    z_base: u32,
+    c_blocks: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(4) var<uniform> p: ConvParams;
@@ -64,7 +80,7 @@ fn conv_nchw(item: u32) {
     let n = rest / p.out_c;
     let ic = oc / p.mult;
     let in_base = p.in_off + (n * p.channels + ic) * p.height * p.width;
-    let w_base = p.w_off + oc * p.kh * p.kw;
+    let w_base = p.w_off + oc * p.w_ch;
     var acc = vec4<f32>(0.0);
     for (var ky = 0u; ky < p.kh; ky++) {
         let py = oy * p.stride_h + ky * p.dil_h;
@@ -73,7 +89,7 @@ fn conv_nchw(item: u32) {
         }
         let row = in_base + (py - p.pad_top) * p.width;
         for (var kx = 0u; kx < p.kw; kx++) {
-            let w = ld_weight(w_base + ky * p.kw + kx);
+            let w = ld_weight(w_base + (ky * p.kw + kx) * p.w_tap);
             for (var j = 0u; j < 4u; j++) {
                 let px = (ox0 + j) * p.stride_w + kx * p.dil_w;
                 if (ox0 + j < p.out_w && px >= p.pad_left && px - p.pad_left < p.width) {
@@ -106,7 +122,6 @@ fn conv_nhwc(item: u32) {
     rest = rest / p.out_w;
     let oy = rest % p.out_h;
     let n = rest / p.out_h;
-    let taps = p.kh * p.kw;
     var acc = vec4<f32>(0.0);
     for (var ky = 0u; ky < p.kh; ky++) {
         let py = oy * p.stride_h + ky * p.dil_h;
@@ -122,15 +137,15 @@ fn conv_nhwc(item: u32) {
             let tap = ky * p.kw + kx;
             if ((p.flags & IN_VEC) != 0u) {
                 let x = ld4_input((pix + oc0) >> 2u);
-                let wb = p.w_off + tap;
-                let w = vec4<f32>(ld_weight(wb + oc0 * taps), ld_weight(wb + (oc0 + 1u) * taps),
-                    ld_weight(wb + (oc0 + 2u) * taps), ld_weight(wb + (oc0 + 3u) * taps));
+                let wb = p.w_off + tap * p.w_tap;
+                let w = vec4<f32>(ld_weight(wb + oc0 * p.w_ch), ld_weight(wb + (oc0 + 1u) * p.w_ch),
+                    ld_weight(wb + (oc0 + 2u) * p.w_ch), ld_weight(wb + (oc0 + 3u) * p.w_ch));
                 acc = fma(x, w, acc);
             } else {
                 for (var j = 0u; j < 4u; j++) {
                     let oc = oc0 + j;
                     if (oc < p.out_c) {
-                        acc[j] = fma(ld_input(pix + oc / p.mult), ld_weight(p.w_off + oc * taps + tap), acc[j]);
+                        acc[j] = fma(ld_input(pix + oc / p.mult), ld_weight(p.w_off + oc * p.w_ch + tap * p.w_tap), acc[j]);
                     }
                 }
             }
@@ -170,6 +185,249 @@ fn depthwise_conv2d(
         conv_nchw(item);
     } else {
         conv_nhwc(item);
+    }
+}
+
+// ---- The tiled kernel (entry `depthwise_tiled`) ----
+// A 3-D grid: x = output column tiles, y = output row tiles, z = (image, channel block) from
+// `z_base` on. Each workgroup stages the input patch its outputs reach (the tile plus its halo)
+// and the filter taps of its channels in workgroup memory once, then every invocation reads
+// its taps from there: each input element is loaded from memory once per workgroup instead of
+// once per tap. The workgroup decodes its position with one division (z); an invocation's
+// place in the tile is bit fields of its local index, so there is no per-element div/mod chain.
+// - NCHW: one output channel per workgroup, a tile of TILE_ROWS x 32 outputs; invocation
+//   (row = li >> 3, x4 = li & 7) computes 4 consecutive outputs of one row (one vec4 store).
+//   The patch is staged as vec4s of 4 input columns starting at a 16-byte-aligned column, so
+//   with W a multiple of 4 every staging load is one vec4 (wholly inside the row or wholly in
+//   the padding). Any multiplier works: the workgroup reads input channel oc / m.
+// - NHWC (multiplier 1): a tile of tile_h x 8 pixels x 16 channels; invocation (slot = li >> 2,
+//   c4 = li & 3) owns 4 channels and walks the tile's pixels 16 apart. With C a multiple of 4
+//   the staging loads and output stores are vec4s of 4 channels; with pre-packed weights
+//   (`[kh, kw, C]`, w_ch = 1) the taps of 4 channels are one vec4 load too.
+// Padded taps are skipped, not multiplied by zero, so an Inf weight meets only real inputs
+// (as in the reference). The host (`backend/wgpu/depthwise.rs`) picks tile_h so the patch fits
+// PATCH_VEC4 and falls back to `depthwise_conv2d` where it does not, or where the taps do not
+// fit `wtile` (256 in NCHW, one per vec4; 64 in NHWC, four vec4s each).
+
+// Invocations per workgroup of the tiled kernel: 64 (two 32-wide subgroups); the bit fields
+// below assume it.
+const TILED_WG: u32 = 64u;
+// NCHW output tile: 8 rows (li >> 3) of 8 vec4s (li & 7), i.e. 8 x 32 outputs.
+const TILE_ROWS: u32 = 8u;
+const NCHW_TILE_W: u32 = 32u;
+// NHWC output tile: 8 columns (q & 7), tile_h rows, 16 channels (4 vec4s).
+const NHWC_TILE_W: u32 = 8u;
+const NHWC_TILE_C: u32 = 16u;
+// The patch: 768 vec4<f32> = 12 KiB, and the taps: 256 vec4<f32> = 4 KiB, together the
+// 16 KiB every WebGPU device offers. 768 holds MobileNetV2's largest patch (stride 2, NCHW:
+// 17 rows x 17 vec4s = 289; NHWC with tile_h 4: 9 x 17 pixels x 4 = 612).
+const PATCH_VEC4: u32 = 768u;
+const W_VEC: u32 = 8u;
+
+var<workgroup> halo: array<vec4<f32>, 768>;
+var<workgroup> wtile: array<vec4<f32>, 256>;
+
+fn tiled_nchw(wid: vec3<u32>, li: u32) {
+    let x4 = li & 7u;
+    let row = li >> 3u;
+    let ox0 = wid.x * NCHW_TILE_W;
+    let oy0 = wid.y * TILE_ROWS;
+    let z = wid.z + p.z_base;
+    let oc = z % p.out_c;
+    let n = z / p.out_c;
+    let plane = p.in_off + (n * p.channels + oc / p.mult) * p.height * p.width;
+    let taps = p.kh * p.kw;
+    for (var t = li; t < taps; t += TILED_WG) {
+        wtile[t] = vec4<f32>(ld_weight(p.w_off + oc * p.w_ch + t * p.w_tap), 0.0, 0.0, 0.0);
+    }
+    // Patch origin in input coordinates, its columns from the aligned xa on.
+    let ys = i32(oy0 * p.stride_h) - i32(p.pad_top);
+    let xs = i32(ox0 * p.stride_w) - i32(p.pad_left);
+    let xa = xs & -4;
+    let shift = u32(xs - xa);
+    let h = i32(p.height);
+    let w = i32(p.width);
+    for (var r = row; r < p.patch_h; r += TILE_ROWS) {
+        let iy = ys + i32(r);
+        let row_ok = iy >= 0 && iy < h;
+        let base = plane + u32(max(iy, 0)) * p.width;
+        for (var v = x4; v < p.patch_w; v += 8u) {
+            let ix = xa + i32(v * 4u);
+            var val = vec4<f32>(0.0);
+            if (row_ok) {
+                if ((p.flags & IN_VEC) != 0u) {
+                    if (ix >= 0 && ix < w) {
+                        val = ld4_input((base + u32(ix)) >> 2u);
+                    }
+                } else {
+                    for (var j = 0; j < 4; j++) {
+                        let x = ix + j;
+                        if (x >= 0 && x < w) {
+                            val[j] = ld_input(base + u32(x));
+                        }
+                    }
+                }
+            }
+            halo[r * p.patch_w + v] = val;
+        }
+    }
+    workgroupBarrier();
+    let oy = oy0 + row;
+    let oxb = ox0 + x4 * 4u;
+    if (oy >= p.out_h || oxb >= p.out_w) {
+        return;
+    }
+    var acc = vec4<f32>(0.0);
+    for (var ky = 0u; ky < p.kh; ky++) {
+        let pr = row * p.stride_h + ky * p.dil_h;
+        let iy = ys + i32(pr);
+        if (iy < 0 || iy >= h) {
+            continue;
+        }
+        let prow = pr * p.patch_w;
+        for (var kx = 0u; kx < p.kw; kx++) {
+            let f = wtile[ky * p.kw + kx].x;
+            for (var j = 0u; j < 4u; j++) {
+                let pc = (x4 * 4u + j) * p.stride_w + kx * p.dil_w + shift;
+                let ix = xa + i32(pc);
+                if (ix >= 0 && ix < w) {
+                    acc[j] = fma(halo[prow + (pc >> 2u)][pc & 3u], f, acc[j]);
+                }
+            }
+        }
+    }
+    if ((p.flags & HAS_BIAS) != 0u) {
+        acc = acc + vec4<f32>(ld_bias(p.b_off + oc));
+    }
+    acc = apply_act4(acc, p.act);
+    let o = p.o_off + ((n * p.out_c + oc) * p.out_h + oy) * p.out_w + oxb;
+    if ((p.flags & OUT_VEC) != 0u) {
+        st4_out(o >> 2u, acc);
+    } else {
+        for (var j = 0u; j < 4u; j++) {
+            if (oxb + j < p.out_w) {
+                st_out(o + j, acc[j]);
+            }
+        }
+    }
+}
+
+fn tiled_nhwc(wid: vec3<u32>, li: u32) {
+    let c4 = li & 3u;
+    let slot = li >> 2u;
+    let ox0 = wid.x * NHWC_TILE_W;
+    let oy0 = wid.y * p.tile_h;
+    let z = wid.z + p.z_base;
+    let cb = z % p.c_blocks;
+    let n = z / p.c_blocks;
+    let c0 = cb * NHWC_TILE_C;
+    let c = c0 + c4 * 4u;
+    let taps = p.kh * p.kw;
+    // Taps of the block's 16 channels: wtile[tap * 4 + group].
+    for (var e = li; e < taps * 4u; e += TILED_WG) {
+        let t = e >> 2u;
+        let ch = c0 + (e & 3u) * 4u;
+        var f = vec4<f32>(0.0);
+        if ((p.flags & W_VEC) != 0u) {
+            if (ch < p.out_c) {
+                f = ld4_weight((p.w_off + t * p.w_tap + ch) >> 2u);
+            }
+        } else {
+            for (var j = 0u; j < 4u; j++) {
+                if (ch + j < p.out_c) {
+                    f[j] = ld_weight(p.w_off + (ch + j) * p.w_ch + t * p.w_tap);
+                }
+            }
+        }
+        wtile[e] = f;
+    }
+    let ys = i32(oy0 * p.stride_h) - i32(p.pad_top);
+    let xs = i32(ox0 * p.stride_w) - i32(p.pad_left);
+    let h = i32(p.height);
+    let w = i32(p.width);
+    let img = p.in_off + n * p.height * p.width * p.channels;
+    for (var r = 0u; r < p.patch_h; r++) {
+        let iy = ys + i32(r);
+        let row_ok = iy >= 0 && iy < h;
+        for (var x = slot; x < p.patch_w; x += 16u) {
+            let ix = xs + i32(x);
+            var val = vec4<f32>(0.0);
+            if (row_ok && ix >= 0 && ix < w) {
+                let pix = img + (u32(iy) * p.width + u32(ix)) * p.channels + c;
+                if ((p.flags & IN_VEC) != 0u) {
+                    if (c < p.channels) {
+                        val = ld4_input(pix >> 2u);
+                    }
+                } else {
+                    for (var j = 0u; j < 4u; j++) {
+                        if (c + j < p.channels) {
+                            val[j] = ld_input(pix + j);
+                        }
+                    }
+                }
+            }
+            halo[(r * p.patch_w + x) * 4u + c4] = val;
+        }
+    }
+    workgroupBarrier();
+    if (c >= p.out_c) {
+        return;
+    }
+    var b = vec4<f32>(0.0);
+    if ((p.flags & HAS_BIAS) != 0u) {
+        for (var j = 0u; j < 4u; j++) {
+            if (c + j < p.out_c) {
+                b[j] = ld_bias(p.b_off + c + j);
+            }
+        }
+    }
+    for (var q = slot; q < p.tile_h * NHWC_TILE_W; q += 16u) {
+        let ty = q >> 3u;
+        let tx = q & 7u;
+        let oy = oy0 + ty;
+        let ox = ox0 + tx;
+        if (oy >= p.out_h || ox >= p.out_w) {
+            continue;
+        }
+        var acc = vec4<f32>(0.0);
+        for (var ky = 0u; ky < p.kh; ky++) {
+            let pr = ty * p.stride_h + ky * p.dil_h;
+            let iy = ys + i32(pr);
+            if (iy < 0 || iy >= h) {
+                continue;
+            }
+            for (var kx = 0u; kx < p.kw; kx++) {
+                let pc = tx * p.stride_w + kx * p.dil_w;
+                let ix = xs + i32(pc);
+                if (ix < 0 || ix >= w) {
+                    continue;
+                }
+                acc = fma(halo[(pr * p.patch_w + pc) * 4u + c4], wtile[(ky * p.kw + kx) * 4u + c4], acc);
+            }
+        }
+        if ((p.flags & HAS_BIAS) != 0u) {
+            acc = acc + b;
+        }
+        acc = apply_act4(acc, p.act);
+        let o = p.o_off + ((n * p.out_h + oy) * p.out_w + ox) * p.out_c + c;
+        if ((p.flags & OUT_VEC) != 0u) {
+            st4_out(o >> 2u, acc);
+        } else {
+            for (var j = 0u; j < 4u; j++) {
+                if (c + j < p.out_c) {
+                    st_out(o + j, acc[j]);
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn depthwise_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (p.nhwc == 0u) {
+        tiled_nchw(wid, li);
+    } else {
+        tiled_nhwc(wid, li);
     }
 }
 

@@ -2,31 +2,37 @@
 // depthwise 3x3 (padding 1, stride 1 or 2) + ReLU6, projection 1x1, residual; the expanded
 // tensor never leaves the workgroup.
 //
-// Design: a workgroup owns a TW x TH tile of output pixels of one image and a block of OB
-// output channels (grid: x = tiles, y = output-channel blocks, z = images). It walks the
-// hidden channels in chunks of HC:
+// Design: a workgroup owns a TW x TH tile of output pixels of one image and up to OB = 160
+// output channels (grid: x = tiles, y = output-channel blocks, z = images; 16 of MobileNetV2's
+// 17 blocks have C' <= 160, so y is 1 there and each tile's expand stage runs once; the last,
+// C' = 320, runs it twice). It walks the hidden channels in chunks of HC:
 // 1. the chunk's expanded activations over the tile's input footprint (the tile and its
 //    3x3 halo: ((TH-1)s+3) x ((TW-1)s+3) pixels) are computed into workgroup memory
 //    (`e_s`), zero in the padding, and the chunk's projection weights are staged (`wp_s`);
-// 2. the depthwise filter + ReLU6 of the chunk for every output pixel goes to `f_s`;
-// 3. each invocation adds the chunk's projection onto its OPI accumulators in registers (one
-//    pixel, OPI consecutive output channels).
+// 2. the depthwise filter + ReLU6 of the chunk, one (pixel, hidden channel) per invocation, goes
+//    to `f_s` (stored channel-major, so step 3's reads of 32 pixels are 32 consecutive words);
+// 3. each invocation adds the chunk's projection onto its ACC accumulators in registers: one
+//    pixel (lid & 31) and the output channels lane + 8k (lane = lid >> 5, k < ACC).
 // After the last chunk each invocation adds bias and residual and stores its outputs. Only
-// the input, the weights and the output touch memory. Output-channel blocks recompute the
-// expand and depthwise stages of their tile (ceil(C'/OB) times), the price of keeping the
-// projection's accumulators in registers; OB = 64 keeps that at most 5x for MobileNetV2.
+// the input, the weights and the output touch memory.
 //
-// Tile constants (fixed; workgroup storage 15,936 bytes, under WebGPU's 16 KiB minimum):
-// TW x TH = 8 x 4 = 32 output pixels, two invocations per pixel (64 = two 32-wide subgroups);
-// HC = 16 hidden channels per chunk; OPI = 32 accumulators per invocation, OB = 2 x OPI = 64.
+// Tile constants (fixed; workgroup storage 11,040 bytes, under WebGPU's 16 KiB minimum):
+// TW x TH = 8 x 4 = 32 output pixels, LANES = 8 invocations per pixel (256 invocations, the
+// WebGPU default limit); HC = 8 hidden channels per chunk and the projection weights of 160
+// output channels (`wp_s`, 5 KiB). ACC (an override, ceil(min(C', 160) / 8), at most
+// MAX_ACC = 20) is the accumulators an invocation uses: the pipeline is specialised to it, so
+// the accumulator loops have constant bounds (registers, not local memory, on a GPU).
+// MAX_ACC = 40 (OB = 320) was tried first: on lavapipe the block with C = 160, C' = 320 then
+// wrote nothing (all zeros, no error) while 20 accumulators run it correctly.
 
 const TW: u32 = 8u;
 const TH: u32 = 4u;
 const TP: u32 = 32u; // TW * TH
-const HC: u32 = 16u;
-const OPI: u32 = 32u;
-const OB: u32 = 64u;
-const WG: u32 = 64u;
+const HC: u32 = 8u;
+const LANES: u32 = 8u;
+const OB: u32 = 160u; // LANES * MAX_ACC
+const WG: u32 = 256u; // TP * LANES
+override ACC: u32 = 20u;
 // The largest footprint: stride 2, (TH - 1) * 2 + 3 = 9 rows of (TW - 1) * 2 + 3 = 17.
 const MAX_FOOT: u32 = 153u;
 
@@ -54,9 +60,9 @@ struct BlockParams {
 
 @group(0) @binding(8) var<uniform> p: BlockParams;
 
-var<workgroup> e_s: array<f32, 2448>; // MAX_FOOT * HC
-var<workgroup> f_s: array<f32, 512>;  // TP * HC
-var<workgroup> wp_s: array<f32, 1024>; // OB * HC
+var<workgroup> e_s: array<f32, 1224>; // MAX_FOOT * HC
+var<workgroup> f_s: array<f32, 256>;  // HC * TP, channel-major
+var<workgroup> wp_s: array<f32, 1280>; // OB * HC
 
 fn relu6(v: f32) -> f32 {
     return clamp(v, 0.0, 6.0);
@@ -80,7 +86,7 @@ fn out_index(n: u32, o: u32, y: u32, x: u32) -> u32 {
     return ((n * p.out_c + o) * p.out_h + y) * p.out_w + x;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = wid.z;
     let oy0 = (wid.x / p.tiles_w) * TH;
@@ -92,13 +98,13 @@ fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let fx0 = ox0 * s;
     let foot_w = (TW - 1u) * s + 3u;
     let foot = ((TH - 1u) * s + 3u) * foot_w;
-    // This invocation's pixel and output channels.
-    let px = lid % TP;
-    let og = ob0 + (lid / TP) * OPI;
+    // This invocation's pixel and output-channel lane.
+    let px = lid & (TP - 1u);
+    let lane = lid >> 5u;
     let oy = oy0 + px / TW;
     let ox = ox0 + px % TW;
-    var acc: array<f32, 32>; // OPI
-    for (var k = 0u; k < OPI; k++) {
+    var acc: array<f32, 20>; // MAX_ACC
+    for (var k = 0u; k < ACC; k++) {
         acc[k] = 0.0;
     }
     for (var j0 = 0u; j0 < p.hidden; j0 += HC) {
@@ -127,7 +133,7 @@ fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             }
             e_s[i] = v;
         }
-        for (var i = lid; i < OB * HC; i += WG) {
+        for (var i = lid; i < ACC * LANES * HC; i += WG) {
             let o = ob0 + i / HC;
             let j = j0 + i % HC;
             var w = 0.0;
@@ -137,10 +143,10 @@ fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             wp_s[i] = w;
         }
         workgroupBarrier();
-        // 2. Depthwise + ReLU6 for every pixel of the tile.
-        for (var i = lid; i < TP * HC; i += WG) {
-            let t = i / HC;
-            let jj = i % HC;
+        // 2. Depthwise + ReLU6: invocation (pixel t = lid & 31, chunk channel jj = lid >> 5).
+        {
+            let t = px;
+            let jj = lane;
             let j = j0 + jj;
             var a = 0.0;
             if (j < p.hidden) {
@@ -154,15 +160,14 @@ fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
                     }
                 }
             }
-            f_s[i] = relu6(a);
+            f_s[jj * TP + t] = relu6(a);
         }
         workgroupBarrier();
         // 3. The chunk's projection onto this invocation's accumulators.
-        let wrow = (lid / TP) * OPI;
         for (var jj = 0u; jj < HC; jj++) {
-            let f = f_s[px * HC + jj];
-            for (var k = 0u; k < OPI; k++) {
-                acc[k] += f * wp_s[(wrow + k) * HC + jj];
+            let f = f_s[jj * TP + px];
+            for (var k = 0u; k < ACC; k++) {
+                acc[k] += f * wp_s[(lane + LANES * k) * HC + jj];
             }
         }
         workgroupBarrier();
@@ -170,8 +175,8 @@ fn inverted_residual(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     if (oy >= p.out_h || ox >= p.out_w) {
         return;
     }
-    for (var k = 0u; k < OPI; k++) {
-        let o = og + k;
+    for (var k = 0u; k < ACC; k++) {
+        let o = ob0 + lane + LANES * k;
         if (o >= p.out_c) {
             break;
         }

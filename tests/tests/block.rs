@@ -14,16 +14,18 @@ use tilekit_kernels::tolerance::accepts;
 use tilekit_tests::{Data, Rng, SENTINEL, backends_for};
 
 /// `(N, C, H, W, hidden or 0 for no expand, C', stride)`.
-const CASES: [(usize, usize, usize, usize, usize, usize, usize); 9] = [
-    (1, 3, 5, 7, 18, 3, 1),   // expand, residual, odd H/W
-    (2, 5, 4, 3, 30, 7, 2),   // stride 2, batch 2, even/odd
-    (1, 4, 6, 5, 0, 4, 1),    // no expand, residual
-    (1, 8, 3, 3, 48, 5, 1),   // stride 1 without residual (C != C')
-    (1, 7, 9, 4, 42, 7, 2),   // stride 2, C = C' but no residual
-    (1, 3, 1, 1, 6, 3, 1),    // a single pixel
-    (1, 3, 13, 67, 40, 3, 1), // wide rows: several hidden chunks on the CPU
-    (2, 3, 5, 3, 12, 3, 1),   // batch 2 whose rows do not split evenly into CPU bands
-    (1, 4, 3, 10, 20, 70, 2), // C' over one WGSL output-channel block (64), W over one tile (8)
+const CASES: [(usize, usize, usize, usize, usize, usize, usize); 11] = [
+    (1, 3, 5, 7, 18, 3, 1),      // expand, residual, odd H/W
+    (2, 5, 4, 3, 30, 7, 2),      // stride 2, batch 2, even/odd
+    (1, 4, 6, 5, 0, 4, 1),       // no expand, residual
+    (1, 8, 3, 3, 48, 5, 1),      // stride 1 without residual (C != C')
+    (1, 7, 9, 4, 42, 7, 2),      // stride 2, C = C' but no residual
+    (1, 3, 1, 1, 6, 3, 1),       // a single pixel
+    (1, 3, 13, 67, 40, 3, 1),    // wide rows: several hidden chunks on the CPU
+    (2, 3, 5, 3, 12, 3, 1),      // batch 2 whose rows do not split evenly into CPU bands
+    (1, 4, 3, 10, 20, 70, 2),    // C' not a multiple of the WGSL kernel's 8 lanes, W over one tile (8)
+    (1, 3, 3, 9, 12, 330, 1),    // C' over two WGSL output-channel blocks (160)
+    (1, 160, 3, 5, 320, 320, 1), // MobileNetV2's last block's widths (C = 160, C' = 320) on a small image
 ];
 
 fn desc(case: usize, layout: Layout) -> InvertedResidualDesc {

@@ -53,7 +53,9 @@ pub mod tune;
 
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result, SharedGgufError};
-pub use ops::{BlockOptions, BlockWeights, Conv2dOptions, Im2colOptions, MatmulOptions, PointwiseOptions};
+pub use ops::{
+    BlockOptions, BlockWeights, Conv2dOptions, Im2colOptions, MatmulOptions, PackedDepthwise, PointwiseOptions,
+};
 pub use profile::{KernelRecord, Profile, Timing};
 pub use quant_tensor::QTensor;
 pub use tensor::{Element, Tensor};

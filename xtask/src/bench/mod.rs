@@ -527,6 +527,14 @@ fn measure_case(
             row.push_ref(Reference::new("prev", s.ok()));
         }
     }
+    if let Case::Conv { .. } = case
+        && dev.set_previous_depthwise(true)
+    {
+        // The general depthwise kernel the tiled one replaced (wgpu), same device and tensors.
+        let s = measure::time(plan, || bound.run_synced());
+        dev.set_previous_depthwise(false);
+        row.push_ref(Reference::new("prev", s.ok()));
+    }
     if case.reference_work() <= F64_REF_TIMING_WORK {
         let f64_ref =
             refs.f64_ref.entry(key).or_insert_with(|| time_f64_reference(case, &host, ref_plan).ok()).as_ref();

@@ -178,7 +178,7 @@ pub fn print_legend() {
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
          device;\nprev = the skinny-M kernel wgpu chose before the GEMV kernel (M <= 16: small-M for M <= 4, 16-row \
-         tiles), same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
+         tiles), or for dwconv3x3 the general depthwise kernel the tiled one replaced, same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
          of the CPU backend, same shape, 2 intra-op threads; its Conv is NCHW only, so nhwc rows compare with its \
          NCHW kernel)."
     );

@@ -66,6 +66,21 @@ impl Device {
         Ok(ran.then_some(out))
     }
 
+    /// (Feature `bench-refs`.) Makes every depthwise convolution on wgpu devices in this process
+    /// run the general kernel the tiled one replaced (`on`), or the usual choice again; returns
+    /// whether this device has such a previous kernel (wgpu only). A reference point for the
+    /// bench, not an option.
+    #[cfg(feature = "bench-refs")]
+    pub fn set_previous_depthwise(&self, on: bool) -> bool {
+        #[cfg(feature = "wgpu")]
+        if self.wgpu_backend().is_some() {
+            crate::backend::wgpu::depthwise::GENERAL_ONLY.store(on, std::sync::atomic::Ordering::Relaxed);
+            return true;
+        }
+        let _ = on;
+        false
+    }
+
     /// (Feature `bench-refs`.) `a · b` (`b` stored `[K, N]`) or `a · bᵀ` (`b` stored `[N, K]`,
     /// `trans_b`) with the skinny-M kernel the backend used before its GEMV kernel (wgpu: the
     /// small-M kernel for M <= 4, the 16-row tiles for M <= 16), or `Ok(None)` on backends

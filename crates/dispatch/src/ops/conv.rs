@@ -1,11 +1,74 @@
-//! `depthwise_conv2d`: per-channel 2-D convolution with fused bias and activation.
+//! `depthwise_conv2d`: per-channel 2-D convolution with fused bias and activation, with its
+//! weights as given (`[C·m, 1, kh, kw]`) or pre-packed once (`[kh, kw, C·m]`,
+//! [`PackedDepthwise`]).
 
 use super::{check_alias, check_device, check_dtype, storage, validate_conv_desc};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::{Activation, Conv2dDesc, Layout};
+use tilekit_kernels::{Activation, Conv2dDesc, DType, Layout};
 
 const OP: &str = "depthwise_conv2d";
+const PACK_OP: &str = "pack_depthwise_weights";
+
+/// Depthwise weights pre-packed tap-major, `[kh, kw, C·m]`: the taps of neighbouring output
+/// channels are neighbours in memory, so a kernel that walks channels (NHWC) reads the taps of
+/// 4 channels as one vector. An engine packs each layer's weights once, at load
+/// ([`Device::pack_depthwise_weights`]), and passes them to
+/// [`Device::depthwise_conv2d_packed`]. The result is bit-identical to
+/// [`Device::depthwise_conv2d`] with the unpacked weights on every backend: the WGSL kernels
+/// read either layout through two strides; the CPU and CUDA backends unpack into a temporary
+/// `[C·m, 1, kh, kw]` weight at each call (their kernels read that layout).
+#[derive(Clone, Debug)]
+pub struct PackedDepthwise {
+    tensor: Tensor,
+    channels: usize,
+    multiplier: usize,
+    kernel: [usize; 2],
+}
+
+impl PackedDepthwise {
+    /// The packed tensor, shape `[kh, kw, C·m]`.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// Input channels `C` of the convolutions it serves.
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
+    /// The channel multiplier `m`.
+    pub fn multiplier(&self) -> usize {
+        self.multiplier
+    }
+
+    /// `[kh, kw]`.
+    pub fn kernel_size(&self) -> [usize; 2] {
+        self.kernel
+    }
+
+    /// The dtype of the weights.
+    pub fn dtype(&self) -> DType {
+        self.tensor.dtype()
+    }
+
+    /// The shape of the unpacked weight, `[C·m, 1, kh, kw]`.
+    pub fn unpacked_shape(&self) -> [usize; 4] {
+        [self.channels * self.multiplier, 1, self.kernel[0], self.kernel[1]]
+    }
+}
+
+/// Moves `size`-byte elements between `[oc, taps]` (`to_packed`: from) and `[taps, oc]`.
+pub(crate) fn permute_taps(bytes: &[u8], size: usize, oc: usize, taps: usize, to_packed: bool) -> Vec<u8> {
+    let mut out = vec![0u8; oc * taps * size];
+    for o in 0..oc {
+        for t in 0..taps {
+            let (src, dst) = if to_packed { (o * taps + t, t * oc + o) } else { (t * oc + o, o * taps + t) };
+            out[dst * size..(dst + 1) * size].copy_from_slice(&bytes[src * size..(src + 1) * size]);
+        }
+    }
+    out
+}
 
 /// The options of [`Device::depthwise_conv2d`]. `Default`: stride 1, no padding, dilation 1,
 /// NCHW, no activation.
@@ -37,6 +100,127 @@ impl Default for Conv2dOptions {
 }
 
 impl Device {
+    /// Packs a depthwise weight `[C·m, 1, kh, kw]` for convolutions over `channels` (= C)
+    /// input channels into a [`PackedDepthwise`] (`[kh, kw, C·m]`, same dtype, on this
+    /// device). A one-time transform: it reads the weight back to the host, reorders it and
+    /// uploads the result (waiting for queued work). Errors: a weight from another device, not
+    /// of rank 4, with a second dimension other than 1, or whose first is not a positive
+    /// multiple of `channels` (`channels` 0 takes only an empty weight).
+    pub fn pack_depthwise_weights(&self, weight: &Tensor, channels: usize) -> Result<PackedDepthwise> {
+        check_device(PACK_OP, self, "weight", weight)?;
+        self.check_dtype(weight.dtype())?;
+        let [oc, one, kh, kw] = match *weight.shape() {
+            [a, b, c, d] => [a, b, c, d],
+            _ => {
+                return Err(Error::WrongRank {
+                    op: PACK_OP,
+                    tensor: "weight",
+                    expected: "4",
+                    actual: weight.shape().len(),
+                });
+            }
+        };
+        let multiplier = oc.checked_div(channels).unwrap_or(0);
+        let fits = if channels == 0 { oc == 0 } else { oc > 0 && oc.is_multiple_of(channels) };
+        if one != 1 || !fits {
+            return Err(Error::ShapeMismatch {
+                op: PACK_OP,
+                tensor: "weight",
+                expected: vec![channels * multiplier.max(1), 1, kh, kw],
+                actual: weight.shape().to_vec(),
+            });
+        }
+        let size = weight.dtype().size_bytes();
+        let taps = kh.checked_mul(kw).ok_or_else(|| Error::Overflow { op: PACK_OP, what: "the taps".into() })?;
+        let bytes = weight.to_bytes()?;
+        let need = weight.len() * size;
+        if bytes.len() < need {
+            return Err(Error::Overflow { op: PACK_OP, what: "the weight's buffer".into() });
+        }
+        let packed = permute_taps(&bytes[..need], size, oc, taps, true);
+        let shape = [kh, kw, oc];
+        let tensor = match weight.dtype() {
+            DType::F32 => self.tensor::<f32>(&shape, &bytemuck::pod_collect_to_vec(&packed))?,
+            DType::F16 => self.tensor::<half::f16>(&shape, &bytemuck::pod_collect_to_vec(&packed))?,
+            DType::Bf16 => self.tensor::<half::bf16>(&shape, &bytemuck::pod_collect_to_vec(&packed))?,
+            other => {
+                let reason = format!("{other} weights cannot be packed");
+                return Err(Error::InvalidParameter { op: PACK_OP, param: "weight", reason });
+            }
+        };
+        Ok(PackedDepthwise { tensor, channels, multiplier: multiplier.max(1), kernel: [kh, kw] })
+    }
+
+    /// [`Device::depthwise_conv2d`] with weights packed by [`Device::pack_depthwise_weights`]:
+    /// the same result, bit for bit. Errors as there, and [`Error::ShapeMismatch`] (tensor
+    /// `weight`) when the packed weights were made for another channel count than the input's.
+    pub fn depthwise_conv2d_packed(
+        &self,
+        input: &Tensor,
+        weight: &PackedDepthwise,
+        bias: Option<&Tensor>,
+        opts: &Conv2dOptions,
+    ) -> Result<Tensor> {
+        let desc = self.packed_desc(input, weight, bias, opts)?;
+        let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
+        self.run_conv_packed(&desc, input, weight, bias, &out)?;
+        Ok(out)
+    }
+
+    /// [`Device::depthwise_conv2d_packed`] into an existing output tensor of the right shape.
+    pub fn depthwise_conv2d_packed_into(
+        &self,
+        input: &Tensor,
+        weight: &PackedDepthwise,
+        bias: Option<&Tensor>,
+        opts: &Conv2dOptions,
+        out: &Tensor,
+    ) -> Result<()> {
+        let desc = self.packed_desc(input, weight, bias, opts)?;
+        self.check_out(&desc, input, &weight.tensor, bias, out)?;
+        self.run_conv_packed(&desc, input, weight, bias, out)
+    }
+
+    fn packed_desc(
+        &self,
+        input: &Tensor,
+        weight: &PackedDepthwise,
+        bias: Option<&Tensor>,
+        opts: &Conv2dOptions,
+    ) -> Result<Conv2dDesc> {
+        let c = match (input.shape(), opts.layout) {
+            (&[_, c, _, _], Layout::Nchw) | (&[_, _, _, c], Layout::Nhwc) => c,
+            _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
+        };
+        if c != weight.channels {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                tensor: "weight",
+                expected: vec![weight.kernel[0], weight.kernel[1], c * weight.multiplier],
+                actual: weight.tensor.shape().to_vec(),
+            });
+        }
+        self.conv_desc(input, &weight.tensor, &weight.unpacked_shape(), bias, opts)
+    }
+
+    fn run_conv_packed(
+        &self,
+        desc: &Conv2dDesc,
+        input: &Tensor,
+        weight: &PackedDepthwise,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+    ) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let w = &weight.tensor;
+        self.profiled(
+            || crate::profile::OpInfo::conv(desc, input.dtype()),
+            || with_backend!(self, be => run_packed(be, desc, input, w, bias, out)),
+        )
+    }
+
     /// Depthwise 2-D convolution. `input` is `[N, C, H, W]` (NCHW) or `[N, H, W, C]` (NHWC);
     /// `weight` is `[C·m, 1, kh, kw]` in both layouts (`m` is the channel multiplier); `bias`,
     /// if given, has `C·m` elements. The output is in the input's layout and dtype.
@@ -47,7 +231,7 @@ impl Device {
         bias: Option<&Tensor>,
         opts: &Conv2dOptions,
     ) -> Result<Tensor> {
-        let desc = self.conv_desc(input, weight, bias, opts)?;
+        let desc = self.conv_desc(input, weight, weight.shape(), bias, opts)?;
         let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
         self.run_conv(&desc, input, weight, bias, &out)?;
         Ok(out)
@@ -62,7 +246,20 @@ impl Device {
         opts: &Conv2dOptions,
         out: &Tensor,
     ) -> Result<()> {
-        let desc = self.conv_desc(input, weight, bias, opts)?;
+        let desc = self.conv_desc(input, weight, weight.shape(), bias, opts)?;
+        self.check_out(&desc, input, weight, bias, out)?;
+        self.run_conv(&desc, input, weight, bias, out)
+    }
+
+    /// The checks of an `_into` call's output: device, dtype, aliasing, shape.
+    fn check_out(
+        &self,
+        desc: &Conv2dDesc,
+        input: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+    ) -> Result<()> {
         check_device(OP, self, "out", out)?;
         check_dtype(OP, input.dtype(), "out", out)?;
         for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias)] {
@@ -78,7 +275,7 @@ impl Device {
                 actual: out.shape().to_vec(),
             });
         }
-        self.run_conv(&desc, input, weight, bias, out)
+        Ok(())
     }
 
     fn run_conv(
@@ -98,11 +295,13 @@ impl Device {
         )
     }
 
-    /// Validates the call and builds its descriptor.
+    /// Validates the call and builds its descriptor; `weight_shape` is the (unpacked) shape the
+    /// weight stands for.
     fn conv_desc(
         &self,
         input: &Tensor,
         weight: &Tensor,
+        weight_shape: &[usize],
         bias: Option<&Tensor>,
         opts: &Conv2dOptions,
     ) -> Result<Conv2dDesc> {
@@ -119,10 +318,10 @@ impl Device {
             (&[n, h, w, c], Layout::Nhwc) => [n, c, h, w],
             _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
         };
-        let [oc, one, kh, kw] = match *weight.shape() {
+        let [oc, one, kh, kw] = match *weight_shape {
             [a, b, c, d] => [a, b, c, d],
             _ => {
-                return Err(Error::WrongRank { op: OP, tensor: "weight", expected: "4", actual: weight.shape().len() });
+                return Err(Error::WrongRank { op: OP, tensor: "weight", expected: "4", actual: weight_shape.len() });
             }
         };
         let multiplier = oc.checked_div(c).unwrap_or(1);
@@ -131,7 +330,7 @@ impl Device {
                 op: OP,
                 tensor: "weight",
                 expected: vec![c * multiplier.max(1), 1, kh, kw],
-                actual: weight.shape().to_vec(),
+                actual: weight_shape.to_vec(),
             });
         }
         let desc = Conv2dDesc {
@@ -196,3 +395,118 @@ option_setters!(Conv2dOptions {
     layout: Layout,
     activation: Activation,
 });
+
+fn run_packed<B: BackendOps>(
+    be: &B,
+    desc: &Conv2dDesc,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+) -> Result<()> {
+    be.depthwise_conv2d_packed(
+        desc,
+        input.dtype(),
+        storage::<B>(OP, "input", input)?,
+        storage::<B>(OP, "weight", weight)?,
+        bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
+        storage::<B>(OP, "out", out)?,
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::{Activation, Conv2dOptions, DType, Device, Error, Layout};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32 * 37 + seed * 11) % 23) as f32 - 11.0).collect()
+    }
+
+    /// On the CPU backend (which unpacks), every dtype and both layouts, with a multiplier:
+    /// packed and unpacked weights give the same bytes, and the packed tensor is `[kh, kw, C·m]`
+    /// with element (tap, oc) = weight (oc, tap).
+    #[test]
+    // Options built field by field: the form that keeps compiling once `Conv2dOptions` is
+    // `#[non_exhaustive]`.
+    #[allow(clippy::field_reassign_with_default)]
+    fn packed_weights_give_the_same_bytes_on_the_cpu() {
+        let dev = Device::cpu();
+        let (c, m, kh, kw) = (3, 2, 3, 2);
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                let shape = if layout == Layout::Nchw { [2, c, 5, 7] } else { [2, 5, 7, c] };
+                let x = dev.tensor_from_f32(&shape, dtype, &values(2 * c * 35, 1)).unwrap();
+                let w = dev.tensor_from_f32(&[c * m, 1, kh, kw], dtype, &values(c * m * kh * kw, 2)).unwrap();
+                let b = dev.tensor_from_f32(&[c * m], dtype, &values(c * m, 3)).unwrap();
+                let packed = dev.pack_depthwise_weights(&w, c).unwrap();
+                assert_eq!(packed.tensor().shape(), [kh, kw, c * m]);
+                assert_eq!((packed.channels(), packed.multiplier(), packed.kernel_size()), (c, m, [kh, kw]));
+                let (wv, pv) = (w.to_f32_vec().unwrap(), packed.tensor().to_f32_vec().unwrap());
+                for oc in 0..c * m {
+                    for t in 0..kh * kw {
+                        assert_eq!(pv[t * c * m + oc].to_bits(), wv[oc * kh * kw + t].to_bits());
+                    }
+                }
+                let mut o = Conv2dOptions::default();
+                o.stride = [2, 1];
+                o.padding = [1, 0, 1, 1];
+                o.layout = layout;
+                o.activation = Activation::Relu6;
+                let want = dev.depthwise_conv2d(&x, &w, Some(&b), &o).unwrap();
+                let got = dev.depthwise_conv2d_packed(&x, &packed, Some(&b), &o).unwrap();
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{dtype} {layout:?}");
+                let into = dev.zeros(want.shape(), dtype).unwrap();
+                dev.depthwise_conv2d_packed_into(&x, &packed, Some(&b), &o, &into).unwrap();
+                assert_eq!(into.to_bytes().unwrap(), want.to_bytes().unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn packing_and_packed_calls_refuse_bad_input() {
+        let dev = Device::cpu();
+        let w = dev.tensor_from_f32(&[6, 1, 3, 3], DType::F32, &values(54, 4)).unwrap();
+        // Weight shapes pack_depthwise_weights refuses.
+        let bad = |shape: &[usize], c: usize| {
+            let t = dev.zeros(shape, DType::F32).unwrap();
+            dev.pack_depthwise_weights(&t, c).unwrap_err()
+        };
+        assert!(matches!(bad(&[6, 3, 3], 3), Error::WrongRank { .. }));
+        assert!(matches!(bad(&[6, 2, 3, 3], 3), Error::ShapeMismatch { .. }));
+        assert!(matches!(bad(&[6, 1, 3, 3], 4), Error::ShapeMismatch { .. }));
+        assert!(matches!(bad(&[6, 1, 3, 3], 0), Error::ShapeMismatch { .. }));
+        let other = Device::cpu();
+        assert!(matches!(other.pack_depthwise_weights(&w, 3).unwrap_err(), Error::DeviceMismatch { .. }));
+        let packed = dev.pack_depthwise_weights(&w, 3).unwrap();
+        let o = Conv2dOptions::default();
+        // An input with another channel count than the packing was made for.
+        let x4 = dev.zeros(&[1, 6, 5, 5], DType::F32).unwrap();
+        let e = dev.depthwise_conv2d_packed(&x4, &packed, None, &o).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { tensor: "weight", .. }), "{e:?}");
+        // Another dtype.
+        let xh = dev.zeros(&[1, 3, 5, 5], DType::F16).unwrap();
+        assert!(matches!(
+            dev.depthwise_conv2d_packed(&xh, &packed, None, &o).unwrap_err(),
+            Error::DTypeMismatch { .. }
+        ));
+        // Another device.
+        let xo = other.zeros(&[1, 3, 5, 5], DType::F32).unwrap();
+        assert!(matches!(
+            other.depthwise_conv2d_packed(&xo, &packed, None, &o).unwrap_err(),
+            Error::DeviceMismatch { .. }
+        ));
+        // A wrong rank and a wrong output shape.
+        let x3 = dev.zeros(&[3, 5, 5], DType::F32).unwrap();
+        assert!(matches!(dev.depthwise_conv2d_packed(&x3, &packed, None, &o).unwrap_err(), Error::WrongRank { .. }));
+        let x = dev.zeros(&[1, 3, 5, 5], DType::F32).unwrap();
+        let out = dev.zeros(&[1, 6, 3, 4], DType::F32).unwrap();
+        assert!(matches!(
+            dev.depthwise_conv2d_packed_into(&x, &packed, None, &o, &out).unwrap_err(),
+            Error::ShapeMismatch { tensor: "out", .. }
+        ));
+        // The output aliasing the packed weights.
+        let e = dev.depthwise_conv2d_packed_into(&x, &packed, None, &o, packed.tensor()).unwrap_err();
+        assert!(matches!(e, Error::Aliasing { .. }), "{e:?}");
+    }
+}

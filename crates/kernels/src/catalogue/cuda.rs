@@ -218,6 +218,154 @@ pub fn depthwise_kernel(dtype: DType, layout: Layout) -> Kernel {
     }
 }
 
+/// The tiled depthwise kernel (`depthwise_tiled_<dtype>_<layout>`, parameters
+/// [`DwTiledParams`], launch [`DwTiledPlan`]).
+pub fn depthwise_tiled_kernel(dtype: DType, layout: Layout) -> Kernel {
+    use Module::Depthwise as D;
+    match (dtype, layout) {
+        (DType::F32, Layout::Nchw) => k(D, "depthwise_tiled_f32_nchw"),
+        (DType::F32, Layout::Nhwc) => k(D, "depthwise_tiled_f32_nhwc"),
+        (DType::F16, Layout::Nchw) => k(D, "depthwise_tiled_f16_nchw"),
+        (DType::F16, Layout::Nhwc) => k(D, "depthwise_tiled_f16_nhwc"),
+        (DType::Bf16, Layout::Nchw) => k(D, "depthwise_tiled_bf16_nchw"),
+        (DType::Bf16, Layout::Nhwc) => k(D, "depthwise_tiled_bf16_nhwc"),
+    }
+}
+
+/// Threads per block of the tiled depthwise kernels (`DWT_THREADS`).
+pub const DWT_THREADS: u32 = 256;
+/// Shared patch capacity of the tiled depthwise kernels, bytes (`DWT_PATCH_BYTES`).
+pub const DWT_PATCH_BYTES: usize = 40960;
+/// Staged taps of the tiled depthwise kernels, f32 (`DWT_W_FLOATS`): NHWC stages 8 vectors of
+/// channels per tap, so at most `DWT_W_FLOATS / (8 · dw_vec)` taps (25 for f16/bf16, 50 for
+/// f32); NCHW one per tap.
+pub const DWT_W_FLOATS: usize = 1600;
+
+/// Flags of [`DwTiledParams::flags`].
+pub mod dwt_flags {
+    /// A bias is added.
+    pub const BIAS: u32 = 1;
+    /// 16-byte input loads: NCHW with W a multiple of the vector, NHWC with C one; aligned input.
+    pub const IN_VEC: u32 = 2;
+    /// 16-byte output stores: NCHW with OW a multiple of the vector, NHWC with C one; aligned
+    /// output.
+    pub const OUT_VEC: u32 = 4;
+}
+
+/// The parameter block of the tiled depthwise kernels (`DwTiledParams` in `depthwise.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[allow(missing_docs)]
+pub struct DwTiledParams {
+    pub input: u64,
+    pub weight: u64,
+    pub bias: u64,
+    pub out: u64,
+    /// Steps along z in all: images × output channels (NCHW) or × channel blocks (NHWC).
+    pub z_total: i64,
+    pub channels: i32,
+    pub height: i32,
+    pub width: i32,
+    pub multiplier: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub pt: i32,
+    pub pl: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub oh: i32,
+    pub ow: i32,
+    pub tile_h: i32,
+    pub patch_h: i32,
+    /// NCHW: 16-byte vectors; NHWC: pixels.
+    pub patch_w: i32,
+    pub c_blocks: i32,
+    /// Weight element (oc, tap) is at `oc·w_ch + tap·w_tap`.
+    pub w_tap: i32,
+    pub w_ch: i32,
+    pub act: u32,
+    pub flags: u32,
+}
+
+/// How the tiled depthwise kernels cover a convolution, or `None` from [`DwTiledPlan::new`]
+/// where they do not apply (the kernels of [`depthwise_kernel`] run then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DwTiledPlan {
+    /// Output rows per tile.
+    pub tile_h: usize,
+    /// Patch rows.
+    pub patch_h: usize,
+    /// Patch width: 16-byte vectors (NCHW) or pixels (NHWC).
+    pub patch_w: usize,
+    /// Channel blocks of `8 · dw_vec` per image (NHWC; 1 in NCHW).
+    pub c_blocks: usize,
+    /// Blocks along x and y.
+    pub grid_xy: [u32; 2],
+    /// Steps along z in all (the grid's z is capped at 65535, the kernels stride over the rest).
+    pub z_total: usize,
+}
+
+impl DwTiledPlan {
+    /// The plan for `desc` in `dtype`, or `None`: NHWC with a multiplier above 1, more taps than
+    /// [`DWT_W_FLOATS`] holds, a patch over [`DWT_PATCH_BYTES`] even with 1-row tiles (NHWC) or
+    /// 8-row tiles (NCHW), dimensions past `i32`, or more than 65535 row tiles.
+    pub fn new(desc: &crate::Conv2dDesc, dtype: DType) -> Option<DwTiledPlan> {
+        let v = dw_vec(dtype);
+        let (oh, ow) = (desc.out_h()?, desc.out_w()?);
+        let taps = desc.kernel_h.checked_mul(desc.kernel_w)?;
+        let i31 = |x: usize| x <= i32::MAX as usize;
+        let padded_h = desc.height.checked_add(desc.pad_top)?.checked_add(desc.pad_bottom)?;
+        let padded_w = desc.width.checked_add(desc.pad_left)?.checked_add(desc.pad_right)?;
+        if !i31(padded_h) || !i31(padded_w) || !i31(desc.out_channels()) {
+            return None;
+        }
+        let span = |tile: usize, stride: usize, k: usize, dil: usize| -> Option<usize> {
+            (tile - 1).checked_mul(stride)?.checked_add((k - 1).checked_mul(dil)?)?.checked_add(1)
+        };
+        let (tile_h, patch_h, patch_w, c_blocks, tile_w) = match desc.layout {
+            Layout::Nchw => {
+                if taps > DWT_W_FLOATS {
+                    return None;
+                }
+                let tw = 32 * v;
+                let ph = span(8, desc.stride_h, desc.kernel_h, desc.dilation_h)?;
+                let pw = span(tw, desc.stride_w, desc.kernel_w, desc.dilation_w)?.checked_add(v - 1)?.div_ceil(v);
+                if ph.checked_mul(pw)?.checked_mul(16)? > DWT_PATCH_BYTES {
+                    return None;
+                }
+                (8, ph, pw, 1, tw)
+            }
+            Layout::Nhwc => {
+                if desc.multiplier != 1 || taps.checked_mul(8 * v)? > DWT_W_FLOATS {
+                    return None;
+                }
+                let pw = span(8, desc.stride_w, desc.kernel_w, desc.dilation_w)?;
+                let fits = |th: usize| {
+                    span(th, desc.stride_h, desc.kernel_h, desc.dilation_h)
+                        .and_then(|ph| ph.checked_mul(pw)?.checked_mul(8 * 16))
+                        .is_some_and(|b| b <= DWT_PATCH_BYTES)
+                };
+                let th = [8usize, 4, 2, 1].into_iter().find(|&th| fits(th))?;
+                let ph = span(th, desc.stride_h, desc.kernel_h, desc.dilation_h)?;
+                (th, ph, pw, desc.channels.div_ceil(8 * v), 8)
+            }
+        };
+        let gx = u32::try_from(ow.div_ceil(tile_w)).ok().filter(|&g| g <= i32::MAX as u32)?;
+        let gy = u32::try_from(oh.div_ceil(tile_h)).ok().filter(|&g| g <= 65535)?;
+        let per_image = if desc.layout == Layout::Nchw { desc.out_channels() } else { c_blocks };
+        Some(DwTiledPlan {
+            tile_h,
+            patch_h,
+            patch_w,
+            c_blocks,
+            grid_xy: [gx, gy],
+            z_total: desc.batch.checked_mul(per_image)?,
+        })
+    }
+}
+
 /// The activation kernel. It handles 16 bytes per thread step.
 pub fn activation_kernel(dtype: DType) -> Kernel {
     match dtype {
@@ -397,6 +545,7 @@ mod tests {
             }
             for l in [Layout::Nchw, Layout::Nhwc] {
                 assert_eq!(ptx_param_size(depthwise_kernel(dt, l)), Some(size_of::<ConvParams>()));
+                assert_eq!(ptx_param_size(depthwise_tiled_kernel(dt, l)), Some(size_of::<DwTiledParams>()));
             }
             assert_eq!(ptx_param_size(activation_kernel(dt)), Some(size_of::<ActParams>()));
             assert_eq!(ptx_param_size(glu_kernel(dt)), Some(size_of::<GluParams>()));

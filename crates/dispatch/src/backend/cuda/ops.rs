@@ -177,6 +177,23 @@ impl BackendOps for CudaBackend {
         self.depthwise(desc, dtype, input, weight, bias, out)
     }
 
+    /// The tiled kernels read the packed `[kh, kw, C·m]` weight directly; where their plan does
+    /// not cover the convolution, the weight is unpacked on the host (the default's way).
+    fn depthwise_conv2d_packed(
+        &self,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &CudaStorage,
+        weight: &CudaStorage,
+        bias: Option<&CudaStorage>,
+        out: &CudaStorage,
+    ) -> Result<()> {
+        if self.depthwise_tiled(desc, dtype, input, weight, bias, out, true)? {
+            return Ok(());
+        }
+        super::super::depthwise_unpacked(self, desc, dtype, input, weight, bias, out)
+    }
+
     fn activation(
         &self,
         desc: &ActivationDesc,

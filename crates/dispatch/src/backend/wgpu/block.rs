@@ -85,7 +85,9 @@ impl WgpuBackend {
             flags,
             _pad: [0; 2],
         };
-        let pipeline = self.pipeline(op, Kernel::InvertedResidual, self.storage_variant(dtype), Spec::DEFAULT)?;
+        // Specialised to the accumulators an invocation needs for this C' (`ACC`).
+        let spec = Spec::block(desc.out_channels);
+        let pipeline = self.pipeline(op, Kernel::InvertedResidual, self.storage_variant(dtype), spec)?;
         let dummy = &self.dummy;
         let or_dummy = |s: Option<&'a WgpuStorage>| -> &'a wgpu::Buffer { s.map_or(dummy, |s| &s.buffer) };
         let binds = vec![

@@ -75,6 +75,7 @@ mod adapter;
 mod block;
 mod buffers;
 pub(crate) mod cache;
+pub(crate) mod depthwise;
 mod health;
 mod interop;
 mod launch;
@@ -355,7 +356,25 @@ impl BackendOps for WgpuBackend {
             out,
             &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)],
         )?;
-        self.run_conv(desc, dtype, input, weight, bias, out, TuneRequest::AsConfigured).map(drop)
+        self.run_conv(desc, dtype, input, weight, bias, out, false, TuneRequest::AsConfigured).map(drop)
+    }
+
+    fn depthwise_conv2d_packed(
+        &self,
+        desc: &Conv2dDesc,
+        dtype: DType,
+        input: &WgpuStorage,
+        weight: &WgpuStorage,
+        bias: Option<&WgpuStorage>,
+        out: &WgpuStorage,
+    ) -> Result<()> {
+        Self::check_engine_alias(
+            "depthwise_conv2d",
+            out,
+            &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)],
+        )?;
+        // The kernels read the packed layout directly (weight strides in the parameters).
+        self.run_conv(desc, dtype, input, weight, bias, out, true, TuneRequest::AsConfigured).map(drop)
     }
 
     fn activation(
@@ -592,7 +611,7 @@ impl BackendOps for WgpuBackend {
         bias: Option<&WgpuStorage>,
         out: &WgpuStorage,
     ) -> Result<TuneReport> {
-        self.tune_now(|| self.run_conv(desc, dtype, input, weight, bias, out, TuneRequest::Now))
+        self.tune_now(|| self.run_conv(desc, dtype, input, weight, bias, out, false, TuneRequest::Now))
     }
 
     fn profile_start(&self) -> Result<()> {
@@ -635,107 +654,6 @@ impl WgpuBackend {
         let kernel = if kernel == Kernel::Gemv && self.subgroups { Kernel::GemvSubgroup } else { kernel };
         let run = |spec: Spec| self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c);
         let (spec, report) = self.choose(kernel, storage, &candidates, || matmul_key_tail(desc), &run, request)?;
-        run(spec)?;
-        Ok(report)
-    }
-
-    /// The depthwise convolution, its spec chosen as `request` says; the report of a tune it
-    /// ran.
-    #[allow(clippy::too_many_arguments)]
-    fn run_conv(
-        &self,
-        desc: &Conv2dDesc,
-        dtype: DType,
-        input: &WgpuStorage,
-        weight: &WgpuStorage,
-        bias: Option<&WgpuStorage>,
-        out: &WgpuStorage,
-        request: TuneRequest,
-    ) -> Result<Option<Result<TuneReport>>> {
-        let op = "depthwise_conv2d";
-        let limit = self.binding_limit();
-        let buffers = [Some(input), Some(weight), bias, Some(out)];
-        if buffers.into_iter().flatten().any(|s| s.buffer.size() > limit || u32::try_from(s.len).is_err()) {
-            // Over the storage-binding limit or past u32 indices: blocks bound as windows.
-            let storage = self.storage_variant(dtype);
-            let kernel = Kernel::DepthwiseConv2d;
-            let candidates = cat::conv_candidates();
-            let run = |spec: Spec| {
-                let launches = self.split_conv(op, desc, dtype, spec, [input, weight, out], bias)?;
-                let pipeline = self.pipeline(op, kernel, storage, spec)?;
-                self.record(op, &pipeline, 4, &launches)
-            };
-            let (spec, report) = self.choose(kernel, storage, &candidates, || conv_key_tail(desc), &run, request)?;
-            run(spec)?;
-            return Ok(report);
-        }
-        let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
-            return Err(Error::InvalidParameter { op, param: "desc", reason: "empty output".into() });
-        };
-        let oc = desc.out_channels();
-        // Padded extents bound every padded coordinate the kernel computes.
-        let padded_h = desc.height.checked_add(desc.pad_top).and_then(|v| v.checked_add(desc.pad_bottom));
-        let padded_w = desc.width.checked_add(desc.pad_left).and_then(|v| v.checked_add(desc.pad_right));
-        to_u32(op, "padded height", padded_h.unwrap_or(usize::MAX))?;
-        to_u32(op, "padded width", padded_w.unwrap_or(usize::MAX))?;
-        let groups = match desc.layout {
-            Layout::Nchw => {
-                desc.batch.checked_mul(oc).and_then(|v| v.checked_mul(oh)).and_then(|v| v.checked_mul(ow.div_ceil(4)))
-            }
-            // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
-            _ => desc.batch.checked_mul(oh).and_then(|v| v.checked_mul(ow)).and_then(|v| v.checked_mul(oc.div_ceil(4))),
-        };
-        let items = to_u32(op, "output groups", groups.unwrap_or(usize::MAX))?;
-        let mut flags = 0;
-        if bias.is_some() {
-            flags |= conv_flags::HAS_BIAS;
-        }
-        // Imported views start at their base; the vector paths need it a multiple of 4.
-        let in_off = to_u32(op, "input offset", input.base)?;
-        let o_off = to_u32(op, "output offset", out.base)?;
-        match desc.layout {
-            Layout::Nchw if ow.is_multiple_of(4) && o_off.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
-            Layout::Nhwc if oc.is_multiple_of(4) && o_off.is_multiple_of(4) => flags |= conv_flags::OUT_VEC,
-            _ => {}
-        }
-        if desc.layout == Layout::Nhwc
-            && desc.multiplier == 1
-            && desc.channels.is_multiple_of(4)
-            && in_off.is_multiple_of(4)
-        {
-            flags |= conv_flags::IN_VEC;
-        }
-        let p = ConvParams {
-            batch: to_u32(op, "batch", desc.batch)?,
-            channels: to_u32(op, "channels", desc.channels)?,
-            height: to_u32(op, "height", desc.height)?,
-            width: to_u32(op, "width", desc.width)?,
-            mult: to_u32(op, "multiplier", desc.multiplier)?,
-            kh: to_u32(op, "kernel height", desc.kernel_h)?,
-            kw: to_u32(op, "kernel width", desc.kernel_w)?,
-            stride_h: to_u32(op, "stride", desc.stride_h)?,
-            stride_w: to_u32(op, "stride", desc.stride_w)?,
-            dil_h: to_u32(op, "dilation", desc.dilation_h)?,
-            dil_w: to_u32(op, "dilation", desc.dilation_w)?,
-            pad_top: to_u32(op, "padding", desc.pad_top)?,
-            pad_left: to_u32(op, "padding", desc.pad_left)?,
-            out_h: to_u32(op, "output height", oh)?,
-            out_w: to_u32(op, "output width", ow)?,
-            out_c: to_u32(op, "output channels", oc)?,
-            nhwc: (desc.layout == Layout::Nhwc) as u32,
-            flags,
-            act: desc.activation.code(),
-            items,
-            in_off,
-            w_off: to_u32(op, "weight offset", weight.base)?,
-            b_off: to_u32(op, "bias offset", bias.map_or(0, |b| b.base))?,
-            o_off,
-        };
-        let storage = self.storage_variant(dtype);
-        let kernel = Kernel::DepthwiseConv2d;
-        let candidates = cat::conv_candidates();
-        let run = |spec: Spec| self.launch_conv(op, &p, storage, spec, [input, weight, out], bias);
-        let (spec, report) = self.choose(kernel, storage, &candidates, || conv_key_tail(desc), &run, request)?;
         run(spec)?;
         Ok(report)
     }

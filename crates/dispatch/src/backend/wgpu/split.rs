@@ -165,7 +165,9 @@ impl WgpuBackend {
     /// output rows; in NHWC, output rows of one image (whole pixels). A row block reads the
     /// input rows its taps reach and runs with the top padding shifted to match. What still
     /// does not fit (a single output row, or NHWC weights over the limit) is
-    /// [`Error::Overflow`].
+    /// [`Error::Overflow`]. With `packed` weights (`[kh, kw, C·m]`) a block binds the window
+    /// from its first output channel's first tap to its last channel's last tap.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn split_conv<'a>(
         &'a self,
         op: &'static str,
@@ -174,6 +176,7 @@ impl WgpuBackend {
         spec: Spec,
         [input, weight, out]: [&'a WgpuStorage; 3],
         bias: Option<&'a WgpuStorage>,
+        packed: bool,
     ) -> Result<Vec<Launch<'a>>> {
         let size = dtype.size_bytes();
         let limit = self.binding_limit();
@@ -246,6 +249,9 @@ impl WgpuBackend {
                     ocs,
                 )
             };
+            // Pre-packed weights: the block's output channels [w_first / kk, + w_len / kk) at
+            // every tap, strided by the full C·m.
+            let (w_first, w_len) = if packed { (w_first / kk, (kk - 1) * oc + w_len / kk) } else { (w_first, w_len) };
             // Imported views start at their base.
             let (Some((wi, in_off)), Some((ww, w_off)), Some((wo, o_off))) = (
                 window(input.base + in_first, in_len),
@@ -305,6 +311,9 @@ impl WgpuBackend {
                 w_off,
                 b_off,
                 o_off,
+                w_tap: to_u32(op, "weight stride", if packed { oc } else { 1 })?,
+                w_ch: to_u32(op, "weight stride", if packed { 1 } else { kk })?,
+                ..ConvParams::default()
             };
             let grid = self.grid_1d(op, p.items, spec.normalised(Kernel::DepthwiseConv2d).wg)?;
             Ok(Some(Launch { binds, params: bytemuck::bytes_of(&p).to_vec(), grid }))
