@@ -144,7 +144,7 @@ fn activation(c: &mut Criterion) {
             else {
                 continue;
             };
-            let desc = ActivationDesc { len: rows * cols, bias_len: Some(cols), activation: act };
+            let desc = ActivationDesc::new(rows * cols, Some(cols), act);
             let mut want = vec![0.0; rows * cols];
             reference::activation(&desc, &f64s(&x), Some(&f64s(&bias)), &mut want);
             let run = || dev.activation_into(&tx, Some(&tb), act, &out).map(|()| out.clone());

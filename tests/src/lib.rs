@@ -450,7 +450,7 @@ pub fn run_activation(
     };
     let last = shape.last().copied().unwrap_or(1);
     let bias = with_bias.then(|| data.fill(&mut rng, last, dtype));
-    let desc = ActivationDesc { len, bias_len: bias.as_ref().map(|_| last), activation: Activation::None };
+    let desc = ActivationDesc::new(len, bias.as_ref().map(|_| last), Activation::None);
     let mut pre = vec![f64::NAN; len];
     let bias64 = bias.as_deref().map(widen);
     reference::activation(&desc, &widen(&x), bias64.as_deref(), &mut pre);
@@ -498,26 +498,18 @@ pub fn conv_desc(
     kw: usize,
     layout: Layout,
 ) -> Conv2dDesc {
-    Conv2dDesc {
-        batch,
-        channels,
-        height: h,
-        width: w,
-        multiplier: 1,
-        kernel_h: kh,
-        kernel_w: kw,
-        stride_h: 1,
-        stride_w: 1,
-        pad_top: 0,
-        pad_bottom: 0,
-        pad_left: 0,
-        pad_right: 0,
-        dilation_h: 1,
-        dilation_w: 1,
-        layout,
-        has_bias: false,
-        activation: Activation::None,
-    }
+    Conv2dDesc::new(layout, [batch, channels, h, w], [kh, kw])
+        .multiplier(1)
+        .stride_h(1)
+        .stride_w(1)
+        .pad_top(0)
+        .pad_bottom(0)
+        .pad_left(0)
+        .pad_right(0)
+        .dilation_h(1)
+        .dilation_w(1)
+        .has_bias(false)
+        .activation(Activation::None)
 }
 
 /// Prints how many guard words this binary has checked so far (all tests together).

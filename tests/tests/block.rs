@@ -30,21 +30,14 @@ const CASES: [(usize, usize, usize, usize, usize, usize, usize); 11] = [
 
 fn desc(case: usize, layout: Layout) -> InvertedResidualDesc {
     let (batch, channels, height, width, hidden, out_channels, stride) = CASES[case];
-    InvertedResidualDesc {
-        batch,
-        channels,
-        height,
-        width,
-        hidden: if hidden == 0 { channels } else { hidden },
-        out_channels,
-        stride,
-        expand: hidden != 0,
-        layout,
+    InvertedResidualDesc::new(layout, [batch, channels, height, width], out_channels)
+        .hidden(if hidden == 0 { channels } else { hidden })
+        .stride(stride)
+        .expand(hidden != 0)
         // Every other case drops the optional biases.
-        expand_bias: hidden != 0 && case.is_multiple_of(2),
-        dw_bias: case.is_multiple_of(2),
-        project_bias: case != 3,
-    }
+        .expand_bias(hidden != 0 && case.is_multiple_of(2))
+        .dw_bias(case.is_multiple_of(2))
+        .project_bias(case != 3)
 }
 
 /// Host data of one block: values as stored in `dtype`.

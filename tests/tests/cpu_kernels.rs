@@ -166,26 +166,22 @@ fn dw() -> impl Strategy<Value = Dw> {
                 pads,
                 (nhwc, has_bias, activation, dtype, seed),
             )| {
-                let mut d = Conv2dDesc {
-                    batch,
-                    channels,
-                    height,
-                    width,
-                    multiplier,
-                    kernel_h: kh,
-                    kernel_w: kw,
-                    stride_h: sh,
-                    stride_w: sw,
-                    pad_top: pads.0,
-                    pad_bottom: pads.1,
-                    pad_left: pads.2,
-                    pad_right: pads.3,
-                    dilation_h: dh,
-                    dilation_w: dwl,
-                    layout: if nhwc { Layout::Nhwc } else { Layout::Nchw },
-                    has_bias,
-                    activation,
-                };
+                let mut d = Conv2dDesc::new(
+                    if nhwc { Layout::Nhwc } else { Layout::Nchw },
+                    [batch, channels, height, width],
+                    [kh, kw],
+                )
+                .multiplier(multiplier)
+                .stride_h(sh)
+                .stride_w(sw)
+                .pad_top(pads.0)
+                .pad_bottom(pads.1)
+                .pad_left(pads.2)
+                .pad_right(pads.3)
+                .dilation_h(dh)
+                .dilation_w(dwl)
+                .has_bias(has_bias)
+                .activation(activation);
                 // Pad up to a non-empty output.
                 while d.out_h().is_none_or(|v| v == 0) {
                     d.pad_bottom += 1;
@@ -246,7 +242,7 @@ proptest! {
         let xt = dev.tensor_from_f32(&[rows, cols], dtype, &x).map_err(fail)?;
         let bt = dev.tensor_from_f32(&[cols], dtype, &b).map_err(fail)?;
         let got = dev.activation(&xt, bias.then_some(&bt), act).and_then(|y| y.to_f32_vec()).map_err(fail)?;
-        let desc = ActivationDesc { len, bias_len: bias.then_some(cols), activation: act };
+        let desc = ActivationDesc::new(len, bias.then_some(cols), act);
         let mut want = vec![0.0f64; len];
         reference::activation(&desc, &wide(&x), bias.then(|| wide(&b)).as_deref(), &mut want);
         for i in 0..len {

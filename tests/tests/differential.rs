@@ -43,7 +43,7 @@ fn view(rows: usize, cols: usize, batch: usize, allow_broadcast: bool) -> impl S
         let ld = cols + pad;
         let dense = rows.saturating_sub(1) * ld + cols;
         let batch_stride = if allow_broadcast && bcast && batch > 1 { 0 } else { dense + extra };
-        MatrixView { offset, ld, batch_stride }
+        MatrixView::new(offset, ld, batch_stride)
     })
 }
 
@@ -74,23 +74,19 @@ fn matmul_case() -> impl Strategy<Value = MatmulCase> {
         .prop_map(|((shape, a, b), (c, bias_offset, out), (alpha, beta, activation, precision, seed))| {
             let (m, n, k, batch, trans_a, trans_b) = shape;
             MatmulCase {
-                desc: MatmulDesc {
-                    batch,
-                    m,
-                    n,
-                    k,
-                    trans_a,
-                    trans_b,
-                    a,
-                    b,
-                    c,
-                    bias_offset,
-                    out,
-                    alpha,
-                    beta,
-                    activation,
-                    precision,
-                },
+                desc: MatmulDesc::new(m, n, k)
+                    .batch(batch)
+                    .trans_a(trans_a)
+                    .trans_b(trans_b)
+                    .a(a)
+                    .b(b)
+                    .c(c)
+                    .bias_offset(bias_offset)
+                    .out(out)
+                    .alpha(alpha)
+                    .beta(beta)
+                    .activation(activation)
+                    .precision(precision),
                 seed,
             }
         })
@@ -233,11 +229,11 @@ fn matmul_exact_integers_with_guard_bands() {
                 let (br, bc) = d.b_stored();
                 // A broadcast (batch stride 0), B padded; the output strided with gaps between rows
                 // and batches, so guard words sit on every side of it.
-                d.a = MatrixView { offset: 3, ld: ac + 1, batch_stride: 0 };
-                d.b = MatrixView { offset: 1, ld: bc + 2, batch_stride: br.saturating_sub(1) * (bc + 2) + bc + 3 };
+                d.a = MatrixView::new(3, ac + 1, 0);
+                d.b = MatrixView::new(1, bc + 2, br.saturating_sub(1) * (bc + 2) + bc + 3);
                 let out_ld = n + 3;
-                d.out = MatrixView { offset: 4, ld: out_ld, batch_stride: m * out_ld + 5 };
-                d.c = (row % 2 == 1).then_some(MatrixView { offset: 2, ld: n, batch_stride: m * n });
+                d.out = MatrixView::new(4, out_ld, m * out_ld + 5);
+                d.c = (row % 2 == 1).then_some(MatrixView::new(2, n, m * n));
                 d.bias_offset = (row % 3 != 2).then_some(1);
                 d.alpha = [1.0, 2.0, -1.0][row % 3];
                 d.beta = [1.0, -2.0][row % 2];
@@ -268,7 +264,7 @@ fn k_zero_gives_the_epilogue_of_zeros() {
             d.bias_offset = Some(0);
             d.c = Some(MatrixView::dense(5, 7));
             d.beta = 2.0;
-            d.out = MatrixView { offset: 2, ld: 8, batch_stride: 41 };
+            d.out = MatrixView::new(2, 8, 41);
             d.activation = act;
             run_matmul(&d, dtype, Data::Integers(3), 7).unwrap_or_else(|e| panic!("{e}"));
         }
@@ -322,16 +318,14 @@ fn dense_api_matches_strided_api() {
                 let batched = ba.is_some() || bb.is_some();
                 let want_shape = if batched { vec![batch, m, n] } else { vec![m, n] };
                 assert_eq!(dense.shape(), want_shape, "{} {dtype} row {row}", be.label);
-                let view = |b: Option<usize>, mat: [usize; 2]| MatrixView {
-                    offset: 0,
-                    ld: mat[1],
-                    batch_stride: if b.unwrap_or(1) > 1 { mat[0] * mat[1] } else { 0 },
+                let view = |b: Option<usize>, mat: [usize; 2]| {
+                    MatrixView::new(0, mat[1], if b.unwrap_or(1) > 1 { mat[0] * mat[1] } else { 0 })
                 };
                 let mut d = MatmulDesc::new(m, n, k);
                 d.batch = batch;
                 (d.trans_a, d.trans_b) = (trans_a, trans_b);
                 (d.a, d.b) = (view(ba, a_mat), view(bb, b_mat));
-                d.c = Some(MatrixView { offset: 0, ld: n, batch_stride: 0 });
+                d.c = Some(MatrixView::new(0, n, 0));
                 d.bias_offset = Some(0);
                 (d.alpha, d.beta, d.activation) = (0.5, -1.0, Activation::Gelu);
                 let out = dev.zeros(&want_shape, dtype).unwrap_or_else(|e| panic!("{e}"));
@@ -400,7 +394,7 @@ fn packed_half_outputs_keep_their_neighbours() {
             [(130, 63, 63, 0), (67, 33, 35, 1), (5, 129, 131, 3), (64, 1, 1, 1)].iter().enumerate()
         {
             let mut d = MatmulDesc::new(m, n, 9.min(kmax));
-            d.out = MatrixView { offset, ld, batch_stride: m * ld + 1 };
+            d.out = MatrixView::new(offset, ld, m * ld + 1);
             d.batch = 2;
             (d.a.batch_stride, d.b.batch_stride) = (0, 0);
             d.bias_offset = Some(0);

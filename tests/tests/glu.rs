@@ -17,7 +17,7 @@ fn config(cases: u32) -> ProptestConfig {
 fn check(lead: &[usize], f: usize, act: Activation, dtype: DType, h: &[f32]) -> Result<usize, String> {
     let rows: usize = lead.iter().product();
     let h = round_to(dtype, h);
-    let desc = GluDesc { rows, f, activation: act };
+    let desc = GluDesc::new(rows, f, act);
     let h64: Vec<f64> = h.iter().map(|&v| v as f64).collect();
     let mut want = vec![0.0f64; rows * f];
     reference::glu(&desc, &h64, &mut want);
@@ -90,7 +90,7 @@ fn exact_on_integers() {
     let h: Vec<f32> = (0..rows * 2 * f).map(|i| ((i * 7 % 25) as f32 - 12.0) / 4.0).collect();
     for dtype in DType::ALL {
         for act in [Activation::None, Activation::Relu, Activation::Relu6] {
-            let desc = GluDesc { rows, f, activation: act };
+            let desc = GluDesc::new(rows, f, act);
             let h64: Vec<f64> = h.iter().map(|&v| v as f64).collect();
             let mut want = vec![0.0f64; rows * f];
             reference::glu(&desc, &h64, &mut want);

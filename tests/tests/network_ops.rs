@@ -58,15 +58,13 @@ fn pointwise_reference(c: &PwCase, x: &[f64], wt: &[f64], b: Option<&[f64]>, r: 
     match c.layout {
         Layout::Nchw => {
             let per = MatrixView::dense(c.cout, hw);
-            let desc = MatmulDesc {
-                batch: c.n,
-                a: MatrixView { offset: 0, ld: c.cin, batch_stride: 0 },
-                b: MatrixView::dense(c.cin, hw),
-                c: r.map(|_| per),
-                out: per,
-                beta: 1.0,
-                ..MatmulDesc::new(c.cout, hw, c.cin)
-            };
+            let desc = MatmulDesc::new(c.cout, hw, c.cin)
+                .batch(c.n)
+                .a(MatrixView::new(0, c.cin, 0))
+                .b(MatrixView::dense(c.cin, hw))
+                .c(r.map(|_| per))
+                .out(per)
+                .beta(1.0);
             reference::matmul(&desc, wt, x, None, r, &mut out);
             if let Some(b) = b {
                 for (i, v) in out.iter_mut().enumerate() {
@@ -76,14 +74,12 @@ fn pointwise_reference(c: &PwCase, x: &[f64], wt: &[f64], b: Option<&[f64]>, r: 
         }
         Layout::Nhwc => {
             let m = c.n * hw;
-            let desc = MatmulDesc {
-                trans_b: true,
-                b: MatrixView::dense(c.cout, c.cin),
-                c: r.map(|_| MatrixView::dense(m, c.cout)),
-                bias_offset: b.map(|_| 0),
-                beta: 1.0,
-                ..MatmulDesc::new(m, c.cout, c.cin)
-            };
+            let desc = MatmulDesc::new(m, c.cout, c.cin)
+                .trans_b(true)
+                .b(MatrixView::dense(c.cout, c.cin))
+                .c(r.map(|_| MatrixView::dense(m, c.cout)))
+                .bias_offset(b.map(|_| 0))
+                .beta(1.0);
             reference::matmul(&desc, x, wt, b, r, &mut out);
         }
         other => unimplemented!("{other:?}"),

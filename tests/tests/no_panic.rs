@@ -30,7 +30,7 @@ fn wild() -> impl Strategy<Value = usize> {
 }
 
 fn view() -> impl Strategy<Value = MatrixView> {
-    (wild(), wild(), wild()).prop_map(|(offset, ld, batch_stride)| MatrixView { offset, ld, batch_stride })
+    (wild(), wild(), wild()).prop_map(|(offset, ld, batch_stride)| MatrixView::new(offset, ld, batch_stride))
 }
 
 fn scalar() -> impl Strategy<Value = f32> {
@@ -80,23 +80,19 @@ fn matmul_call() -> impl Strategy<Value = MatmulCall> {
             |((batch, m, n, k, trans_a, trans_b), (a, b, c, bias_offset, out), (alpha, beta, act, bf), rest, seed)| {
                 let (lens, pass_bias, pass_c, odd_dtype) = rest;
                 MatmulCall {
-                    desc: MatmulDesc {
-                        batch,
-                        m,
-                        n,
-                        k,
-                        trans_a,
-                        trans_b,
-                        a,
-                        b,
-                        c,
-                        bias_offset,
-                        out,
-                        alpha,
-                        beta,
-                        activation: act,
-                        precision: if bf { Precision::Bf16 } else { Precision::Highest },
-                    },
+                    desc: MatmulDesc::new(m, n, k)
+                        .batch(batch)
+                        .trans_a(trans_a)
+                        .trans_b(trans_b)
+                        .a(a)
+                        .b(b)
+                        .c(c)
+                        .bias_offset(bias_offset)
+                        .out(out)
+                        .alpha(alpha)
+                        .beta(beta)
+                        .activation(act)
+                        .precision(if bf { Precision::Bf16 } else { Precision::Highest }),
                     // Mostly pass bias and c exactly when the desc names them.
                     lens,
                     pass_bias: if seed % 7 == 0 { pass_bias } else { bias_offset.is_some() },
@@ -185,14 +181,7 @@ proptest! {
                 (Layout::Nhwc, &[n, h, w, c]) => [n, c, h, w],
                 _ => return Err(TestCaseError::fail(format!("{input:?} validated as a {layout:?} input"))),
             };
-            let desc = Conv2dDesc {
-                batch: n, channels: c, height: h, width: w,
-                multiplier: weight[0] / c, kernel_h: weight[2], kernel_w: weight[3],
-                stride_h: stride[0], stride_w: stride[1],
-                pad_top: padding[0], pad_bottom: padding[1], pad_left: padding[2], pad_right: padding[3],
-                dilation_h: dilation[0], dilation_w: dilation[1],
-                layout, has_bias: bias.is_some(), activation: act,
-            };
+            let desc = Conv2dDesc::new(layout, [n, c, h, w], [weight[2], weight[3]]).multiplier(weight[0] / c).stride_h(stride[0]).stride_w(stride[1]).pad_top(padding[0]).pad_bottom(padding[1]).pad_left(padding[2]).pad_right(padding[3]).dilation_h(dilation[0]).dilation_w(dilation[1]).has_bias(bias.is_some()).activation(act);
             // Huge paddings can validate with a tiny input; only check outputs of sane size.
             if desc.output_shape().iter().product::<usize>() <= 1 << 16 {
                 run_conv(&desc, dtype, Data::Uniform, seed, false).map_err(TestCaseError::fail)?;

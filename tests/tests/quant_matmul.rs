@@ -108,28 +108,20 @@ fn run_case(cs: &Case) -> Result<usize, String> {
     let c = cs.c.then(|| fill(&mut rng, batch * m * n));
     let out_shape = if cs.batch.is_some() { vec![batch, m, n] } else { vec![m, n] };
     let (ar, ac) = if cs.trans_a { (k, m) } else { (m, k) };
-    let dense = |r: usize, cc: usize| MatrixView {
-        offset: 0,
-        ld: cc,
-        batch_stride: if cs.batch.is_some_and(|b| b > 1) { r * cc } else { 0 },
-    };
-    let desc = MatmulDesc {
-        batch,
-        m,
-        n,
-        k,
-        trans_a: cs.trans_a,
-        trans_b: true,
-        a: dense(ar, ac),
-        b: MatrixView { offset: 0, ld: k, batch_stride: 0 },
-        c: cs.c.then(|| dense(m, n)),
-        bias_offset: cs.bias.then_some(0),
-        out: MatrixView { offset: 0, ld: n, batch_stride: m * n },
-        alpha: cs.alpha,
-        beta: cs.beta,
-        activation: Activation::None,
-        precision: Precision::Highest,
-    };
+    let dense = |r: usize, cc: usize| MatrixView::new(0, cc, if cs.batch.is_some_and(|b| b > 1) { r * cc } else { 0 });
+    let desc = MatmulDesc::new(m, n, k)
+        .batch(batch)
+        .trans_a(cs.trans_a)
+        .trans_b(true)
+        .a(dense(ar, ac))
+        .b(MatrixView::new(0, k, 0))
+        .c(cs.c.then(|| dense(m, n)))
+        .bias_offset(cs.bias.then_some(0))
+        .out(MatrixView::new(0, n, m * n))
+        .alpha(cs.alpha)
+        .beta(cs.beta)
+        .activation(Activation::None)
+        .precision(Precision::Highest);
     let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
     let abs = |v: &[f32]| v.iter().map(|&x| f64::from(x).abs()).collect::<Vec<_>>();
     let mut pre = vec![0.0; batch * m * n];

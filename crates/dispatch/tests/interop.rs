@@ -202,9 +202,9 @@ fn imported_views_at_odd_offsets_run_every_op_and_leave_the_rest_of_the_buffer_a
             // Strided: the top-left 3 x 4 block of A times B's first 4 rows, into the
             // bottom-right 3 x 5 block of out (offsets count from each view's first element).
             let mut sd = MatmulDesc::new(3, 5, 4);
-            sd.a = MatrixView { offset: k + 1, ld: k, batch_stride: 0 };
-            sd.b = MatrixView { offset: 1, ld: n, batch_stride: 0 };
-            sd.out = MatrixView { offset: 2 * n + 2, ld: n, batch_stride: 0 };
+            sd.a = MatrixView::new(k + 1, k, 0);
+            sd.b = MatrixView::new(1, n, 0);
+            sd.out = MatrixView::new(2 * n + 2, n, 0);
             dev.matmul_into(&sd, &a, &b, None, None, &out).unwrap();
             let got = out.to_f32_vec().unwrap();
             let mut want = expected.clone();

@@ -214,6 +214,7 @@ impl fmt::Display for Activation {
 /// `f32` as `apply_f32(gate) · up` (one rounding of the product), then rounds once to the
 /// storage dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GluDesc {
     /// Rows of `h` and `out` (the product of all but the last dimension).
     pub rows: usize,

@@ -18,6 +18,7 @@ use crate::{Activation, Conv2dDesc, DType, Layout};
 /// The descriptor of one inverted-residual block. Plain data; [`InvertedResidualDesc::checked_lens`]
 /// says whether its element counts are representable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct InvertedResidualDesc {
     /// Batch size `N`.
     pub batch: usize,

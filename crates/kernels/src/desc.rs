@@ -23,6 +23,7 @@ pub enum Precision {
 /// `offset + b·batch_stride + r·ld + c` (row-major with a leading dimension `ld`).
 /// A `batch_stride` of 0 broadcasts one matrix to every batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct MatrixView {
     /// Element offset of the first element of batch 0.
     pub offset: usize,
@@ -64,6 +65,7 @@ impl MatrixView {
 /// `op(B)` is `K × N`: stored `K × N` or `N × K`. `bias` has `N` elements, one per output
 /// column. `C` and `out` are `M × N`. `K = 0` gives the epilogue applied to zeros.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct MatmulDesc {
     /// Number of products.
     pub batch: usize,
@@ -181,6 +183,7 @@ impl Layout {
 /// through its own `kh × kw` filter (weight `[C·m, 1, kh, kw]` in both layouts), then adds
 /// `bias[oc]` and applies the activation. Tensors are dense in their layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Conv2dDesc {
     /// Batch size.
     pub batch: usize,
@@ -362,6 +365,7 @@ fn out_extent(len: usize, pad0: usize, pad1: usize, k: usize, dilation: usize, s
 /// Elementwise `out[i] = act(x[i] + bias[i mod bias_len])`: the bias (if any) is broadcast
 /// along the last dimension, whose length is `bias_len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ActivationDesc {
     /// Number of elements.
     pub len: usize,

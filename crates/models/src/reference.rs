@@ -24,15 +24,13 @@ fn pointwise(
 ) -> Vec<f64> {
     let cout = b.len();
     let per_image = MatrixView::dense(cout, hw);
-    let desc = MatmulDesc {
-        batch: n,
-        a: MatrixView { offset: 0, ld: cin, batch_stride: 0 },
-        b: MatrixView::dense(cin, hw),
-        c: residual.map(|_| per_image),
-        out: per_image,
-        beta: 1.0,
-        ..MatmulDesc::new(cout, hw, cin)
-    };
+    let desc = MatmulDesc::new(cout, hw, cin)
+        .batch(n)
+        .a(MatrixView::new(0, cin, 0))
+        .b(MatrixView::dense(cin, hw))
+        .c(residual.map(|_| per_image))
+        .out(per_image)
+        .beta(1.0);
     let mut out = vec![0.0; n * cout * hw];
     reference::matmul(&desc, w, x, None, residual, &mut out);
     for (i, v) in out.iter_mut().enumerate() {
@@ -69,11 +67,7 @@ pub fn forward(weights: &Weights, dtype: DType, shape: [usize; 4], input: &[f32]
             x.clone()
         };
         let c = next();
-        let desc = Conv2dDesc {
-            height: h,
-            width: w,
-            ..Conv2dDesc::mobilenet_v2_block(n, spec.hidden, 0, spec.stride, Layout::Nchw)
-        };
+        let desc = Conv2dDesc::mobilenet_v2_block(n, spec.hidden, 0, spec.stride, Layout::Nchw).height(h).width(w);
         let (oh, ow) = (desc.out_h().expect("valid"), desc.out_w().expect("valid"));
         let mut filtered = vec![0.0; n * spec.hidden * oh * ow];
         reference::depthwise_conv2d(&desc, &hidden, &r(&c.weight), Some(&r(&c.bias)), &mut filtered);
@@ -86,12 +80,10 @@ pub fn forward(weights: &Weights, dtype: DType, shape: [usize; 4], input: &[f32]
     let x = pointwise(&x, [n, 320, h * w], &r(&head.weight), &r(&head.bias), Activation::Relu6, None);
     let hw = h * w;
     let pooled: Vec<f64> = x.chunks(hw).map(|c| c.iter().sum::<f64>() / hw as f64).collect();
-    let desc = MatmulDesc {
-        trans_b: true,
-        b: MatrixView::dense(NUM_CLASSES, HEAD_CHANNELS),
-        bias_offset: Some(0),
-        ..MatmulDesc::new(n, NUM_CLASSES, HEAD_CHANNELS)
-    };
+    let desc = MatmulDesc::new(n, NUM_CLASSES, HEAD_CHANNELS)
+        .trans_b(true)
+        .b(MatrixView::dense(NUM_CLASSES, HEAD_CHANNELS))
+        .bias_offset(Some(0));
     let mut logits = vec![0.0; n * NUM_CLASSES];
     reference::matmul(&desc, &pooled, &r(&weights.fc_weight), Some(&r(&weights.fc_bias)), None, &mut logits);
     logits

@@ -73,7 +73,7 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
             row_desc.out = MatrixView::dense(1, n);
             let (mut p, mut q) = (vec![0.0; n], vec![0.0; n]);
             for &r in &rows {
-                row_desc.a = MatrixView { offset: r * k, ..desc.a };
+                row_desc.a = desc.a.offset(r * k);
                 reference::matmul(&row_desc, &a, &b, bias.as_deref(), None, &mut p);
                 reference::matmul(&row_desc, &a_abs, &b_abs, bias_abs.as_deref(), None, &mut q);
                 idx.extend((0..n).map(|j| r * n + j));
@@ -100,8 +100,7 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
         Case::Activation { cols, activation: act, .. } => {
             let x = f64s(0);
             let bias = (host.inputs.len() > 1).then(|| f64s(1));
-            let desc =
-                ActivationDesc { len: x.len(), bias_len: bias.as_ref().map(|_| cols), activation: Activation::None };
+            let desc = ActivationDesc::new(x.len(), bias.as_ref().map(|_| cols), Activation::None);
             pre = vec![0.0; x.len()];
             reference::activation(&desc, &x, bias.as_deref(), &mut pre);
             mag = pre.iter().map(|v| v.abs()).collect();
@@ -229,8 +228,7 @@ fn exact_pre(case: &Case, host: &Host) -> Result<Vec<f64>> {
         Case::Activation { cols, .. } => {
             let x = f64s(0);
             let bias = (host.inputs.len() > 1).then(|| f64s(1));
-            let desc =
-                ActivationDesc { len: x.len(), bias_len: bias.as_ref().map(|_| cols), activation: Activation::None };
+            let desc = ActivationDesc::new(x.len(), bias.as_ref().map(|_| cols), Activation::None);
             let mut pre = vec![0.0; x.len()];
             reference::activation(&desc, &x, bias.as_deref(), &mut pre);
             Ok(pre)

@@ -655,7 +655,7 @@ fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
             })
         }
         Case::Activation { cols, bias, activation, .. } => {
-            let desc = tilekit::ActivationDesc { len: out.len(), bias_len: bias.then_some(cols), activation };
+            let desc = tilekit::ActivationDesc::new(out.len(), bias.then_some(cols), activation);
             measure::time(plan, || {
                 tilekit_kernels::reference::activation(&desc, &inputs[0], inputs.get(1).map(Vec::as_slice), &mut out);
                 Ok(())

@@ -456,4 +456,3 @@ mod tidy {
         assert!(!super::tidy::flags("let backend = chosen.unwrap_or(Backend::Cpu(cpu));"));
     }
 }
-

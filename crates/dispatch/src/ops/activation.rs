@@ -94,7 +94,7 @@ impl Device {
                 Some(last)
             }
         };
-        Ok(ActivationDesc { len: x.len(), bias_len, activation })
+        Ok(ActivationDesc::new(x.len(), bias_len, activation))
     }
 }
 

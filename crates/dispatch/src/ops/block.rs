@@ -141,13 +141,11 @@ impl Device {
             }
             None => x.clone(),
         };
-        let dw_opts = Conv2dOptions {
-            stride: [desc.stride; 2],
-            padding: [1; 4],
-            layout: desc.layout,
-            activation: Activation::Relu6,
-            ..Conv2dOptions::default()
-        };
+        let dw_opts = Conv2dOptions::default()
+            .stride([desc.stride; 2])
+            .padding([1; 4])
+            .layout(desc.layout)
+            .activation(Activation::Relu6);
         let filtered = self.depthwise_conv2d(&expanded, w.depthwise, w.depthwise_bias, &dw_opts)?;
         drop(expanded);
         let pw =
@@ -227,20 +225,13 @@ impl Device {
                 return Err(mismatch(name, vec![len], b));
             }
         }
-        let desc = InvertedResidualDesc {
-            batch: n,
-            channels: c,
-            height: h,
-            width: wd,
-            hidden,
-            out_channels: co,
-            stride: opts.stride,
-            expand: w.expand.is_some(),
-            layout: opts.layout,
-            expand_bias: w.expand_bias.is_some(),
-            dw_bias: w.depthwise_bias.is_some(),
-            project_bias: w.project_bias.is_some(),
-        };
+        let desc = InvertedResidualDesc::new(opts.layout, [n, c, h, wd], co)
+            .hidden(hidden)
+            .stride(opts.stride)
+            .expand(w.expand.is_some())
+            .expand_bias(w.expand_bias.is_some())
+            .dw_bias(w.depthwise_bias.is_some())
+            .project_bias(w.project_bias.is_some());
         desc.checked_lens().ok_or_else(|| Error::Overflow { op: OP, what: "an element count of the block".into() })?;
         Ok(desc)
     }
@@ -326,7 +317,7 @@ impl Pointwise {
             return dev.matmul_into(&d, x, w, bias, residual, out);
         }
         // NCHW: out[n] = W · x[n] + C[n], C = bias · 1ᵀ (+ residual[n]) or just the residual.
-        let plane = MatrixView { offset: 0, ld: hw, batch_stride: cout * hw };
+        let plane = MatrixView::new(0, hw, cout * hw);
         let c_tensor = match bias {
             Some(b) => {
                 let ones = dev.tensor_from_f32(&[hw], x.dtype(), &vec![1.0; hw])?;
@@ -334,8 +325,8 @@ impl Pointwise {
                 let c = dev.output_tensor(&[rows, cout, hw], x.dtype())?;
                 let mut d = MatmulDesc::new(cout, hw, 1);
                 d.batch = rows;
-                d.a = MatrixView { offset: 0, ld: 1, batch_stride: 0 };
-                d.b = MatrixView { offset: 0, ld: hw, batch_stride: 0 };
+                d.a = MatrixView::new(0, 1, 0);
+                d.b = MatrixView::new(0, hw, 0);
                 d.c = residual.map(|_| plane);
                 d.beta = 1.0;
                 d.out = plane;
@@ -346,11 +337,9 @@ impl Pointwise {
         };
         let mut d = MatmulDesc::new(cout, hw, cin);
         d.batch = n;
-        d.a = MatrixView { offset: 0, ld: cin, batch_stride: 0 };
-        d.b = MatrixView { offset: 0, ld: hw, batch_stride: cin * hw };
-        d.c = c_tensor
-            .as_ref()
-            .map(|(_, per_image)| MatrixView { batch_stride: if *per_image { cout * hw } else { 0 }, ..plane });
+        d.a = MatrixView::new(0, cin, 0);
+        d.b = MatrixView::new(0, hw, cin * hw);
+        d.c = c_tensor.as_ref().map(|(_, per_image)| plane.batch_stride(if *per_image { cout * hw } else { 0 }));
         d.beta = 1.0;
         d.out = plane;
         d.activation = self.act;

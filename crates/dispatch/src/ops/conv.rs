@@ -333,26 +333,18 @@ impl Device {
                 actual: weight_shape.to_vec(),
             });
         }
-        let desc = Conv2dDesc {
-            batch: n,
-            channels: c,
-            height: h,
-            width: w,
-            multiplier,
-            kernel_h: kh,
-            kernel_w: kw,
-            stride_h: opts.stride[0],
-            stride_w: opts.stride[1],
-            pad_top: opts.padding[0],
-            pad_bottom: opts.padding[1],
-            pad_left: opts.padding[2],
-            pad_right: opts.padding[3],
-            dilation_h: opts.dilation[0],
-            dilation_w: opts.dilation[1],
-            layout: opts.layout,
-            has_bias: bias.is_some(),
-            activation: opts.activation,
-        };
+        let desc = Conv2dDesc::new(opts.layout, [n, c, h, w], [kh, kw])
+            .multiplier(multiplier)
+            .stride_h(opts.stride[0])
+            .stride_w(opts.stride[1])
+            .pad_top(opts.padding[0])
+            .pad_bottom(opts.padding[1])
+            .pad_left(opts.padding[2])
+            .pad_right(opts.padding[3])
+            .dilation_h(opts.dilation[0])
+            .dilation_w(opts.dilation[1])
+            .has_bias(bias.is_some())
+            .activation(opts.activation);
         validate_conv_desc(OP, &desc)?;
         if let Some(bias) = bias
             && bias.shape() != [oc]

@@ -80,7 +80,7 @@ impl Device {
         if let Some(l) = out_shape.last_mut() {
             *l = last / 2;
         }
-        Ok((GluDesc { rows, f: last / 2, activation }, out_shape))
+        Ok((GluDesc::new(rows, last / 2, activation), out_shape))
     }
 }
 

@@ -90,7 +90,7 @@ pub(super) fn dense_view(batch: Option<usize>, rows: usize, cols: usize) -> Matr
         Some(b) if b > 1 => rows * cols,
         _ => 0,
     };
-    MatrixView { offset: 0, ld: cols, batch_stride: bs }
+    MatrixView::new(0, cols, bs)
 }
 
 impl Device {
@@ -128,23 +128,19 @@ impl Device {
         };
         let batched = ab.is_some() || bb.is_some();
         let c_view = epilogue_view(OP, opts, batched, batch, m, n)?;
-        let desc = MatmulDesc {
-            batch,
-            m,
-            n,
-            k,
-            trans_a: opts.trans_a,
-            trans_b: opts.trans_b,
-            a: dense_view(ab, ar, ac),
-            b: dense_view(bb, br, bc),
-            c: c_view,
-            bias_offset: opts.bias.map(|_| 0),
-            out: MatrixView::dense(m, n),
-            alpha: opts.alpha,
-            beta: opts.beta,
-            activation: opts.activation,
-            precision: opts.precision,
-        };
+        let desc = MatmulDesc::new(m, n, k)
+            .batch(batch)
+            .trans_a(opts.trans_a)
+            .trans_b(opts.trans_b)
+            .a(dense_view(ab, ar, ac))
+            .b(dense_view(bb, br, bc))
+            .c(c_view)
+            .bias_offset(opts.bias.map(|_| 0))
+            .out(MatrixView::dense(m, n))
+            .alpha(opts.alpha)
+            .beta(opts.beta)
+            .activation(opts.activation)
+            .precision(opts.precision);
         let out_shape = if batched { vec![batch, m, n] } else { vec![m, n] };
         // Validate before allocating, so a bad call costs nothing on the device.
         self.validate_matmul(&desc, a, b, opts.bias, opts.c, None)?;

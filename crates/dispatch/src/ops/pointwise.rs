@@ -185,38 +185,32 @@ impl Device {
         match g.layout {
             Layout::Nhwc => {
                 let m = g.n * hw;
-                let desc = MatmulDesc {
-                    trans_b: true,
-                    a: MatrixView::dense(m, g.cin),
-                    b: MatrixView::dense(g.cout, g.cin),
-                    c: residual.map(|_| MatrixView::dense(m, g.cout)),
-                    bias_offset: bias.map(|_| 0),
-                    beta: 1.0,
-                    activation: opts.activation,
-                    ..MatmulDesc::new(m, g.cout, g.cin)
-                };
+                let desc = MatmulDesc::new(m, g.cout, g.cin)
+                    .trans_b(true)
+                    .a(MatrixView::dense(m, g.cin))
+                    .b(MatrixView::dense(g.cout, g.cin))
+                    .c(residual.map(|_| MatrixView::dense(m, g.cout)))
+                    .bias_offset(bias.map(|_| 0))
+                    .beta(1.0)
+                    .activation(opts.activation);
                 self.matmul_into(&desc, input, weight, bias, residual, out)
             }
             // NCHW.
             _ => {
                 let per_image = MatrixView::dense(g.cout, hw);
-                let desc = MatmulDesc {
-                    batch: g.n,
-                    m: g.cout,
-                    n: hw,
-                    k: g.cin,
-                    trans_a: false,
-                    trans_b: false,
-                    a: MatrixView { offset: 0, ld: g.cin, batch_stride: 0 },
-                    b: MatrixView::dense(g.cin, hw),
-                    c: residual.map(|_| per_image),
-                    bias_offset: None,
-                    out: per_image,
-                    alpha: 1.0,
-                    beta: 1.0,
-                    activation: if bias.is_some() { Activation::None } else { opts.activation },
-                    precision: Precision::Highest,
-                };
+                let desc = MatmulDesc::new(g.cout, hw, g.cin)
+                    .batch(g.n)
+                    .trans_a(false)
+                    .trans_b(false)
+                    .a(MatrixView::new(0, g.cin, 0))
+                    .b(MatrixView::dense(g.cin, hw))
+                    .c(residual.map(|_| per_image))
+                    .bias_offset(None)
+                    .out(per_image)
+                    .alpha(1.0)
+                    .beta(1.0)
+                    .activation(if bias.is_some() { Activation::None } else { opts.activation })
+                    .precision(Precision::Highest);
                 let Some(bias) = bias else {
                     return self.matmul_into(&desc, weight, input, None, residual, out);
                 };
@@ -224,7 +218,7 @@ impl Device {
                 self.matmul_into(&desc, weight, input, None, residual, &tmp)?;
                 // Per-channel bias and activation: a 1×1 depthwise pass with unit weights (exact).
                 let ones = self.tensor_from_f32(&[g.cout, 1, 1, 1], out.dtype(), &vec![1.0; g.cout])?;
-                let conv = Conv2dOptions { layout: Layout::Nchw, activation: opts.activation, ..Default::default() };
+                let conv = Conv2dOptions::default().layout(Layout::Nchw).activation(opts.activation);
                 self.depthwise_conv2d_into(&tmp, &ones, Some(bias), &conv, out)
             }
         }

@@ -46,16 +46,14 @@ impl Device {
         // 1/(H·W) in f32: the one rounding of the scale, then f32 accumulation as in any matmul.
         let alpha = (1.0 / hw as f64) as f32;
         let desc = match layout {
-            Layout::Nchw => MatmulDesc { alpha, ..MatmulDesc::new(n * c, 1, hw) },
+            Layout::Nchw => MatmulDesc::new(n * c, 1, hw).alpha(alpha),
             // NHWC (`Layout` is `#[non_exhaustive]`; `pool_geometry` admits only the two).
-            _ => MatmulDesc {
-                batch: n,
-                a: MatrixView { offset: 0, ld: hw, batch_stride: 0 },
-                b: MatrixView::dense(hw, c),
-                out: MatrixView::dense(1, c),
-                alpha,
-                ..MatmulDesc::new(1, c, hw)
-            },
+            _ => MatmulDesc::new(1, c, hw)
+                .batch(n)
+                .a(MatrixView::new(0, hw, 0))
+                .b(MatrixView::dense(hw, c))
+                .out(MatrixView::dense(1, c))
+                .alpha(alpha),
         };
         match layout {
             Layout::Nchw => self.matmul_into(&desc, input, &ones, None, None, out),

@@ -41,23 +41,19 @@ impl Device {
         }
         let batch = ab.unwrap_or(1);
         let c_view = epilogue_view(OP, opts, ab.is_some(), batch, m, n)?;
-        let desc = MatmulDesc {
-            batch,
-            m,
-            n,
-            k,
-            trans_a: opts.trans_a,
-            trans_b: true,
-            a: dense_view(ab, ar, ac),
-            b: MatrixView { offset: 0, ld: k, batch_stride: 0 },
-            c: c_view,
-            bias_offset: opts.bias.map(|_| 0),
-            out: MatrixView::dense(m, n),
-            alpha: opts.alpha,
-            beta: opts.beta,
-            activation: opts.activation,
-            precision: opts.precision,
-        };
+        let desc = MatmulDesc::new(m, n, k)
+            .batch(batch)
+            .trans_a(opts.trans_a)
+            .trans_b(true)
+            .a(dense_view(ab, ar, ac))
+            .b(MatrixView::new(0, k, 0))
+            .c(c_view)
+            .bias_offset(opts.bias.map(|_| 0))
+            .out(MatrixView::dense(m, n))
+            .alpha(opts.alpha)
+            .beta(opts.beta)
+            .activation(opts.activation)
+            .precision(opts.precision);
         let dtype = a.dtype();
         for (name, t) in [("w", Some(&w.scales)), ("bias", opts.bias), ("c", opts.c)] {
             if let Some(t) = t {

@@ -145,21 +145,12 @@ fn explicit_tunes_leave_other_threads_ops_alone_and_keep_their_own_reports() {
 fn tune_depthwise_conv2d_validates_its_descriptor() {
     let Some(dev) = wgpu_device() else { return };
     let good = crate::Conv2dDesc::mobilenet_v2_block(1, 8, 9, 1, crate::Layout::Nchw);
-    let cases = [
-        crate::Conv2dDesc { stride_h: 0, ..good },
-        crate::Conv2dDesc { dilation_w: 0, ..good },
-        crate::Conv2dDesc { kernel_h: 0, ..good },
-        crate::Conv2dDesc { multiplier: 0, ..good },
-        crate::Conv2dDesc { kernel_w: 50, ..good },
-    ];
+    let cases = [good.stride_h(0), good.dilation_w(0), good.kernel_h(0), good.multiplier(0), good.kernel_w(50)];
     for d in cases {
         let e = dev.tune_depthwise_conv2d(&d, DType::F32).unwrap_err();
         assert!(matches!(e, Error::InvalidParameter { op: "tune_depthwise_conv2d", .. }), "{d:?}: {e:?}");
     }
-    for d in [
-        crate::Conv2dDesc { multiplier: usize::MAX, ..good },
-        crate::Conv2dDesc { channels: usize::MAX / 2, height: 4, ..good },
-    ] {
+    for d in [good.multiplier(usize::MAX), good.channels(usize::MAX / 2).height(4)] {
         let e = dev.tune_depthwise_conv2d(&d, DType::F32).unwrap_err();
         assert!(matches!(e, Error::Overflow { op: "tune_depthwise_conv2d", .. }), "{d:?}: {e:?}");
     }

@@ -106,7 +106,7 @@ fn bench_matmul(
     let at = gpu.tensor_from_f32(&[m, k], dtype, &a)?;
     let bt = gpu.tensor_from_f32(&[k, n], dtype, &b)?;
     let out = gpu.zeros(&[m, n], dtype)?;
-    let desc = MatmulDesc { precision, ..MatmulDesc::new(m, n, k) };
+    let desc = MatmulDesc::new(m, n, k).precision(precision);
     let flops = desc.flops();
     let secs = time(gpu, 2, reps, || Ok(gpu.matmul_into(&desc, &at, &bt, None, None, &out)?))?;
     let mut v = json!({

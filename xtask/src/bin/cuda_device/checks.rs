@@ -251,9 +251,9 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
 
         for (off, pad) in [(1usize, 3usize), (8, 8), (3, 0)] {
             let (m, n, k) = (67, 45, 29);
-            let a_view = MatrixView { offset: off, ld: k + pad, batch_stride: 0 };
-            let b_view = MatrixView { offset: off + 1, ld: n + pad, batch_stride: 0 };
-            let o_view = MatrixView { offset: off, ld: n + pad + 1, batch_stride: 0 };
+            let a_view = MatrixView::new(off, k + pad, 0);
+            let b_view = MatrixView::new(off + 1, n + pad, 0);
+            let o_view = MatrixView::new(off, n + pad + 1, 0);
             let a = ints(off + m * (k + pad), 11);
             let b = ints(off + 1 + k * (n + pad), 12);
             let mut desc = MatmulDesc::new(m, n, k);

@@ -117,15 +117,15 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
     let (br, bc) = d.b_stored();
     // Padded leading dimensions and offsets on odd variants, so no view is dense by accident.
     let pad = variant % 2;
-    d.a = MatrixView { offset: pad, ld: ac + pad * 3, batch_stride: ar * (ac + pad * 3) + 1 };
-    d.b = MatrixView { offset: 2 * pad, ld: bc + pad, batch_stride: br * (bc + pad) };
-    d.out = MatrixView { offset: pad, ld: n + 2 * pad, batch_stride: m * (n + 2 * pad) + pad };
+    d.a = MatrixView::new(pad, ac + pad * 3, ar * (ac + pad * 3) + 1);
+    d.b = MatrixView::new(2 * pad, bc + pad, br * (bc + pad));
+    d.out = MatrixView::new(pad, n + 2 * pad, m * (n + 2 * pad) + pad);
     d.activation = [Activation::None, Activation::Relu, Activation::Relu6, Activation::None][variant % 4];
     if variant % 3 == 1 {
         d.bias_offset = Some(variant % 5);
     }
     if variant % 4 == 2 {
-        d.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) + 2 });
+        d.c = Some(MatrixView::new(1, n + 1, m * (n + 1) + 2));
         d.beta = if variant % 8 == 2 { -1.0 } else { 2.0 };
     }
     if variant % 5 == 3 {
@@ -249,26 +249,19 @@ fn depthwise_is_exact() {
         for &(kh, kw) in &[(3, 3), (1, 1), (2, 3), (5, 5), (3, 1)] {
             for &(h, w) in &[(1, 1), (5, 7), (9, 17), (12, 33)] {
                 for variant in 0..6usize {
-                    let mut d = Conv2dDesc {
-                        batch: 1 + variant % 2,
-                        channels: [1, 3, 17, 5, 16, 2][variant],
-                        height: h,
-                        width: w,
-                        multiplier: [1, 1, 1, 2, 1, 3][variant],
-                        kernel_h: kh,
-                        kernel_w: kw,
-                        stride_h: 1 + variant % 3,
-                        stride_w: 1 + (variant / 2) % 2,
-                        pad_top: variant % 3,
-                        pad_bottom: (variant + 1) % 3,
-                        pad_left: [0, 1, 2, 1, 4, 0][variant],
-                        pad_right: [0, 1, 0, 3, 1, 2][variant],
-                        dilation_h: 1 + variant % 2,
-                        dilation_w: 1 + (variant / 3) % 2,
-                        layout,
-                        has_bias: variant % 2 == 0,
-                        activation: [Activation::Relu6, Activation::None, Activation::Relu][variant % 3],
-                    };
+                    let mut d =
+                        Conv2dDesc::new(layout, [1 + variant % 2, [1, 3, 17, 5, 16, 2][variant], h, w], [kh, kw])
+                            .multiplier([1, 1, 1, 2, 1, 3][variant])
+                            .stride_h(1 + variant % 3)
+                            .stride_w(1 + (variant / 2) % 2)
+                            .pad_top(variant % 3)
+                            .pad_bottom((variant + 1) % 3)
+                            .pad_left([0, 1, 2, 1, 4, 0][variant])
+                            .pad_right([0, 1, 0, 3, 1, 2][variant])
+                            .dilation_h(1 + variant % 2)
+                            .dilation_w(1 + (variant / 3) % 2)
+                            .has_bias(variant % 2 == 0)
+                            .activation([Activation::Relu6, Activation::None, Activation::Relu][variant % 3]);
                     if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
                         d.pad_top = kh;
                         d.pad_bottom = kh;
@@ -314,7 +307,7 @@ fn activation_op_in_every_dtype() {
                 let mut rng = Rng(len as u64 * 31 + act.code() as u64);
                 let x: Vec<f32> = rng.ints(len, 40).iter().map(|v| v / 4.0).collect();
                 let b: Vec<f32> = bias_len.map_or(Vec::new(), |bl| rng.ints(bl, 8).iter().map(|v| v / 8.0).collect());
-                let desc = ActivationDesc { len, bias_len, activation: act };
+                let desc = ActivationDesc::new(len, bias_len, act);
                 let a = Act { desc, bias: bias_len.map(|_| &b[..]) };
                 each_dtype(|dtype, round| {
                     let xr = round(&x);

@@ -265,7 +265,7 @@ impl BackendOps for CudaBackend {
         b: &CudaStorage,
         out: &CudaStorage,
     ) -> Result<bool> {
-        let plain = MatmulDesc { c: None, bias_offset: None, ..*desc };
+        let plain = desc.c(None).bias_offset(None);
         let p = self.matmul_params(&plain, dtype, a, b, None, None, out)?;
         let t = cat::NAIVE_TILE as u32;
         self.launch_matmul(cat::naive_matmul_kernel(dtype), desc, p, cat::NAIVE_TILE, cat::NAIVE_TILE, (t, t, 1))?;

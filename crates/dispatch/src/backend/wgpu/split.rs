@@ -107,7 +107,7 @@ impl WgpuBackend {
                 let nr = rm.min(desc.m - r0);
                 for c0 in (0..desc.n).step_by(cn) {
                     let nc = cn.min(desc.n - c0);
-                    let mut sub = MatmulDesc { batch: nb, m: nr, n: nc, ..*desc };
+                    let mut sub = desc.batch(nb).m(nr).n(nc);
                     let mut binds = Vec::with_capacity(5);
                     if k == 0 {
                         // Nothing of A or B is read.
@@ -125,7 +125,7 @@ impl WgpuBackend {
                     }
                     match (desc.bias_offset, bias) {
                         (Some(bo), Some(bs)) => {
-                            let v = MatrixView { offset: bo, ld: 0, batch_stride: 0 };
+                            let v = MatrixView::new(bo, 0, 0);
                             let (w, off) = window(&v, 0, 0, c0, 1, 1, nc);
                             binds.push(Bind { slot: 2, buffer: &bs.buffer, window: Some(w) });
                             sub.bias_offset = Some(off);
@@ -136,7 +136,7 @@ impl WgpuBackend {
                         (Some(cv), Some(cs)) => {
                             let (w, off) = window(&cv, b0, r0, c0, nb, nr, nc);
                             binds.push(Bind { slot: 3, buffer: &cs.buffer, window: Some(w) });
-                            sub.c = Some(MatrixView { offset: off, ..cv });
+                            sub.c = Some(cv.offset(off));
                         }
                         _ => binds.push(whole(3, &self.dummy)),
                     }

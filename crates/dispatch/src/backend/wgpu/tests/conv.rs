@@ -6,26 +6,18 @@ use crate::WgpuOptions;
 use tilekit_kernels::catalogue::wgsl::{self as cat, DwTiledPlan, Spec};
 
 pub(super) fn conv_desc(layout: Layout, c: usize, m: usize, hw: (usize, usize), k: (usize, usize)) -> Conv2dDesc {
-    Conv2dDesc {
-        batch: 2,
-        channels: c,
-        height: hw.0,
-        width: hw.1,
-        multiplier: m,
-        kernel_h: k.0,
-        kernel_w: k.1,
-        stride_h: 1,
-        stride_w: 1,
-        pad_top: 0,
-        pad_bottom: 0,
-        pad_left: 0,
-        pad_right: 0,
-        dilation_h: 1,
-        dilation_w: 1,
-        layout,
-        has_bias: false,
-        activation: Activation::None,
-    }
+    Conv2dDesc::new(layout, [2, c, hw.0, hw.1], [k.0, k.1])
+        .multiplier(m)
+        .stride_h(1)
+        .stride_w(1)
+        .pad_top(0)
+        .pad_bottom(0)
+        .pad_left(0)
+        .pad_right(0)
+        .dilation_h(1)
+        .dilation_w(1)
+        .has_bias(false)
+        .activation(Activation::None)
 }
 
 pub(super) fn run_conv_case(dev: &Device, dtype: DType, d: &Conv2dDesc, seed: u64) {
@@ -33,13 +25,12 @@ pub(super) fn run_conv_case(dev: &Device, dtype: DType, d: &Conv2dDesc, seed: u6
     let weight =
         dev.tensor_from_f32(&d.weight_shape(), dtype, &values(d.weight_shape().iter().product(), seed + 1)).unwrap();
     let bias = d.has_bias.then(|| upload(dev, dtype, &values(d.out_channels(), seed + 2)));
-    let opts = crate::Conv2dOptions {
-        stride: [d.stride_h, d.stride_w],
-        padding: [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right],
-        dilation: [d.dilation_h, d.dilation_w],
-        layout: d.layout,
-        activation: d.activation,
-    };
+    let opts = crate::Conv2dOptions::default()
+        .stride([d.stride_h, d.stride_w])
+        .padding([d.pad_top, d.pad_bottom, d.pad_left, d.pad_right])
+        .dilation([d.dilation_h, d.dilation_w])
+        .layout(d.layout)
+        .activation(d.activation);
     let out = dev.depthwise_conv2d(&input, &weight, bias.as_ref(), &opts).unwrap();
     // The same convolution with the weights pre-packed: the same bytes.
     let packed = dev.pack_depthwise_weights(&weight, d.channels).unwrap();

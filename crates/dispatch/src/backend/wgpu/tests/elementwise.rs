@@ -24,7 +24,7 @@ pub(super) fn run_activation_case(
         dev.activation(&x, bias.as_ref(), act).unwrap()
     };
     let got = out.to_f32_vec().unwrap();
-    let desc = ActivationDesc { len, bias_len, activation: act };
+    let desc = ActivationDesc::new(len, bias_len, act);
     let bw = bias.as_ref().map(widen);
     let mut want = vec![0.0; len];
     reference::activation(&desc, &xw, bw.as_deref(), &mut want);

@@ -112,10 +112,10 @@ fn gemv_every_dtype_with_the_epilogue_and_strided_views() {
             desc.batch = 2;
             desc.trans_b = tb;
             let (br, bc) = desc.b_stored();
-            desc.a = MatrixView { offset: 3, ld: k + 2, batch_stride: m * (k + 2) + 1 };
-            desc.b = MatrixView { offset: 1, ld: bc + 1, batch_stride: br * (bc + 1) };
-            desc.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) });
-            desc.out = MatrixView { offset: 2, ld: n + 3, batch_stride: m * (n + 3) + 4 };
+            desc.a = MatrixView::new(3, k + 2, m * (k + 2) + 1);
+            desc.b = MatrixView::new(1, bc + 1, br * (bc + 1));
+            desc.c = Some(MatrixView::new(1, n + 1, m * (n + 1)));
+            desc.out = MatrixView::new(2, n + 3, m * (n + 3) + 4);
             desc.bias_offset = Some(1);
             desc.alpha = 1.5;
             desc.beta = -0.75;

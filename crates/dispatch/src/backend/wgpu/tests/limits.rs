@@ -116,7 +116,7 @@ pub(super) fn split_convs(dev: &Device) {
     // NHWC rows of 300 pixels x 4 channels: one output row is over 1 KiB.
     let x = dev.zeros(&[1, 2, 300, 4], DType::F32).unwrap();
     let w = dev.zeros(&[4, 1, 1, 1], DType::F32).unwrap();
-    let opts = crate::Conv2dOptions { layout: Layout::Nhwc, ..Default::default() };
+    let opts = crate::Conv2dOptions::default().layout(Layout::Nhwc);
     let err = dev.depthwise_conv2d(&x, &w, None, &opts).unwrap_err();
     assert!(matches!(&err, Error::Overflow { what, .. } if what.contains("output row")), "{err:?}");
 }
@@ -137,8 +137,8 @@ pub(super) fn split_matmuls(dev: &Device) {
             case.desc.bias_offset = Some(3);
             case.bias = true;
             let d = &mut case.desc;
-            d.c = Some(MatrixView { offset: 1, ld: d.n + 1, batch_stride: d.m * (d.n + 1) });
-            d.out = MatrixView { offset: 5, ld: d.n + 2, batch_stride: d.m * (d.n + 2) + 3 };
+            d.c = Some(MatrixView::new(1, d.n + 1, d.m * (d.n + 1)));
+            d.out = MatrixView::new(5, d.n + 2, d.m * (d.n + 2) + 3);
             d.alpha = 0.5;
             d.beta = -1.25;
             d.activation = Activation::Gelu;
@@ -148,7 +148,7 @@ pub(super) fn split_matmuls(dev: &Device) {
         // B broadcast to every batch, M = 2 (the small-M kernel), an offset A.
         let mut case = dense_case(5, 2, 70, 9, false, true);
         case.desc.b.batch_stride = 0;
-        case.desc.a = MatrixView { offset: 7, ld: 11, batch_stride: 23 };
+        case.desc.a = MatrixView::new(7, 11, 23);
         run_matmul_case(dev, dtype, &case, seed);
         // K = 0: only the epilogue, over windows of C and the output.
         let mut case = dense_case(2, 30, 20, 0, false, false);

@@ -82,10 +82,10 @@ fn matmul_epilogue_batches_and_strided_views() {
         let mut desc = MatmulDesc::new(m, n, k);
         desc.batch = batch;
         // A with an odd offset and a padded leading dimension; B broadcast to every batch.
-        desc.a = MatrixView { offset: 3, ld: k + 2, batch_stride: m * (k + 2) + 1 };
-        desc.b = MatrixView { offset: 0, ld: n, batch_stride: 0 };
-        desc.c = Some(MatrixView { offset: 1, ld: n + 1, batch_stride: m * (n + 1) });
-        desc.out = MatrixView { offset: 2, ld: n + 3, batch_stride: m * (n + 3) + 4 };
+        desc.a = MatrixView::new(3, k + 2, m * (k + 2) + 1);
+        desc.b = MatrixView::new(0, n, 0);
+        desc.c = Some(MatrixView::new(1, n + 1, m * (n + 1)));
+        desc.out = MatrixView::new(2, n + 3, m * (n + 3) + 4);
         desc.bias_offset = Some(1);
         desc.alpha = 1.5;
         desc.beta = -0.75;
@@ -106,9 +106,9 @@ fn matmul_epilogue_batches_and_strided_views() {
     // Aligned views (vec4 fast paths for A, B and the output) with a bias at offset 4.
     let mut desc = MatmulDesc::new(20, 24, 36);
     desc.batch = 2;
-    desc.a = MatrixView { offset: 4, ld: 40, batch_stride: 800 };
-    desc.b = MatrixView { offset: 8, ld: 28, batch_stride: 36 * 28 };
-    desc.out = MatrixView { offset: 4, ld: 24, batch_stride: 480 };
+    desc.a = MatrixView::new(4, 40, 800);
+    desc.b = MatrixView::new(8, 28, 36 * 28);
+    desc.out = MatrixView::new(4, 24, 480);
     desc.bias_offset = Some(4);
     desc.activation = Activation::Relu;
     run_matmul_case(dev, DType::F32, &MatmulCase { desc, bias: true }, 200);
@@ -126,10 +126,10 @@ fn matmul_half_types_both_paths() {
         }
         // Odd offsets and leading dimensions: two invocations write the halves of one word.
         let mut desc = MatmulDesc::new(6, 5, 4);
-        desc.a = MatrixView { offset: 1, ld: 5, batch_stride: 0 };
-        desc.b = MatrixView { offset: 3, ld: 7, batch_stride: 0 };
-        desc.c = Some(MatrixView { offset: 1, ld: 5, batch_stride: 0 });
-        desc.out = MatrixView { offset: 1, ld: 5, batch_stride: 0 };
+        desc.a = MatrixView::new(1, 5, 0);
+        desc.b = MatrixView::new(3, 7, 0);
+        desc.c = Some(MatrixView::new(1, 5, 0));
+        desc.out = MatrixView::new(1, 5, 0);
         desc.bias_offset = Some(1);
         desc.beta = 0.5;
         desc.activation = Activation::Gelu;

@@ -116,9 +116,9 @@ fn exact_case(
     desc.trans_b = true;
     let (ar, ac) = desc.a_stored();
     // A one element in, so its rows are not 16-byte aligned (the scalar load path).
-    desc.a = MatrixView { offset: 1, ld: ac, batch_stride: 0 };
-    desc.b = MatrixView { offset: 0, ld: k, batch_stride: 0 };
-    desc.out = MatrixView { offset: 3, ld: n + 2, batch_stride: 0 };
+    desc.a = MatrixView::new(1, ac, 0);
+    desc.b = MatrixView::new(0, k, 0);
+    desc.out = MatrixView::new(3, n + 2, 0);
     desc.c = Some(MatrixView::dense(m, n));
     desc.bias_offset = Some(0);
     desc.beta = 1.0;
@@ -199,7 +199,7 @@ fn check_close(dev: &Device, ty: GgmlType, dtype: DType, batch: usize, m: usize,
     desc.batch = batch;
     desc.trans_b = true;
     desc.a.batch_stride = m * k;
-    desc.b = MatrixView { offset: 0, ld: k, batch_stride: 0 };
+    desc.b = MatrixView::new(0, k, 0);
     desc.out.batch_stride = m * n;
     let a64 = widen(&at);
     let mut want = vec![0.0; batch * m * n];
