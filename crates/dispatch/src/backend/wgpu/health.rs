@@ -7,9 +7,13 @@
 //! Why not one set of scopes around a whole batch: wgpu's error scopes are a per-thread
 //! stack, and an op returns to its caller between one op and the next, so a scope left open
 //! across ops would capture the engine's own errors and unbalance the engine's own scopes.
-//! Instead, on a device tilekit made, ops pay no scopes at all; the batch's `write_buffer` and
-//! `submit` keep theirs (`queue.rs`). An engine's device keeps per-op scopes, since its
-//! uncaptured-error handler is the engine's (wgpu's default one panics).
+//! Instead, an op records its passes into the batch's shared encoder, whose errors wgpu reports
+//! when the batch is finished, inside the batch's error scopes with its `write_buffer` and
+//! `submit` (`queue.rs`). What an op creates (its output buffer, a bind group on a cache miss,
+//! the batch's encoder) is checked where it is made: on a device tilekit made through the
+//! handler's error count (no scopes), on an engine's device, whose uncaptured-error handler is
+//! the engine's (wgpu's default one panics), inside scopes. A chain of ops on buffers that
+//! exist already (in place, or `*_into`) therefore pays no error scopes per op on either.
 
 use super::*;
 

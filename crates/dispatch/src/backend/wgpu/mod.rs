@@ -40,13 +40,14 @@
 //!   an op returns `Ok` and does not disturb the device; outputs that do not depend on a
 //!   non-finite input are bit-identical to a run without it; finite inputs whose results are
 //!   finite give finite outputs, huge ones included (the GELU formulas clamp their arguments).
-//! - Errors come back from the op that caused them as [`Error`] values (`health.rs`). A device
-//!   made here installs tilekit's own uncaptured-error handler, so an op's encoding and its
-//!   output allocation run without error scopes (the handler's error count is checked after
-//!   them); each batch's `write_buffer` and `submit`, pipeline creation and the other rare
-//!   calls run inside error scopes (validation, out of memory, internal). On an engine's
-//!   device (whose handler is the engine's) every call runs inside error scopes. A lost device
-//!   turns every later call into [`Error::DeviceLost`].
+//! - Errors come back as [`Error`] values (`health.rs`). An op records its passes into the
+//!   batch's shared encoder (wgpu reports encoding errors when the batch is finished, inside
+//!   the batch's error scopes with its `write_buffer` and `submit`); what an op creates (its
+//!   output, a bind group on a cache miss) is checked where it is made: through tilekit's own
+//!   uncaptured-error handler's count on a device made here (no scopes), inside error scopes
+//!   (validation, out of memory, internal) on an engine's device, whose handler is the
+//!   engine's. Pipeline creation and the other rare calls run inside error scopes. A lost
+//!   device turns every later call into [`Error::DeviceLost`].
 //! - Tuning (`tuning.rs`, cache in `cache.rs`; behaviour documented on `crate::tune`): the
 //!   matmul and the depthwise convolution take their [`Spec`]
 //!   from the autotuner: the default when tuning is off or nothing is cached, else a validated

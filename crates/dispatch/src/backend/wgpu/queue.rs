@@ -157,10 +157,7 @@ impl WgpuBackend {
             for (i, launch) in launches.iter().enumerate() {
                 let offset = u32::try_from((first + i) * stride)
                     .map_err(|_| Error::Overflow { op, what: "a uniform ring offset".into() })?;
-                bound.push((
-                    self.op_checked(0, || self.cached_bind_group(op, pipeline, uniform_slot, launch))??,
-                    offset,
-                ));
+                bound.push((self.cached_bind_group(op, pipeline, uniform_slot, launch)?, offset));
             }
             let mut encoder = match pending.encoder.take() {
                 Some(e) => e,
@@ -243,11 +240,15 @@ impl WgpuBackend {
             binding: uniform_slot,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &self.ring, offset: 0, size }),
         });
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(op),
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
+        // Checked only when made: a chain of ops on the same buffers takes cached bind groups
+        // and pays no error scopes (on any device).
+        let bg = self.op_checked(0, || {
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(op),
+                layout: &pipeline.layout,
+                entries: &entries,
+            })
+        })?;
         if cache.map.len() >= BIND_GROUP_CACHE {
             cache.map.clear();
         }
