@@ -64,6 +64,15 @@ const THREADS_PER_BLOCK: u32 = 256;
 
 const NVRTC_SCRIPT: &str = include_str!("ptx_nvrtc.py");
 
+/// Modules whose PTX text NVVM does not reproduce from run to run: for `inverted_residual.cu`
+/// the register numbering, the order of the accumulators' zeroing and even whether two shared
+/// loads are fused into one `ld.shared.v2` depend on heap addresses (three compiles, three
+/// texts; turning address-space randomisation off fixes it on one machine but not across
+/// checkouts). For these, `--check` compares a fingerprint of the compiler's inputs (the
+/// source, every header, the NVRTC version and target) with the one committed beside the PTX
+/// (`<name>.inputs`, written by `cargo xtask ptx`), and audits the committed PTX text.
+const NOT_REPRODUCIBLE: &[&str] = &["inverted_residual"];
+
 pub fn run(args: Args) -> Result<()> {
     let root = crate_root()?;
     let cuda_dir = root.join("shaders/cuda");
@@ -79,8 +88,20 @@ pub fn run(args: Args) -> Result<()> {
         tools.compile(&tmp, &cuda_dir, &out_dir, &sources)?;
         if args.check {
             compare_dirs(&ptx_dir, &out_dir)?;
+            for stem in NOT_REPRODUCIBLE {
+                let recorded = std::fs::read_to_string(ptx_dir.join(format!("{stem}.inputs"))).unwrap_or_default();
+                ensure!(
+                    recorded.trim() == inputs_fingerprint(&cuda_dir, stem)?,
+                    "shaders/ptx/{stem}.ptx is stale (its inputs changed): run `cargo xtask ptx`"
+                );
+                // The audit and its table read the committed text, not this run's variant.
+                std::fs::copy(ptx_dir.join(format!("{stem}.ptx")), out_dir.join(format!("{stem}.ptx")))?;
+            }
             println!("ptx: the committed PTX in shaders/ptx matches NVRTC's output");
         } else {
+            for stem in NOT_REPRODUCIBLE {
+                std::fs::write(ptx_dir.join(format!("{stem}.inputs")), inputs_fingerprint(&cuda_dir, stem)? + "\n")?;
+            }
             remove_stale(&ptx_dir, &sources)?;
             println!("ptx: wrote {} files to shaders/ptx", sources.len());
         }
@@ -103,6 +124,29 @@ pub fn run(args: Args) -> Result<()> {
 fn crate_root() -> Result<PathBuf> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map(Path::to_path_buf).context("xtask has no parent folder")
+}
+
+/// SHA-256 (hex) over what NVRTC compiles `stem.cu` from: the source, every header in the
+/// folder (sorted by name), the pinned NVRTC version and the target.
+fn inputs_fingerprint(cuda_dir: &Path, stem: &str) -> Result<String> {
+    let mut files = vec![cuda_dir.join(format!("{stem}.cu"))];
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(cuda_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cuh"))
+        .collect();
+    headers.sort();
+    files.extend(headers);
+    let script = "import hashlib, sys\nh = hashlib.sha256()\nfor a in sys.argv[1:]:\n    \
+                  h.update(a.encode() if a.startswith('=') else open(a, 'rb').read())\nprint(h.hexdigest())";
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(&files)
+        .arg(format!("={NVRTC_VERSION} {ARCH} {NVRTC_WHEEL}"))
+        .output()
+        .context("running python3 for a fingerprint")?;
+    ensure!(out.status.success(), "fingerprint: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn cuda_sources(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -495,6 +539,9 @@ fn compare_dirs(committed: &Path, fresh: &Path) -> Result<()> {
     let (a, b) = (names(committed)?, names(fresh)?);
     ensure!(a == b, "shaders/ptx holds {a:?}, the sources give {b:?}: run `cargo xtask ptx`");
     for n in &a {
+        if NOT_REPRODUCIBLE.iter().any(|s| n.strip_suffix(".ptx") == Some(s)) {
+            continue;
+        }
         let old = std::fs::read(committed.join(n))?;
         let new = std::fs::read(fresh.join(n))?;
         ensure!(old == new, "shaders/ptx/{n} is stale: run `cargo xtask ptx`");
