@@ -217,7 +217,7 @@ impl Device {
         let w = &weight.tensor;
         self.profiled(
             || crate::profile::OpInfo::conv(desc, input.dtype()),
-            || with_backend!(self, be => run_packed(be, desc, input, w, bias, out)),
+            || with_backend!(self, be => run(be, desc, input, w, bias, out, true)),
         )
     }
 
@@ -291,7 +291,7 @@ impl Device {
         }
         self.profiled(
             || crate::profile::OpInfo::conv(desc, input.dtype()),
-            || with_backend!(self, be => run(be, desc, input, weight, bias, out)),
+            || with_backend!(self, be => run(be, desc, input, weight, bias, out, false)),
         )
     }
 
@@ -362,6 +362,9 @@ impl Device {
     }
 }
 
+/// Hands a checked convolution to the backend; `packed`: the weight is a `PackedDepthwise`'s
+/// `[kh, kw, C·m]` tensor.
+#[allow(clippy::too_many_arguments)]
 fn run<B: BackendOps>(
     be: &B,
     desc: &Conv2dDesc,
@@ -369,15 +372,20 @@ fn run<B: BackendOps>(
     weight: &Tensor,
     bias: Option<&Tensor>,
     out: &Tensor,
+    packed: bool,
 ) -> Result<()> {
-    be.depthwise_conv2d(
-        desc,
+    let (dtype, x, w, o) = (
         input.dtype(),
         storage::<B>(OP, "input", input)?,
         storage::<B>(OP, "weight", weight)?,
-        bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
         storage::<B>(OP, "out", out)?,
-    )
+    );
+    let b = bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?;
+    if packed {
+        be.depthwise_conv2d_packed(desc, dtype, x, w, b, o)
+    } else {
+        be.depthwise_conv2d(desc, dtype, x, w, b, o)
+    }
 }
 
 option_setters!(Conv2dOptions {
@@ -387,24 +395,6 @@ option_setters!(Conv2dOptions {
     layout: Layout,
     activation: Activation,
 });
-
-fn run_packed<B: BackendOps>(
-    be: &B,
-    desc: &Conv2dDesc,
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    out: &Tensor,
-) -> Result<()> {
-    be.depthwise_conv2d_packed(
-        desc,
-        input.dtype(),
-        storage::<B>(OP, "input", input)?,
-        storage::<B>(OP, "weight", weight)?,
-        bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
-        storage::<B>(OP, "out", out)?,
-    )
-}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
