@@ -444,6 +444,23 @@ mod tests {
         assert!(dev.profile_end().unwrap().records.is_empty());
     }
 
+    /// A quantized matmul counts its weight as the GGUF bytes it reads, not K·N elements.
+    #[test]
+    fn cpu_profile_counts_a_quantized_weight_by_its_blocks() {
+        use tilekit_kernels::quant::{GgmlType, quantize};
+        let dev = Device::cpu();
+        let (m, n, k) = (2, 3, 64);
+        let a = dev.tensor_from_f32(&[m, k], DType::F32, &[0.5; 2 * 64]).unwrap();
+        let blocks = quantize(GgmlType::Q8_0, &[1.0; 3 * 64], &[n, k]).unwrap();
+        let w = dev.quant_tensor(GgmlType::Q8_0, &[n, k], &blocks).unwrap();
+        let (_, profile) = dev.profile(|| dev.matmul_quant(&a, &w, &MatmulOptions::new().trans_b(true))).unwrap();
+        assert_eq!(profile.records.len(), 1);
+        // A and the output in f32, the weight as 3 rows x 2 blocks of 34 bytes.
+        assert_eq!(profile.records[0].bytes, ((m * k + m * n) * 4 + blocks.len()) as u64);
+        assert_eq!(blocks.len(), 3 * 2 * 34);
+        assert_eq!(profile.records[0].flops, (2 * m * n * k) as u64);
+    }
+
     #[test]
     fn wgpu_profile_has_device_times_and_launch_shapes() {
         let Ok(dev) = Device::wgpu(&WgpuOptions::allow_software()) else {

@@ -79,7 +79,15 @@ impl Device {
             return Ok(out);
         }
         self.profiled(
-            || crate::profile::OpInfo::matmul(OP, &desc, dtype),
+            || {
+                // B is the quantized weight (read once, broadcast over batches): its GGUF bytes,
+                // not K·N elements of the dtype.
+                let mut info = crate::profile::OpInfo::matmul(OP, &desc, dtype);
+                let dense = (n * k * dtype.size_bytes()) as u64;
+                let quant = (n * (k / w.ty.block_size()) * w.ty.block_bytes()) as u64;
+                info.bytes = info.bytes.saturating_sub(dense) + quant;
+                info
+            },
             || with_backend!(self, be => run(be, &desc, a, w, opts.bias, opts.c, &out)),
         )?;
         Ok(out)
