@@ -65,15 +65,8 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     let ty = prop::sample::select(GgmlType::QUANTIZED.to_vec());
-    let dtype = prop::sample::select(vec![DType::F32, DType::F16, DType::Bf16]);
-    let act = prop::sample::select(vec![
-        Activation::None,
-        Activation::Relu,
-        Activation::Relu6,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Silu,
-    ]);
+    let dtype = prop::sample::select(DType::ALL.to_vec());
+    let act = prop::sample::select(Activation::ALL.to_vec());
     let m = prop_oneof![3 => 1usize..=16, 2 => 17usize..=70];
     (
         (ty, dtype, prop::option::weighted(0.2, 1usize..=3), m, 1usize..=45, 1usize..=4),

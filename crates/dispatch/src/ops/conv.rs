@@ -163,7 +163,7 @@ impl Device {
     ) -> Result<Tensor> {
         let desc = self.packed_desc(input, weight, bias, opts)?;
         let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
-        self.run_conv_packed(&desc, input, weight, bias, &out)?;
+        self.run_conv(&desc, input, &weight.tensor, bias, &out, true)?;
         Ok(out)
     }
 
@@ -178,7 +178,7 @@ impl Device {
     ) -> Result<()> {
         let desc = self.packed_desc(input, weight, bias, opts)?;
         self.check_out(&desc, input, &weight.tensor, bias, out)?;
-        self.run_conv_packed(&desc, input, weight, bias, out)
+        self.run_conv(&desc, input, &weight.tensor, bias, out, true)
     }
 
     fn packed_desc(
@@ -203,24 +203,6 @@ impl Device {
         self.conv_desc(input, &weight.tensor, &weight.unpacked_shape(), bias, opts)
     }
 
-    fn run_conv_packed(
-        &self,
-        desc: &Conv2dDesc,
-        input: &Tensor,
-        weight: &PackedDepthwise,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-    ) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        let w = &weight.tensor;
-        self.profiled(
-            || crate::profile::OpInfo::conv(desc, input.dtype()),
-            || with_backend!(self, be => run(be, desc, input, w, bias, out, true)),
-        )
-    }
-
     /// Depthwise 2-D convolution. `input` is `[N, C, H, W]` (NCHW) or `[N, H, W, C]` (NHWC);
     /// `weight` is `[C·m, 1, kh, kw]` in both layouts (`m` is the channel multiplier); `bias`,
     /// if given, has `C·m` elements. The output is in the input's layout and dtype.
@@ -233,7 +215,7 @@ impl Device {
     ) -> Result<Tensor> {
         let desc = self.conv_desc(input, weight, weight.shape(), bias, opts)?;
         let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
-        self.run_conv(&desc, input, weight, bias, &out)?;
+        self.run_conv(&desc, input, weight, bias, &out, false)?;
         Ok(out)
     }
 
@@ -248,7 +230,7 @@ impl Device {
     ) -> Result<()> {
         let desc = self.conv_desc(input, weight, weight.shape(), bias, opts)?;
         self.check_out(&desc, input, weight, bias, out)?;
-        self.run_conv(&desc, input, weight, bias, out)
+        self.run_conv(&desc, input, weight, bias, out, false)
     }
 
     /// The checks of an `_into` call's output: device, dtype, aliasing, shape.
@@ -278,6 +260,8 @@ impl Device {
         Ok(())
     }
 
+    /// Runs a checked convolution; `packed`: `weight` is a `PackedDepthwise`'s `[kh, kw, C·m]`
+    /// tensor.
     fn run_conv(
         &self,
         desc: &Conv2dDesc,
@@ -285,13 +269,14 @@ impl Device {
         weight: &Tensor,
         bias: Option<&Tensor>,
         out: &Tensor,
+        packed: bool,
     ) -> Result<()> {
         if out.is_empty() {
             return Ok(());
         }
         self.profiled(
             || crate::profile::OpInfo::conv(desc, input.dtype()),
-            || with_backend!(self, be => run(be, desc, input, weight, bias, out, false)),
+            || with_backend!(self, be => run(be, desc, input, weight, bias, out, packed)),
         )
     }
 
