@@ -1,14 +1,18 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW: one output row at a time is the SIMD vector. Each kernel row's taps are
-//!   broadcast weights multiplied into shifted (or, at stride > 1, strided) runs of one input
-//!   row. The padding is never materialised: every tap's valid output range is computed once
-//!   per row ([`tap_range`]); for 3-wide kernels the three taps are fused into one pass over
-//!   the columns where all three are valid, and the border columns take the taps one by one.
+//! - NCHW ([`Band`]): a band of output rows of one plane is computed from a copy of the input
+//!   rows it reaches, zero-padded and split by column into the horizontal stride's phases, so
+//!   every tap of an 8-wide chunk of outputs is one contiguous load at a fixed offset with no
+//!   border test; 4 rows × 8 columns are accumulated in registers over all taps (one broadcast
+//!   weight, four loads and four multiply-adds per tap) and stored once. Short rows (MobileNet's
+//!   7- and 14-wide planes) cost a chunk per row instead of a pass per tap. Layers outside the
+//!   band buffer (more than 64 taps, rows too wide) take the row path: one output row as the
+//!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
+//!   three taps fused where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed per task into a stack buffer
-//!   laid out `[tap][channel]`, so every tap of a pixel is one contiguous multiply-add over
-//!   the channel block.
+//!   laid out `[tap][channel]`; for each pixel the taps inside the input are listed once and
+//!   every 16-channel block is accumulated in registers over them ([`nhwc_pixel`]).
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through a stack buffer. No call allocates.
@@ -51,6 +55,11 @@ fn tap_range(out_len: usize, len: usize, stride: usize, pad: usize, off: usize) 
 
 impl Conv<'_> {
     pub(super) fn run<E: Elem>(&self, out: &mut [E]) -> Result<()> {
+        self.run_isa(Isa::detect(), out)
+    }
+
+    /// [`Conv::run`] in the instruction-set copy `isa` (tests run each one this CPU has).
+    pub(super) fn run_isa<E: Elem>(&self, isa: Isa, out: &mut [E]) -> Result<()> {
         let d = &self.d;
         let (oh, ow) = match (d.out_h(), d.out_w()) {
             (Some(h), Some(w)) => (h, w),
@@ -71,15 +80,18 @@ impl Conv<'_> {
             return Ok(());
         }
         let out = &mut out[..total];
-        let isa = Isa::detect();
         let taps = d.kernel_h * d.kernel_w;
         let work = total * taps.max(1);
         match d.layout {
             Layout::Nchw => {
                 let plane = oh * ow;
+                let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
+                    // The band buffers, once per task (zeroing 64 KiB per plane would cost
+                    // more than a small plane's convolution).
+                    let mut bufs = [[0.0f32; BUF]; 2];
                     for (i, p) in dst.chunks_mut(plane).enumerate() {
-                        self.nchw_plane(isa, first + i, ow, p);
+                        self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut bufs);
                     }
                 };
                 if work < PARALLEL_MIN {
@@ -105,7 +117,15 @@ impl Conv<'_> {
     }
 
     /// One NCHW output plane (`plane` = image · out channels + out channel).
-    fn nchw_plane<E: Elem>(&self, isa: Isa, plane: usize, ow: usize, dst: &mut [E]) {
+    fn nchw_plane<E: Elem>(
+        &self,
+        isa: Isa,
+        band: Option<&Band>,
+        plane: usize,
+        ow: usize,
+        dst: &mut [E],
+        bufs: &mut [[f32; BUF]; 2],
+    ) {
         let d = &self.d;
         let occ = d.out_channels();
         let (n, oc) = (plane / occ, plane % occ);
@@ -114,6 +134,27 @@ impl Conv<'_> {
         let taps = d.kernel_h * d.kernel_w;
         let wk = &self.w[oc * taps..][..taps];
         let bias = self.bias.map_or(0.0, |b| b[oc]);
+        if let Some(g) = band {
+            let oh = dst.len() / ow;
+            let [buf, obuf] = bufs;
+            match E::as_f32_mut(dst) {
+                Some(dst) => {
+                    for oy0 in (0..oh).step_by(g.rows) {
+                        let rows = g.rows.min(oh - oy0);
+                        nchw_band(isa, g, xp, wk, bias, oy0, &mut dst[oy0 * ow..][..rows * ow], buf);
+                    }
+                }
+                None => {
+                    for oy0 in (0..oh).step_by(g.rows) {
+                        let rows = g.rows.min(oh - oy0);
+                        let o = &mut obuf[..rows * ow];
+                        nchw_band(isa, g, xp, wk, bias, oy0, o, buf);
+                        E::narrow_into(o, &mut dst[oy0 * ow..][..rows * ow]);
+                    }
+                }
+            }
+            return;
+        }
         // Each tap's valid output columns depend only on the layer: computed once per plane
         // here, not per row (the divisions by the stride would dominate narrow rows).
         let mut ranges = [(0usize, 0usize); MAX_KW];
@@ -124,7 +165,7 @@ impl Conv<'_> {
         match E::as_f32_mut(dst) {
             Some(dst) => nchw_plane_f32(isa, &p, dst),
             None => {
-                let mut buf = [0.0f32; BUF];
+                let buf = &mut bufs[0];
                 for (oy, row) in dst.chunks_mut(ow).enumerate() {
                     for c0 in (0..ow).step_by(BUF) {
                         let c1 = (c0 + BUF).min(ow);
@@ -204,6 +245,152 @@ impl Conv<'_> {
             }
         }
     }
+}
+
+/// Lanes of the NCHW band kernel's column chunks (one AVX2 vector; half an AVX-512 one).
+const V: usize = 8;
+/// Output rows the NCHW band kernel computes together: `RB` independent accumulator vectors
+/// per tap, so the multiply-adds of one chunk do not wait on each other.
+const RB: usize = 4;
+/// Taps whose offsets the band kernel keeps (larger kernels take the row path).
+const MAX_TAPS: usize = 64;
+
+/// The geometry of the NCHW band kernel for one layer: a band of output rows is computed
+/// from a copy of the input rows it reaches, padded with zeros and split by column into the
+/// `stride_w` phases (phase `p` holds padded columns `p, p + s, p + 2s, …`). Every tap of an
+/// output chunk is then one contiguous `V`-wide load at a fixed offset, with no border checks:
+/// the padding is materialised once per band instead of being tested per tap and row. Rows
+/// and chunks past the output are computed from zeros or neighbouring data and not stored.
+struct Band {
+    /// The layer.
+    d: Conv2dDesc,
+    /// Output width and its `V`-wide chunks.
+    ow: usize,
+    chunks: usize,
+    /// Width of one phase row, and of one padded row (`stride_w` phases).
+    wq: usize,
+    rs: usize,
+    /// Output rows per band (a multiple of `RB`), and padded input rows it reads.
+    rows: usize,
+    in_rows: usize,
+    /// Per tap (`ky·kw + kx`): its offset in the band buffer from a chunk's first element.
+    offs: [usize; MAX_TAPS],
+}
+
+impl Band {
+    /// The band geometry, or `None` where the layer is outside what it covers (more than
+    /// [`MAX_TAPS`] taps, or a padded row too wide for a band of `RB` rows in [`BUF`]).
+    fn new(d: &Conv2dDesc) -> Option<Band> {
+        let (kh, kw) = (d.kernel_h, d.kernel_w);
+        let (s, sh) = (d.stride_w, d.stride_h);
+        let (oh, ow) = (d.out_h()?, d.out_w()?);
+        if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || s == 0 || sh == 0 || ow == 0 || oh == 0 {
+            return None;
+        }
+        let chunks = ow.div_ceil(V);
+        let wq = chunks * V + (kw - 1) * d.dilation_w / s;
+        let rs = s.checked_mul(wq)?;
+        let in_rows = |rows: usize| (rows - 1) * sh + (kh - 1) * d.dilation_h + 1;
+        // As many rows as fit the buffer (and, for half-precision outputs, the row buffer),
+        // no more than the plane needs.
+        let mut rows = oh.next_multiple_of(RB);
+        while rows > RB && (in_rows(rows) * rs > BUF || rows * ow > BUF) {
+            rows -= RB;
+        }
+        if in_rows(rows) * rs > BUF || rows * ow > BUF {
+            return None;
+        }
+        let mut offs = [0usize; MAX_TAPS];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let (p, q) = ((kx * d.dilation_w) % s, (kx * d.dilation_w) / s);
+                offs[ky * kw + kx] = ky * d.dilation_h * rs + p * wq + q;
+            }
+        }
+        Some(Band { d: *d, ow, chunks, wq, rs, rows, in_rows: in_rows(rows), offs })
+    }
+}
+
+/// Output rows `oy0..oy0 + out.len() / ow` of one NCHW plane into `out` (bias and activation
+/// included), through the band buffer `buf`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn nchw_band_inner<const FMA: bool>(
+    g: &Band,
+    xp: &[f32],
+    wk: &[f32],
+    bias: f32,
+    oy0: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    let d = &g.d;
+    let (s, sh, w) = (d.stride_w, d.stride_h, d.width);
+    let pr0 = oy0 * sh;
+    // The padded input rows pr0.. split into phases.
+    for i in 0..g.in_rows {
+        let row = &mut buf[i * g.rs..][..g.rs];
+        let pr = pr0 + i;
+        if pr < d.pad_top || pr - d.pad_top >= d.height {
+            row.fill(0.0);
+            continue;
+        }
+        let src = &xp[(pr - d.pad_top) * w..][..w];
+        for (p, dst) in row.chunks_exact_mut(g.wq).enumerate() {
+            let (lo, hi) = tap_range(g.wq, w, s, d.pad_left, p);
+            dst[..lo].fill(0.0);
+            dst[hi..].fill(0.0);
+            if lo < hi {
+                let first = lo * s + p - d.pad_left;
+                let n = hi - lo;
+                if s == 1 {
+                    dst[lo..hi].copy_from_slice(&src[first..first + n]);
+                } else if s == 2 {
+                    // Pairs, so LLVM deinterleaves with vector shuffles (a `step_by` gather
+                    // compiled to a scalar loop that cost more than the convolution).
+                    let src = &src[first..first + 2 * n - 1];
+                    let (pairs, last) = (src.chunks_exact(2), src.len() % 2 == 1);
+                    for (o, pair) in dst[lo..hi].iter_mut().zip(pairs) {
+                        *o = pair[0];
+                    }
+                    if last {
+                        dst[hi - 1] = src[2 * n - 2];
+                    }
+                } else {
+                    for (o, &x) in dst[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
+                        *o = x;
+                    }
+                }
+            }
+        }
+    }
+    let taps = d.kernel_h * d.kernel_w;
+    let offs = &g.offs[..taps];
+    let rows = out.len() / g.ow;
+    let row_step = sh * g.rs;
+    for r0 in (0..rows).step_by(RB) {
+        for c in 0..g.chunks {
+            let mut acc = [[bias; V]; RB];
+            let base = r0 * row_step + c * V;
+            for (&wv, &off) in wk.iter().zip(offs) {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let x: &[f32; V] = buf[base + r * row_step + off..][..V].try_into().expect("V lanes");
+                    for (a, &x) in a.iter_mut().zip(x) {
+                        *a = madd::<FMA>(wv, x, *a);
+                    }
+                }
+            }
+            let (c0, n) = (c * V, V.min(g.ow - c * V));
+            for (r, a) in acc.iter().enumerate().take(rows - r0) {
+                out[(r0 + r) * g.ow + c0..][..n].copy_from_slice(&a[..n]);
+            }
+        }
+    }
+    apply_isa::<FMA>(d.activation, out);
+}
+
+multiversion! {
+    fn nchw_band(g: &Band, xp: &[f32], wk: &[f32], bias: f32, oy0: usize, out: &mut [f32], buf: &mut [f32]) => nchw_band_inner
 }
 
 /// What one NCHW output row needs.
@@ -357,6 +544,11 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     let nb = p.nb;
     for ox in 0..p.ow {
         let a = &mut acc[ox * stride..][..nb];
+        if m == 1 && d.kernel_h * d.kernel_w <= MAX_TAPS {
+            nhwc_pixel::<FMA>(p, ox, a);
+            apply_isa::<FMA>(d.activation, a);
+            continue;
+        }
         match p.bias {
             Some(b) => a.copy_from_slice(b),
             None => a.fill(0.0),
@@ -385,6 +577,66 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
             }
         }
         apply_isa::<FMA>(d.activation, a);
+    }
+}
+
+/// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).
+const CB: usize = 16;
+
+/// One output pixel's channel block (multiplier 1) into `a`, bias included: the taps inside
+/// the input are listed once, then each `CB`-channel block is accumulated in registers over
+/// all of them (one load of input and weights and one multiply-add per tap and vector, the
+/// sum stored once); the last `nb % CB` channels take the same taps as slices.
+#[inline(always)]
+fn nhwc_pixel<const FMA: bool>(p: &PixArgs, ox: usize, a: &mut [f32]) {
+    let d = p.d;
+    let (h, w, c) = (d.height, d.width, d.channels);
+    let nb = p.nb;
+    // (weight offset, input offset) of every tap that lands inside the input.
+    let mut taps = [(0usize, 0usize); MAX_TAPS];
+    let mut nt = 0;
+    for ky in 0..d.kernel_h {
+        let py = p.oy * d.stride_h + ky * d.dilation_h;
+        if py < d.pad_top || py - d.pad_top >= h {
+            continue;
+        }
+        let row = (p.n * h + py - d.pad_top) * w;
+        for kx in 0..d.kernel_w {
+            let px = ox * d.stride_w + kx * d.dilation_w;
+            if px < d.pad_left || px - d.pad_left >= w {
+                continue;
+            }
+            taps[nt] = ((ky * d.kernel_w + kx) * nb, (row + px - d.pad_left) * c + p.cb0);
+            nt += 1;
+        }
+    }
+    let taps = &taps[..nt];
+    let full = nb - nb % CB;
+    for c0 in (0..full).step_by(CB) {
+        let mut v = [0.0f32; CB];
+        if let Some(b) = p.bias {
+            v.copy_from_slice(&b[c0..c0 + CB]);
+        }
+        for &(wo, xo) in taps {
+            let wv: &[f32; CB] = p.wt[wo + c0..][..CB].try_into().expect("CB lanes");
+            let xv: &[f32; CB] = p.x[xo + c0..][..CB].try_into().expect("CB lanes");
+            for ((v, &wv), &xv) in v.iter_mut().zip(wv).zip(xv) {
+                *v = madd::<FMA>(wv, xv, *v);
+            }
+        }
+        a[c0..c0 + CB].copy_from_slice(&v);
+    }
+    if full < nb {
+        let rest = &mut a[full..];
+        match p.bias {
+            Some(b) => rest.copy_from_slice(&b[full..]),
+            None => rest.fill(0.0),
+        }
+        for &(wo, xo) in taps {
+            let wv = &p.wt[wo + full..wo + nb];
+            let xv = &p.x[xo + full..xo + nb];
+            rest.iter_mut().zip(wv).zip(xv).for_each(|((v, &wv), &xv)| *v = madd::<FMA>(wv, xv, *v));
+        }
     }
 }
 

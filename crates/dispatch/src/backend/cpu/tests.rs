@@ -8,6 +8,7 @@
 use super::Elem;
 use super::depthwise::Conv;
 use super::matmul::MatmulOperands;
+use super::simd::Isa;
 use half::{bf16, f16};
 use std::borrow::Cow;
 use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
@@ -212,31 +213,33 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     let mut want = vec![0.0f64; out_len];
     let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     reference::depthwise_conv2d(d, &f(&x), &f(&w), bias.as_deref().map(f).as_deref(), &mut want);
-    each_dtype(|dtype, round| {
-        let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
-        let got = match dtype {
-            DType::F32 => {
-                let mut o = vec![f32::NAN; out_len];
-                conv.run(&mut o).expect("run");
-                o
+    for isa in Isa::available() {
+        each_dtype(|dtype, round| {
+            let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
+            let got = match dtype {
+                DType::F32 => {
+                    let mut o = vec![f32::NAN; out_len];
+                    conv.run_isa(isa, &mut o).expect("run");
+                    o
+                }
+                DType::F16 => {
+                    let mut o = vec![f16::NAN; out_len];
+                    conv.run_isa(isa, &mut o).expect("run");
+                    load(&o)
+                }
+                DType::Bf16 => {
+                    let mut o = vec![bf16::NAN; out_len];
+                    conv.run_isa(isa, &mut o).expect("run");
+                    load(&o)
+                }
+                other => unimplemented!("{other:?}"),
+            };
+            let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
+            for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
+                assert!(g == x, "{isa:?} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
             }
-            DType::F16 => {
-                let mut o = vec![f16::NAN; out_len];
-                conv.run(&mut o).expect("run");
-                load(&o)
-            }
-            DType::Bf16 => {
-                let mut o = vec![bf16::NAN; out_len];
-                conv.run(&mut o).expect("run");
-                load(&o)
-            }
-            other => unimplemented!("{other:?}"),
-        };
-        let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
-        for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
-            assert!(g == x, "{dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
-        }
-    });
+        });
+    }
 }
 
 /// Depthwise conv over a grid of shapes: both layouts, kernels 1×1…5×5 (3-wide fused and
@@ -272,6 +275,45 @@ fn depthwise_is_exact() {
                     seed += 1;
                 }
             }
+        }
+    }
+}
+
+/// The NCHW band kernel's limits: planes that take several bands (tall, and wide enough that a
+/// band holds few rows), rows too wide for any band and kernels of more than 64 taps (both
+/// take the row path), strides and dilations that make the phase rows uneven, and MobileNetV2's
+/// small planes (7², 14²) whose rows are shorter than one chunk.
+#[test]
+fn depthwise_band_limits_are_exact() {
+    let mut seed = 7000;
+    type Case = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], [usize; 4]);
+    let cases: &[Case] = &[
+        // [n, c, h, w], [kh, kw], [stride h, w], [dilation h, w], [pad t, b, l, r]
+        ([1, 2, 200, 40], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ([1, 2, 37, 700], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ([1, 2, 9, 1500], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+        ([1, 3, 12, 12], [9, 9], [1, 1], [1, 1], [4, 4, 4, 4]),
+        ([1, 3, 13, 29], [5, 7], [3, 3], [2, 2], [2, 5, 6, 1]),
+        ([2, 5, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ([1, 4, 14, 14], [3, 3], [2, 2], [1, 1], [0, 1, 0, 1]),
+        ([1, 3, 11, 23], [4, 2], [2, 3], [1, 3], [0, 2, 3, 0]),
+    ];
+    for &([n, c, h, w], k, [sh, sw], [dh, dw], [pt, pb, pl, pr]) in cases {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let d = Conv2dDesc::new(layout, [n, c, h, w], k)
+                .stride_h(sh)
+                .stride_w(sw)
+                .dilation_h(dh)
+                .dilation_w(dw)
+                .pad_top(pt)
+                .pad_bottom(pb)
+                .pad_left(pl)
+                .pad_right(pr)
+                .multiplier(1 + seed as usize % 2)
+                .has_bias(true)
+                .activation(Activation::Relu6);
+            check_conv(&d, seed);
+            seed += 1;
         }
     }
 }
