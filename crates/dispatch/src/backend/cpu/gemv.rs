@@ -9,14 +9,15 @@
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
 //!   and each load of `B` from L1 serves two rows;
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
-//!   each 32-element step of a row of `B` is loaded once and meets every row of `A` (all `M`
-//!   per pass, so the row is read from memory once and from L1 never again), each row in 16
-//!   independent lanes (so the sum vectorises without reassociation), reduced at the end.
+//!   register tiles of 4 rows of `A` × 2 rows of `B` (2 × 4 and 1 × 4 for the last rows), eight 8-lane accumulators that stay in
+//!   registers over the whole of `K` (6 loads per 8 vector multiply-adds), summed pairwise at
+//!   the end. A pair of rows of `B` is read from memory once and from cache by the other row
+//!   groups of `A` right after.
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
 //! the output.
 
-use super::matmul::{Epilogue, Geometry, MatmulOperands, SKINNY_M, epilogue_rows};
+use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, scratch};
 use crate::Result;
@@ -105,51 +106,103 @@ multiversion! {
     fn rows_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => rows_inner
 }
 
-/// Elements of a row of `B` (stored `N × K`) per step: two AVX-512 vectors, four AVX2 ones.
-const STEP: usize = 2 * LANES;
+/// Lanes of one accumulator of the `N × K` kernel (one AVX2 vector).
+const DOT_LANES: usize = 8;
 
-/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`: each step of a row of B is
-/// loaded once and meets the same `K`-range of every row of A, in one 16-lane accumulator per
-/// row (so the sums vectorise without reassociation), reduced once per output.
+/// `R × C` dot products of rows `a[i]` (stride `lda`) with rows `b[j]` (stride `ldb`) over
+/// `k`: `R·C` accumulators of [`DOT_LANES`] lanes stay in registers (8 vectors at 4 × 2), so
+/// each step of 8 elements costs `R + C` loads for `R·C` multiply-adds; the lanes are summed
+/// pairwise at the end, then the tail.
 #[inline(always)]
-fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
-    let (m, k) = (p.m, p.k);
-    let full = k - k % STEP;
-    for jj in 0..nb {
-        let bj = &p.b[(j0 + jj) * p.ldb..][..k];
-        let mut lanes = [[0.0f32; LANES]; SKINNY_M];
-        let lanes = &mut lanes[..m];
-        let mut q = 0;
-        while q < full {
-            let v = &bj[q..q + STEP];
-            for (i, ln) in lanes.iter_mut().enumerate() {
-                let ar = &p.a[i * p.lda + q..][..STEP];
-                for l in 0..LANES {
-                    ln[l] = madd::<FMA>(ar[l], v[l], ln[l]);
-                }
-                for l in 0..LANES {
-                    ln[l] = madd::<FMA>(ar[LANES + l], v[LANES + l], ln[l]);
+fn dot_tile<const FMA: bool, const R: usize, const C: usize>(
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    k: usize,
+) -> [[f32; C]; R] {
+    let full = k - k % DOT_LANES;
+    let (a, b) = (&a[..(R - 1) * lda + k], &b[..(C - 1) * ldb + k]);
+    let mut acc = [[[0.0f32; DOT_LANES]; C]; R];
+    let mut q = 0;
+    while q < full {
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let ar = &a[i * lda + q..][..DOT_LANES];
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let br = &b[j * ldb + q..][..DOT_LANES];
+                for l in 0..DOT_LANES {
+                    acc[l] = madd::<FMA>(ar[l], br[l], acc[l]);
                 }
             }
-            q += STEP;
         }
-        for (i, ln) in lanes.iter().enumerate() {
-            // Pairwise reduction of the lanes, then the remainder.
-            let mut v = *ln;
-            let mut w = LANES / 2;
+        q += DOT_LANES;
+    }
+    let mut out = [[0.0f32; C]; R];
+    for i in 0..R {
+        for j in 0..C {
+            let mut v = acc[i][j];
+            let mut w = DOT_LANES / 2;
             while w > 0 {
                 for l in 0..w {
                     v[l] += v[l + w];
                 }
                 w /= 2;
             }
-            let ar = &p.a[i * p.lda..];
             let mut t = v[0];
             for q in full..k {
-                t = madd::<FMA>(ar[q], bj[q], t);
+                t = madd::<FMA>(a[i * lda + q], b[j * ldb + q], t);
             }
-            acc[i * nb + jj] = t;
+            out[i][j] = t;
         }
+    }
+    out
+}
+
+/// Rows `i0..i0 + R` of the block's output, columns `C` at a time (then one by one).
+#[inline(always)]
+fn cols_rows<const FMA: bool, const R: usize, const C: usize>(
+    p: &Block,
+    i0: usize,
+    j0: usize,
+    nb: usize,
+    acc: &mut [f32],
+) {
+    let a = &p.a[i0 * p.lda..];
+    let mut jj = 0;
+    while jj + C <= nb {
+        let t = dot_tile::<FMA, R, C>(a, p.lda, &p.b[(j0 + jj) * p.ldb..], p.ldb, p.k);
+        for (i, r) in t.iter().enumerate() {
+            acc[(i0 + i) * nb + jj..][..C].copy_from_slice(r);
+        }
+        jj += C;
+    }
+    while jj < nb {
+        let t = dot_tile::<FMA, R, 1>(a, p.lda, &p.b[(j0 + jj) * p.ldb..], p.ldb, p.k);
+        for (i, r) in t.iter().enumerate() {
+            acc[(i0 + i) * nb + jj] = r[0];
+        }
+        jj += 1;
+    }
+}
+
+/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`: register tiles of 4 rows of A
+/// × 2 rows of B ([`dot_tile`]). The block's 64 rows of B (1 MiB at K = 4096) are read from
+/// memory once; each pair of them meets the row groups of A back to back, so its later passes
+/// come from L1/L2, and A (at most 16 rows) stays in L2.
+#[inline(always)]
+fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    let m = p.m;
+    let mut i0 = 0;
+    while i0 + 4 <= m {
+        cols_rows::<FMA, 4, 2>(p, i0, j0, nb, acc);
+        i0 += 4;
+    }
+    // The last 1–3 rows: more columns per tile keep 6–8 independent accumulators.
+    match m - i0 {
+        3 => cols_rows::<FMA, 3, 2>(p, i0, j0, nb, acc),
+        2 => cols_rows::<FMA, 2, 4>(p, i0, j0, nb, acc),
+        1 => cols_rows::<FMA, 1, 4>(p, i0, j0, nb, acc),
+        _ => {}
     }
 }
 
