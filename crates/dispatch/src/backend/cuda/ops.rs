@@ -210,6 +210,13 @@ impl BackendOps for CudaBackend {
             (Some(l), Some(_)) => l,
             _ => 0,
         };
+        // The kernels step bias indices in 32 bits.
+        if bias_len >= cat::ACTIVATION_MAX_BIAS {
+            return Err(Error::Overflow {
+                op: OP,
+                what: format!("bias_len = {bias_len} (the CUDA activation kernels index the bias in 32 bits)"),
+            });
+        }
         let p = cat::ActParams {
             x: self.ptr(x),
             bias: bias.map_or(0, |s| self.ptr(s)),
@@ -221,7 +228,7 @@ impl BackendOps for CudaBackend {
         };
         let per_thread = (16 / dtype.size_bytes()) as u64;
         let blocks = stride_blocks((desc.len as u64).div_ceil(per_thread), self.sms);
-        self.launch(cat::activation_kernel(dtype), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
+        self.launch(cat::activation_kernel(dtype, desc.activation), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
     }
 
     fn glu(&self, desc: &GluDesc, dtype: DType, h: &CudaStorage, out: &CudaStorage) -> Result<()> {
