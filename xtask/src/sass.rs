@@ -13,7 +13,8 @@
 //!   of the kernel holds a 128-bit global load (`LDG….128`) or a 128-bit `LDGSTS`. The kernels
 //!   whose operands cannot be read 16 bytes at a time by design are listed in [`exemption`] with
 //!   the reason, and the table shows the exemption.
-//! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu`).
+//! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu` but its split-K
+//!   reduction, which is a streaming kernel).
 
 use std::collections::BTreeMap;
 
@@ -245,7 +246,8 @@ pub fn exemption(kernel: &str) -> Option<&'static str> {
 pub fn class(file: &str, kernel: &str) -> Class {
     if let Some(why) = exemption(kernel) {
         Class::Exempt(why)
-    } else if file == "matmul_mma" {
+    } else if file == "matmul_mma" && !kernel.starts_with("matmul_splitk_reduce_") {
+        // The split-K reduction in the same file sums f32 workspace planes: no MMA.
         Class::TensorCore
     } else {
         Class::Streaming
@@ -381,6 +383,13 @@ mod tests {
         assert_eq!(violations(class("elementwise", "activation_f16"), 0, &m).len(), 1);
         // The naive reference is exempt.
         assert!(audit("matmul_simt", "naive_matmul_f32", 0, &["LDG.E R4, [R2.64]"]).is_empty());
+    }
+
+    #[test]
+    fn the_split_k_reduction_streams() {
+        assert_eq!(class("matmul_mma", "matmul_splitk_reduce_bf16"), Class::Streaming);
+        assert_eq!(class("matmul_mma", "matmul_bf16_bf16_nn"), Class::TensorCore);
+        assert!(audit("matmul_mma", "matmul_splitk_reduce_f16", 0, &["LDG.E.128 R4, [R2.64]"]).is_empty());
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
+//!   they take [`splitk::SplitKParams`], and under one wave of blocks K is split across blocks
+//!   with `matmul_splitk_reduce_<storage>` applying the epilogue ([`splitk`]);
 //! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and `gemv_finalize_<storage>` — M ≤ 16, B stored
 //!   N × K or K × N (`gemv.cu`): 16-byte loads, K split across warps and, below two waves of
 //!   blocks, across blocks ([`gemv`]);
@@ -36,6 +38,7 @@ use crate::{Activation, DType, Layout, Precision};
 pub mod block;
 pub mod gemv;
 pub mod quant;
+pub mod splitk;
 
 /// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
 pub const PTX_ISA: &str = "8.4";
@@ -143,7 +146,8 @@ pub const MAX_GRID_Z: usize = 65535;
 /// The grid's `y` limit.
 pub const MAX_GRID_Y: usize = 65535;
 
-/// The matmul kernel for a storage dtype, precision policy and transposes.
+/// The matmul kernel for a storage dtype, precision policy and transposes. The tensor-core ones
+/// (module [`Module::MatmulMma`]) take [`splitk::SplitKParams`], the SIMT one [`MatmulParams`].
 pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b: bool) -> Kernel {
     use Module::MatmulMma as M;
     let t = (trans_a as usize) * 2 + trans_b as usize;
@@ -577,7 +581,9 @@ mod tests {
             for p in [Precision::Highest, Precision::Bf16] {
                 for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                     let kern = matmul_kernel(dt, p, ta, tb);
-                    assert_eq!(ptx_param_size(kern), Some(mm), "{}", kern.entry);
+                    // The tensor-core kernels take the split-K block, the SIMT one the matmul's.
+                    let want = if kern.module == Module::MatmulMma { size_of::<splitk::SplitKParams>() } else { mm };
+                    assert_eq!(ptx_param_size(kern), Some(want), "{}", kern.entry);
                 }
             }
             assert_eq!(ptx_param_size(naive_matmul_kernel(dt)), Some(mm));

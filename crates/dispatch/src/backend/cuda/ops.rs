@@ -129,7 +129,8 @@ impl BackendOps for CudaBackend {
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
         let block = (cat::THREADS, 1, 1);
         // M <= 16, either layout of B: the GEMV kernels; 16 < M <= 32 with B [K, N]: the skinny
-        // kernel; the rest: the tiled kernels.
+        // kernel; the rest: the tiled kernels (K split across blocks on the tensor cores where
+        // the tiles give under one wave).
         if let Some(kernel) = cat::gemv::gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
             return self.launch_gemv(kernel, desc, dtype, p);
         }
@@ -137,7 +138,12 @@ impl BackendOps for CudaBackend {
             Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
             None => {
                 let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
-                self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+                if kernel.module == cat::Module::MatmulMma {
+                    // The tensor-core kernels, with K split across blocks under one wave.
+                    self.launch_matmul_mma(kernel, desc, dtype, p)
+                } else {
+                    self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+                }
             }
         }
     }
