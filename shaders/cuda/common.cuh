@@ -122,8 +122,8 @@ template <typename T> __device__ __forceinline__ T load_elem(const T* p) { retur
 
 // ---------------------------------------------------------------------------------------------
 // Activations: `Activation::apply_f32` (crates/kernels/src/activation.rs), except that GELU-tanh
-// uses the SFU's `ex2.approx`/`rcp.approx` (proven inside `gelu_error_bound` by the host model
-// in xtask/src/fast_gelu.rs). `expf` is the accurate libdevice form (the kernels are not built
+// and SiLU use the SFU's `ex2.approx`/`rcp.approx` (proven inside `gelu_error_bound` and
+// `silu_error_bound` by the host models in xtask/src/fast_gelu.rs and fast_silu.rs). `expf` is the accurate libdevice form (the kernels are not built
 // with fast math). The erf form keeps `expf`: with `ex2.approx` its error near x = 0 would pass
 // the bound's 5e-7 relative there (the host model measured up to 1.7 times the bound).
 
@@ -151,17 +151,21 @@ __device__ __forceinline__ float gelu_erf(float x) {
     return x >= 0.0f ? 0.5f * x * (2.0f - e) : 0.5f * x * e;
 }
 
-// 2^x and 1/x on the special-function unit: `ex2.approx.f32` (relative error at most 2^-22,
-// the 2 ulp of exp2f, which is this instruction) and `rcp.approx.f32` (1 ulp), both keeping
-// subnormals (no .ftz) so ±Inf inputs still give ±Inf below.
+// 2^x and 1/x on the special-function unit: `ex2.approx.ftz.f32` (relative error at most
+// 2^-22, the 2 ulp of exp2f, which is this instruction) and `rcp.approx.ftz.f32` (1 ulp). The
+// `.ftz` forms are one `MUFU` each; without `.ftz` ptxas wraps each in range checks and
+// rescaling for subnormal results (six more instructions per call, seen in the SASS). Where
+// they are used below, a subnormal result flushed to zero only ever meets results whose true
+// value is below 1e-30 in magnitude (the bounds' absolute part) or a correction below half an
+// ulp of x; the host models flush exactly as the instructions do.
 __device__ __forceinline__ float ex2_approx(float x) {
     float r;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 __device__ __forceinline__ float rcp_approx(float x) {
     float r;
-    asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 
@@ -173,26 +177,35 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // Every operation is spelled out with `__f*_rn` (no contraction), so the host model in
 // xtask (`fast_gelu.rs`) computes the same roundings and proves the `gelu_error_bound` with the
 // two instructions at their worst errors. Beyond ±20 the sigmoid has saturated and x³ could
-// overflow (xc), and 2u is clamped to ±88 where exp is still finite.
+// overflow (xc), and 2u is clamped to ±87 (not ±88 as `gelu_tanh_f32`): then 1/(1 + e) stays a
+// normal number (above 2^-125.6), so the flushing `rcp.approx.ftz` keeps x < 0 finite results
+// and gelu(−Inf) = −Inf · q = −Inf, as the scalar form; the true values there are below 1e-36.
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float xc = fminf(fmaxf(x, -20.0f), 20.0f);
     const float u = __fmul_rn(__fmul_rn(0.7978846f, xc), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, xc), xc)));
-    const float t = fminf(fmaxf(__fmul_rn(-2.0f, u), -88.0f), 88.0f);
+    const float t = fminf(fmaxf(__fmul_rn(-2.0f, u), -87.0f), 87.0f);
     const float e = ex2_approx(__fmul_rn(t, 1.44269504f));
     const float q = rcp_approx(__fadd_rn(1.0f, e));
     // xc, not x, in the correction: +Inf · 0 would be NaN, and beyond 20 the correction is 0.
-    return x >= 0.0f ? __fmaf_rn(-__fmul_rn(xc, e), q, x) : __fmul_rn(x, q);
+    const float pos = __fmaf_rn(-__fmul_rn(xc, e), q, x), neg = __fmul_rn(x, q);
+    return x >= 0.0f ? pos : neg;
 }
 
-// SiLU, x · sigmoid(x), exactly `silu_f32`: x − min(x, 88)·e/(1 + e) for x ≥ 0, x/(1 + e) for
-// −88 ≤ x < 0 and −0 below, with e = expf(min(−x, 88)). The accurate `expf` and IEEE division
-// (`__f*_rn`: no contraction), so the rounding steps are the host formula's.
+// SiLU, x · sigmoid(x), in `silu_f32`'s form with the SFU in place of the accurate `expf` and
+// the IEEE division: e = exp(min(−x, 88)) = 2^(min(−x, 88)·log2 e) from `ex2.approx` and
+// q = 1/(1 + e) from `rcp.approx`; x − min(x, 88)·e·q for x ≥ 0 (the correction is at most
+// x/2 and vanishes as x grows), x·q for −88 ≤ x < 0 (no cancellation in the tail) and −0
+// below. Every other operation is an `__f*_rn` (no contraction), so the host model in xtask
+// (`fast_silu.rs`) computes the same roundings and proves `silu_error_bound` with both
+// instructions at their documented worst errors. NaN gives NaN (fminf(NaN, 88) is 88, and
+// x·q keeps the NaN), +Inf gives +Inf (e = ex2(−Inf) = 0), −Inf gives −0.
 __device__ __forceinline__ float silu(float x) {
-    const float e = expf(fminf(-x, 88.0f));
-    const bool pos = x >= 0.0f;
-    const float v = __fdiv_rn(pos ? e : x, __fadd_rn(1.0f, e));
-    if (pos) return __fsub_rn(x, __fmul_rn(fminf(x, 88.0f), v));
-    return x < -88.0f ? -0.0f : v;
+    const float e = ex2_approx(__fmul_rn(fminf(-x, 88.0f), 1.44269504f));
+    const float q = rcp_approx(__fadd_rn(1.0f, e));
+    // Both sides are computed and one is selected: no branch per element.
+    const float pos = __fmaf_rn(-__fmul_rn(fminf(x, 88.0f), e), q, x);
+    const float neg = x < -88.0f ? -0.0f : __fmul_rn(x, q);
+    return x >= 0.0f ? pos : neg;
 }
 
 __device__ __forceinline__ float activate(u32 act, float x) {

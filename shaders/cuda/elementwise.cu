@@ -1,4 +1,4 @@
-// Elementwise kernels: the fused activation (`activation_<dtype>`), the gated linear unit
+// Elementwise kernels: the fused activation (`activation_<dtype>_<act>`), the gated linear unit
 // (`glu_<dtype>`, SwiGLU's `silu(gate) · up`) and the byte copy that is the bench's bandwidth
 // roof (`copy_bytes`).
 //
@@ -9,46 +9,81 @@
 
 template <typename T> struct Vec16 { T v[16 / sizeof(T)]; };
 
-template <typename T> __device__ __forceinline__ void activation_kernel(const ActParams& p) {
+// The activation kernels are specialised to their activation (`activation_<dtype>_<act>`): the
+// activation is a template constant, so each element's code is straight-line, and the audit
+// can count the instructions per element of each one (the "Activation cost" table in
+// shaders/cuda/README.md). Full vectors go through one of three grid-stride loops chosen once
+// per thread: no bias; a 16-byte bias vector per 16-byte input vector (bias_len a multiple of
+// V: the vector's V elements then sit at bias[bi..bi + V), aligned, since every buffer start is
+// 16-byte aligned); or one bias element per element, its index stepped with a wrap. Bias
+// indices are 32-bit (the host refuses bias_len ≥ 2^31): one 64-bit remainder per thread
+// before the loop gives the first index and the per-stride step, then adds and a compare.
+// The last len % V elements (fewer than V) are done one per thread by the first block.
+template <typename T, u32 ACT, int BIAS>
+__device__ __forceinline__ void activation_loop(const ActParams& p, const T* x, T* out, i64 nfull) {
     constexpr int V = 16 / sizeof(T);
-    const T* x = (const T*)p.x;
     const T* bias = (const T*)p.bias;
-    T* out = (T*)p.out;
-    const i64 nvec = (p.len + V - 1) / V;
-    for (i64 vi = (i64)blockIdx.x * blockDim.x + threadIdx.x; vi < nvec; vi += (i64)gridDim.x * blockDim.x) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    i64 vi = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u32 bl = (u32)p.bias_len;
+    // bi < bl and step < bl ≤ 2^31, so bi + step does not wrap in 32 bits.
+    u32 bi = BIAS ? (u32)((vi * V) % p.bias_len) : 0u;
+    const u32 step = BIAS ? (u32)((stride * V) % p.bias_len) : 0u;
+    for (; vi < nfull; vi += stride) {
         const i64 i0 = vi * V;
-        // The bias index of the first element, then stepped with a wrap instead of a division
-        // per element.
-        i64 bi = p.bias_len > 0 ? i0 % p.bias_len : 0;
-        if (i0 + V <= p.len) {
-            __align__(16) Vec16<T> in;
-            *(uint4*)&in = *(const uint4*)(x + i0);
-            __align__(16) Vec16<T> res;
-            for (int j = 0; j < V; j++) {
-                float v = to_f32(in.v[j]);
-                if (p.bias_len > 0) {
-                    v += to_f32(bias[bi]);
-                    bi = bi + 1 == p.bias_len ? 0 : bi + 1;
-                }
-                res.v[j] = from_f32<T>(activate(p.act, v));
+        __align__(16) Vec16<T> in, b, res;
+        *(uint4*)&in = *(const uint4*)(x + i0);
+        if (BIAS == 1) *(uint4*)&b = *(const uint4*)(bias + bi);
+        u32 bj = bi;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float v = to_f32(in.v[j]);
+            if (BIAS == 1) v = __fadd_rn(v, to_f32(b.v[j]));
+            if (BIAS == 2) {
+                v = __fadd_rn(v, to_f32(bias[bj]));
+                bj = bj + 1 == bl ? 0u : bj + 1;
             }
-            *(uint4*)(out + i0) = *(const uint4*)&res;
-        } else {
-            for (i64 i = i0; i < p.len; i++) {
-                float v = to_f32(x[i]);
-                if (p.bias_len > 0) {
-                    v += to_f32(bias[bi]);
-                    bi = bi + 1 == p.bias_len ? 0 : bi + 1;
-                }
-                out[i] = from_f32<T>(activate(p.act, v));
-            }
+            res.v[j] = from_f32<T>(activate(ACT, v));
+        }
+        *(uint4*)(out + i0) = *(const uint4*)&res;
+        if (BIAS) {
+            bi += step;
+            bi = bi >= bl ? bi - bl : bi;
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) activation_f32(const ActParams p) { activation_kernel<float>(p); }
-extern "C" __global__ void __launch_bounds__(256) activation_f16(const ActParams p) { activation_kernel<f16>(p); }
-extern "C" __global__ void __launch_bounds__(256) activation_bf16(const ActParams p) { activation_kernel<bf16>(p); }
+template <typename T, u32 ACT> __device__ __forceinline__ void activation_kernel(const ActParams& p) {
+    constexpr int V = 16 / sizeof(T);
+    const T* x = (const T*)p.x;
+    T* out = (T*)p.out;
+    const i64 nfull = p.len / V;
+    if (p.bias_len == 0) activation_loop<T, ACT, 0>(p, x, out, nfull);
+    else if (p.bias_len % V == 0) activation_loop<T, ACT, 1>(p, x, out, nfull);
+    else activation_loop<T, ACT, 2>(p, x, out, nfull);
+    const i64 i = nfull * V + threadIdx.x;
+    if (blockIdx.x == 0 && i < p.len) {
+        float v = to_f32(x[i]);
+        if (p.bias_len > 0) v = __fadd_rn(v, to_f32(((const T*)p.bias)[i % p.bias_len]));
+        out[i] = from_f32<T>(activate(ACT, v));
+    }
+}
+
+#define ACTIVATION_ENTRY(DT, T, NAME, ACT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) activation_##DT##_##NAME(const ActParams p) {                  \
+        activation_kernel<T, ACT>(p);                                                                                  \
+    }
+#define ACTIVATION_ENTRIES(DT, T)                                                                                      \
+    ACTIVATION_ENTRY(DT, T, none, ACT_NONE)                                                                            \
+    ACTIVATION_ENTRY(DT, T, relu, ACT_RELU)                                                                            \
+    ACTIVATION_ENTRY(DT, T, relu6, ACT_RELU6)                                                                          \
+    ACTIVATION_ENTRY(DT, T, gelu, ACT_GELU)                                                                            \
+    ACTIVATION_ENTRY(DT, T, gelu_tanh, ACT_GELU_TANH)                                                                  \
+    ACTIVATION_ENTRY(DT, T, silu, ACT_SILU)
+
+ACTIVATION_ENTRIES(f32, float)
+ACTIVATION_ENTRIES(f16, f16)
+ACTIVATION_ENTRIES(bf16, bf16)
 
 // GLU: each thread step makes V = 16 / sizeof(T) consecutive outputs. With `p.vec` (f a multiple
 // of V) they lie in one row and the gate and up halves are one aligned 16-byte load each;

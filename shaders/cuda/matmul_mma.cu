@@ -209,16 +209,16 @@ __device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, c
 // and B tiles of slice kt ≡ s (mod 4).
 template <typename TIn, bool BF, bool A_KC, bool B_KC>
 __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
-                                                  const TIn* A, const TIn* B, int m0, int n0, int tid, int wm,
-                                                  int wn, int lane) {
+                                                  const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid,
+                                                  int wm, int wn, int lane) {
     const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
-    const int ktiles = (p.k + TC_BKP - 1) / TC_BKP;
+    const int ktiles = (kdim + TC_BKP - 1) / TC_BKP;
     auto sa = [&](int st) { return smem + st * 2 * TC_TILEP; };
     auto sb = [&](int st) { return smem + st * 2 * TC_TILEP + TC_TILEP; };
     auto issue = [&](int kt) {
         const int st = kt % TC_STAGES;
-        cp_operand<TIn, BF, A_KC>(sa(st), A, p.a_ld, p.m, p.k, m0, kt * TC_BKP, avec, tid);
-        cp_operand<TIn, BF, B_KC>(sb(st), B, p.b_ld, p.n, p.k, n0, kt * TC_BKP, bvec, tid);
+        cp_operand<TIn, BF, A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
+        cp_operand<TIn, BF, B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
     };
     // Prologue: the first three slices in flight, one commit group each (empty past the end,
     // so the group count the waits rely on stays the same).
@@ -244,16 +244,16 @@ __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* sm
 // Inputs rounded on the way in: the register-staged double buffer.
 template <typename TIn, bool BF, bool A_KC, bool B_KC>
 __device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
-                                                const TIn* A, const TIn* B, int m0, int n0, int tid, int wm, int wn,
-                                                int lane) {
+                                                const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid, int wm,
+                                                int wn, int lane) {
     u16(*sa)[TC_TILE] = (u16(*)[TC_TILE])smem;
     u16(*sb)[TC_TILE] = (u16(*)[TC_TILE])(smem + 2 * TC_TILE);
     const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
-    const int ktiles = (p.k + TC_BK - 1) / TC_BK;
+    const int ktiles = (kdim + TC_BK - 1) / TC_BK;
     Vec8<TIn> sta[2], stb[2];
     if (ktiles > 0) {
-        load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, p.k, m0, 0, avec, tid);
-        load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, p.k, n0, 0, bvec, tid);
+        load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, kdim, m0, 0, avec, tid);
+        load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, kdim, n0, 0, bvec, tid);
         store_operand<TIn, BF, A_KC>(sa[0], sta, tid);
         store_operand<TIn, BF, B_KC>(sb[0], stb, tid);
     }
@@ -262,8 +262,8 @@ __device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem
         const int buf = kt & 1;
         const bool more = kt + 1 < ktiles;
         if (more) {
-            load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, p.k, m0, (kt + 1) * TC_BK, avec, tid);
-            load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, p.k, n0, (kt + 1) * TC_BK, bvec, tid);
+            load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, kdim, m0, (kt + 1) * TC_BK, avec, tid);
+            load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, kdim, n0, (kt + 1) * TC_BK, bvec, tid);
         }
 #pragma unroll
         for (int ks = 0; ks < TC_BK; ks += 16)
@@ -279,9 +279,39 @@ __device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem
     }
 }
 
+// The tensor-core kernels' parameter block: the matmul's, then the split-K workspace. Twin:
+// `SplitKParams` in crates/kernels/src/catalogue/cuda/splitk.rs.
+struct SplitKParams {
+    MatmulParams mm;
+    u64 ws;      // f32 [splits][batch][M][splitk_ld(N)] partial products when splits > 1, else 0
+    i32 splits;  // K splits: grid z is batch × splits
+    i32 k_chunk; // K per split, a multiple of 32 (K itself, or more, when splits is 1)
+};
+
+// Row stride of the workspace: N rounded up to 4, so every row starts 16-byte aligned.
+__device__ __forceinline__ i64 splitk_ld(int n) { return ((i64)n + 3) & ~(i64)3; }
+
+// Split-K: the block's raw f32 sums of slab rows go to its split's plane of the workspace (no
+// epilogue), 16 bytes per store; the padding columns past N receive the zero-filled tiles' sums.
+template <typename RowMap>
+__device__ __forceinline__ void splitk_park_slab(const SplitKParams& g, const float* slab, int split, i64 bt, int m0,
+                                                 int n0, RowMap row_of, int tid, int nthreads) {
+    const MatmulParams& p = g.mm;
+    const i64 ld = splitk_ld(p.n);
+    float* ws = (float*)g.ws + ((i64)split * p.batch + bt) * p.m * ld;
+#pragma unroll 1
+    for (int e = tid; e < EPI_ROWS * EPI_COLS / 4; e += nthreads) {
+        const int lr = e / (EPI_COLS / 4), c4 = (e % (EPI_COLS / 4)) * 4;
+        const int row = m0 + row_of(lr), col = n0 + c4;
+        if (row >= p.m || col >= p.n) continue;
+        *(float4*)&ws[(i64)row * ld + col] = *(const float4*)&slab[lr * EPI_STRIDE + c4];
+    }
+}
+
 // `PIPE`: the cp.async pipeline (inputs multiplied as stored), else the staged double buffer.
 template <typename TIn, bool BF, bool TA, bool TB, bool PIPE>
-__device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
+__device__ __forceinline__ void matmul_mma(const SplitKParams& sp) {
+    const MatmulParams& p = sp.mm;
     // A is K-contiguous unless transposed; B is K-contiguous only when transposed.
     constexpr bool A_KC = !TA;
     constexpr bool B_KC = TB;
@@ -295,10 +325,16 @@ __device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
     const int2 tile = PIPE ? swizzled_tile<TILE_BAND>() : make_int2(blockIdx.y, blockIdx.x);
     const int m0 = tile.x * TC_BM, n0 = tile.y * TC_BN;
-    // One batch per grid layer; the host splits larger batches into several launches.
-    const i64 bt = blockIdx.z;
-    const TIn* A = (const TIn*)p.a + p.a_off + bt * p.a_bs;
-    const TIn* B = (const TIn*)p.b + p.b_off + bt * p.b_bs;
+    // Grid layer z is split z % splits of batch z / splits; the host splits larger batches
+    // into several launches. Split s multiplies K range [s·k_chunk, min((s + 1)·k_chunk, K)):
+    // the operands start k0 further along K and the split sees a K of `kdim`. k_chunk is a
+    // multiple of 32, so the moved starts keep the 16-byte alignment the vector flags promise.
+    const int split = (int)(blockIdx.z % (u32)sp.splits);
+    const i64 bt = blockIdx.z / (u32)sp.splits;
+    const int k0 = split * sp.k_chunk;
+    const int kdim = p.k - k0 < sp.k_chunk ? p.k - k0 : sp.k_chunk;
+    const TIn* A = (const TIn*)p.a + p.a_off + bt * p.a_bs + (TA ? (i64)k0 * p.a_ld : (i64)k0);
+    const TIn* B = (const TIn*)p.b + p.b_off + bt * p.b_bs + (TB ? (i64)k0 : (i64)k0 * p.b_ld);
 
     float acc[4][4][4];
 #pragma unroll
@@ -308,8 +344,8 @@ __device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    if (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, m0, n0, tid, wm, wn, lane);
-    else mainloop_staged<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, m0, n0, tid, wm, wn, lane);
+    if (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
+    else mainloop_staged<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
 
     // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1). The two
     // rows of warps park their 64×128 halves in the slab in turn.
@@ -329,28 +365,73 @@ __device__ __forceinline__ void matmul_mma(const MatmulParams& p) {
                 }
         }
         __syncthreads();
-        epilogue_slab<TIn>(p, slab, bt, m0, n0, [h](int lr) { return h * 64 + lr; }, tid, TC_THREADS);
+        const auto row_of = [h](int lr) { return h * 64 + lr; };
+        if (sp.splits > 1) splitk_park_slab(sp, slab, split, bt, m0, n0, row_of, tid, TC_THREADS);
+        else epilogue_slab<TIn>(p, slab, bt, m0, n0, row_of, tid, TC_THREADS);
+    }
+}
+
+// The split-K reduction: each thread sums 4 consecutive outputs over the splits, in split order
+// (16-byte workspace loads; the same order on every run), and applies the epilogue once.
+template <typename T> __device__ __forceinline__ void splitk_reduce(const SplitKParams& g) {
+    const MatmulParams& p = g.mm;
+    // 32-bit indices: the host splits K only for grids under one wave of 128 × 128 tiles, so
+    // batch·M·N stays far below 2^31 (`catalogue::cuda::splitk`).
+    const u32 ld = (u32)splitk_ld(p.n), per_row = ld / 4, m = (u32)p.m;
+    const i64 plane = (i64)p.batch * p.m * ld;
+    const u32 total = (u32)p.batch * m * per_row;
+    const float* ws = (const float*)g.ws;
+    for (u32 e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        const u32 r = e / per_row, col = (e - r * per_row) * 4;
+        const u32 bt = r / m, row = r - bt * m;
+        if (col >= (u32)p.n) continue;
+        const float* w = ws + (i64)r * ld + col;
+        float4 a = *(const float4*)w;
+        for (int s = 1; s < g.splits; s++) {
+            const float4 b = *(const float4*)(w + s * plane);
+            a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+        }
+        const float acc[4] = {a.x, a.y, a.z, a.w};
+        const int n_valid = p.n - (int)col < 4 ? p.n - (int)col : 4;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = j < n_valid ? matmul_epilogue<T>(p, acc[j], bt, row, col + j) : 0.0f;
+        T* o = out_ptr<T>(p, bt, row, col);
+        if ((p.flags & MM_OUT_VEC) && n_valid == 4) {
+            store4<T>(p, o, v, 4);
+        } else {
+            // Element stores with constant indices (`store4`'s loop to n_valid would index v
+            // dynamically and put it in local memory).
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < n_valid) o[j] = from_f32<T>(v[j]);
+        }
     }
 }
 
 // MINB 2 (at most 128 registers a thread) gives 16 warps per SM to hide the shared-memory and
 // global latencies that one block of 8 cannot. The f32-input variant stages twice the bytes in
-// registers and would spill under that cap, so it runs one block per SM.
-#define TC_ENTRY(NAME, TIN, BF, MINB, PIPE)                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const MatmulParams p) {                \
+// registers: under that cap `_nn`, `_nt` and `_tn` fit without spills on sm_80 and sm_90, but
+// `_tt` spills 12 bytes on sm_80 (ptxas 12.4), so it alone runs one block per SM (MINB_TT).
+#define TC_ENTRY(NAME, TIN, BF, MINB, MINB_TT, PIPE)                                                                   \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const SplitKParams p) {               \
         matmul_mma<TIN, BF, false, false, PIPE>(p);                                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const MatmulParams p) {                \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const SplitKParams p) {               \
         matmul_mma<TIN, BF, false, true, PIPE>(p);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const MatmulParams p) {                \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const SplitKParams p) {               \
         matmul_mma<TIN, BF, true, false, PIPE>(p);                                                                     \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tt(const MatmulParams p) {                \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB_TT) NAME##_tt(const SplitKParams p) {            \
         matmul_mma<TIN, BF, true, true, PIPE>(p);                                                                      \
     }
 
-TC_ENTRY(matmul_f16_f16, f16, false, 2, true)
-TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, true)
-TC_ENTRY(matmul_f16_bf16, f16, true, 2, false)
-TC_ENTRY(matmul_f32_bf16, float, true, 1, false)
+TC_ENTRY(matmul_f16_f16, f16, false, 2, 2, true)
+TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, 2, true)
+TC_ENTRY(matmul_f16_bf16, f16, true, 2, 2, false)
+TC_ENTRY(matmul_f32_bf16, float, true, 2, 1, false)
+
+extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_f32(const SplitKParams g) { splitk_reduce<float>(g); }
+extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_f16(const SplitKParams g) { splitk_reduce<f16>(g); }
+extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_bf16(const SplitKParams g) { splitk_reduce<bf16>(g); }

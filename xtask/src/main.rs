@@ -1,12 +1,13 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
 //!
-//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`, and the host model of the fast GELU, `fast_gelu`),
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`, and the host models of the fast GELU and SiLU, `fast_gelu` and `fast_silu`),
 //! `device_check` and `tune`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
 //! a non-zero exit status.
 
 mod bench;
 mod device_check;
 mod fast_gelu;
+mod fast_silu;
 mod npy;
 mod ptx;
 mod run;

@@ -106,7 +106,7 @@ pub fn run(args: Args) -> Result<()> {
             println!("ptx: wrote {} files to shaders/ptx", sources.len());
         }
         let rows = tools.audit_table(&out_dir, &tmp)?;
-        let table = render_table(&rows);
+        let table = render_table(&rows) + &render_activation_cost(&rows);
         print!("{table}");
         let failures = audit_failures(&rows);
         // The tables are written first, so a failing kernel's figures are there to look at.
@@ -506,6 +506,98 @@ fn render_table(rows: &[Row]) -> String {
     s
 }
 
+/// The H200 (sm_90) figures the activation cost table compares against: 132 SMs at about
+/// 1.98 GHz, each SM issuing 4 warp instructions (128 thread instructions) and 16 `MUFU` results
+/// per clock, and 4.8 TB/s of HBM.
+const H200_SMS: f64 = 132.0;
+const H200_CLOCK_HZ: f64 = 1.98e9;
+const H200_HBM_BYTES_PER_S: f64 = 4.8e12;
+const ISSUE_PER_SM_CLOCK: f64 = 128.0;
+const MUFU_PER_SM_CLOCK: f64 = 16.0;
+
+/// Thread instructions (`per_sm_clock` = 128) or `MUFU` results (16) an element may take on the
+/// H200 before that rate, not HBM, bounds a kernel moving `bytes` of global memory per element.
+fn h200_budget(per_sm_clock: f64, bytes: f64) -> f64 {
+    H200_SMS * H200_CLOCK_HZ * per_sm_clock * bytes / H200_HBM_BYTES_PER_S
+}
+
+/// What one trip of an activation kernel's vector loop does: its bias variant (by its loads)
+/// and the instructions and `MUFU`s per element (elements per trip: its 16-byte stores × V).
+/// `None` for a loop that stores no vector or holds a nested loop.
+fn activation_loop_cost(l: &sass::Loop, v: u32) -> Option<(usize, f64, f64)> {
+    if l.stg128 == 0 || l.inner_loops > 0 {
+        return None;
+    }
+    let class = if l.ldg[2] == 2 * l.stg128 {
+        1
+    } else if l.ldg[0] > 0 {
+        2
+    } else {
+        0
+    };
+    let elems = f64::from(l.stg128 * v);
+    Some((class, f64::from(l.insns) / elems, f64::from(l.mufu) / elems))
+}
+
+/// The activation kernels' cost per element on sm_90 against the H200's issue and `MUFU`
+/// budgets at HBM speed (the kernel reads and writes each element once).
+fn render_activation_cost(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n**Activation cost, sm_90.** Per element: SASS instructions of one trip of each vector loop \
+         (the loop's static count over the elements it stores; no branch back inside, so every instruction \
+         issues at most once a trip; the largest where ptxas unrolled a loop), for the three bias variants, \
+         and `MUFU`s. Budget: the thread instructions (and `MUFU`s) an element may take on an H200 \
+         ({H200_SMS} SMs × {ISSUE_PER_SM_CLOCK} instructions and {MUFU_PER_SM_CLOCK} `MUFU`s per clock at \
+         {:.2} GHz) in the time HBM ({:.1} TB/s) moves its bytes (read + write); under both, the kernel is \
+         memory-bound.\n",
+        H200_CLOCK_HZ / 1e9,
+        H200_HBM_BYTES_PER_S / 1e12
+    );
+    let _ = writeln!(
+        s,
+        "| kernel | bytes/elem | no bias | 16-byte bias | scalar bias | MUFU/elem | budget (instr / MUFU) | memory-bound |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---|");
+    for r in rows.iter().filter(|r| r.sm.name == "sm_90" && r.kernel.starts_with("activation_")) {
+        let size: u32 = if r.kernel.starts_with("activation_f32") { 4 } else { 2 };
+        let v = 16 / size;
+        let bytes = f64::from(2 * size);
+        let (issue, mufu_budget) = (h200_budget(ISSUE_PER_SM_CLOCK, bytes), h200_budget(MUFU_PER_SM_CLOCK, bytes));
+        let mut worst: [Option<f64>; 3] = [None; 3];
+        let mut mufu = 0.0f64;
+        for (class, per, mu) in r.mix.wide_loops.iter().filter_map(|l| activation_loop_cost(l, v)) {
+            worst[class] = Some(worst[class].map_or(per, |w: f64| w.max(per)));
+            mufu = mufu.max(mu);
+        }
+        let cell = |w: Option<f64>| w.map_or("–".to_string(), |w| format!("{w:.1}"));
+        let over: Vec<String> = worst
+            .iter()
+            .zip(["no bias", "16-byte bias", "scalar bias"])
+            .filter_map(|(w, name)| w.filter(|w| *w > issue).map(|_| name.to_string()))
+            .collect();
+        let bound = if worst.iter().all(Option::is_none) {
+            "no vector loop found".to_string()
+        } else if mufu > mufu_budget {
+            "no: MUFU-bound".to_string()
+        } else if over.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("no: issue-bound ({})", over.join(", "))
+        };
+        let _ = writeln!(
+            s,
+            "| `{}` | {bytes} | {} | {} | {} | {mufu:.1} | {issue:.1} / {mufu_budget:.1} | {bound} |",
+            r.kernel,
+            cell(worst[0]),
+            cell(worst[1]),
+            cell(worst[2])
+        );
+    }
+    s
+}
+
 /// Replaces (or, with `check`, verifies) the table between the markers in the README.
 fn update_readme(path: &Path, table: &str, check: bool) -> Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -578,6 +670,20 @@ ptxas info    : Used 127 registers, 33792 bytes smem, 528 bytes cmem[0]\n";
         let rows = parse_ptxas(log, "matmul_simt", Sm::SM80).expect("parses");
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].regs, rows[0].smem, rows[0].spill_stores, rows[0].spill_loads), (127, 33792, 8, 12));
+    }
+
+    #[test]
+    fn activation_budget_and_loop_classes() {
+        // 16-bit data: 4 bytes an element; 132 · 1.98e9 · 128 · 4 / 4.8e12 ≈ 27.9 instructions.
+        assert!((h200_budget(ISSUE_PER_SM_CLOCK, 4.0) - 27.878).abs() < 1e-3);
+        assert!((h200_budget(MUFU_PER_SM_CLOCK, 4.0) - 3.485).abs() < 1e-3);
+        let l = |insns, ldg, stg128, inner_loops| sass::Loop { insns, mufu: 16, ldg, stg128, inner_loops };
+        // One 16-byte load and store of 8 elements: no bias; two loads: a bias vector; narrow
+        // loads: the scalar bias; a nested loop is not counted.
+        assert_eq!(activation_loop_cost(&l(120, [0, 0, 1], 1, 0), 8), Some((0, 15.0, 2.0)));
+        assert_eq!(activation_loop_cost(&l(160, [0, 0, 2], 1, 0), 8), Some((1, 20.0, 2.0)));
+        assert_eq!(activation_loop_cost(&l(200, [8, 0, 1], 1, 0), 8), Some((2, 25.0, 2.0)));
+        assert_eq!(activation_loop_cost(&l(200, [0, 0, 1], 1, 1), 8), None);
     }
 
     #[test]

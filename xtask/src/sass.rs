@@ -13,7 +13,8 @@
 //!   of the kernel holds a 128-bit global load (`LDG….128`) or a 128-bit `LDGSTS`. The kernels
 //!   whose operands cannot be read 16 bytes at a time by design are listed in [`exemption`] with
 //!   the reason, and the table shows the exemption.
-//! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu`).
+//! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu` but its split-K
+//!   reduction, which is a streaming kernel).
 
 use std::collections::BTreeMap;
 
@@ -44,8 +45,30 @@ pub struct Mix {
     /// around the math): `I*`, `LOP3`, `SHF`, `LEA`, `SEL`, `PLOP3`, `MOV`, their uniform `U*`
     /// twins, `BRA`, `BSSY`, `BSYNC`.
     pub int_branch: u32,
+    /// `MUFU` (special-function unit: `ex2`, `rcp`, ...).
+    pub mufu: u32,
     /// Some loop (a backward branch's range) holds a 128-bit `LDG` or `LDGSTS`.
     pub wide_load_in_loop: bool,
+    /// The loops that hold a 128-bit `LDG` or `LDGSTS`, in address order.
+    pub wide_loops: Vec<Loop>,
+}
+
+/// One loop (the range from a backward branch's target to the branch): the static counts of
+/// one trip through it, when every instruction of the range issues once (a loop without
+/// branches inside, such as the activation kernels' vector loops).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loop {
+    /// Instructions (`NOP` excluded).
+    pub insns: u32,
+    /// `MUFU` instructions.
+    pub mufu: u32,
+    /// Global loads by width, as [`Mix::ldg`].
+    pub ldg: [u32; 3],
+    /// 128-bit global stores.
+    pub stg128: u32,
+    /// Backward branches inside the range other than the loop's own (nested loops). With none,
+    /// a trip issues each instruction at most once, so the static count bounds its work.
+    pub inner_loops: u32,
 }
 
 /// One instruction: its address and opcode with modifiers (`LDG.E.128`), predicate stripped.
@@ -151,6 +174,7 @@ pub fn mix(body: &str) -> Mix {
                 }
             }
             "LDL" => m.ldl += 1,
+            "MUFU" => m.mufu += 1,
             "STL" => m.stl += 1,
             _ if is_int_or_branch(base) => m.int_branch += 1,
             _ => {}
@@ -159,10 +183,33 @@ pub fn mix(body: &str) -> Mix {
     // A loop is the range from a backward branch's target to the branch (the `BRA` to itself
     // after the last `EXIT` is the trap every kernel ends with, not a loop).
     let wide = |op: &str| (op.starts_with("LDG.") || op.starts_with("LDGSTS.")) && width_index(op) == 2;
-    m.wide_load_in_loop = insns.iter().any(|b| {
-        let Some(to) = b.target.and_then(|t| labels.get(t)) else { return false };
-        *to < b.addr && insns.iter().any(|i| i.addr >= *to && i.addr <= b.addr && wide(i.op))
-    });
+    for b in &insns {
+        let Some(&to) = b.target.and_then(|t| labels.get(t)) else { continue };
+        if to >= b.addr {
+            continue;
+        }
+        let body: Vec<&Insn<'_>> =
+            insns.iter().filter(|i| i.addr >= to && i.addr <= b.addr && !i.op.starts_with("NOP")).collect();
+        if !body.iter().any(|i| wide(i.op)) {
+            continue;
+        }
+        let mut l = Loop { insns: body.len() as u32, ..Loop::default() };
+        for i in &body {
+            let base = i.op.split('.').next().unwrap_or_default();
+            match base {
+                "MUFU" => l.mufu += 1,
+                "LDG" => l.ldg[width_index(i.op)] += 1,
+                "STG" if width_index(i.op) == 2 => l.stg128 += 1,
+                _ => {}
+            }
+            let back = i.target.and_then(|t| labels.get(t)).is_some_and(|&t| t < i.addr);
+            if back && i.addr != b.addr {
+                l.inner_loops += 1;
+            }
+        }
+        m.wide_loops.push(l);
+    }
+    m.wide_load_in_loop = !m.wide_loops.is_empty();
     m
 }
 
@@ -199,7 +246,8 @@ pub fn exemption(kernel: &str) -> Option<&'static str> {
 pub fn class(file: &str, kernel: &str) -> Class {
     if let Some(why) = exemption(kernel) {
         Class::Exempt(why)
-    } else if file == "matmul_mma" {
+    } else if file == "matmul_mma" && !kernel.starts_with("matmul_splitk_reduce_") {
+        // The split-K reduction in the same file sums f32 workspace planes: no MMA.
         Class::TensorCore
     } else {
         Class::Streaming
@@ -285,6 +333,8 @@ mod tests {
         assert_eq!(m.ldg, [2, 1, 1]);
         assert_eq!((m.ldgsts, m.ldgsts128, m.ldsm, m.lds, m.hmma, m.ffma), (2, 1, 1, 1, 1, 1));
         assert_eq!((m.ldl, m.stl), (1, 1));
+        // The loop: the 14 body instructions, the IADD3 and the loop's own BRA.
+        assert_eq!(m.wide_loops, [Loop { insns: 16, mufu: 0, ldg: [2, 1, 1], stg128: 0, inner_loops: 0 }]);
         // IMAD.MOV, UIADD3, IADD3, two BRA (ULDC is a constant load, not overhead).
         assert_eq!(m.int_branch, 5);
         // 14 body instructions, the IMAD, the IADD3, two BRA and EXIT; NOP not counted.
@@ -333,6 +383,13 @@ mod tests {
         assert_eq!(violations(class("elementwise", "activation_f16"), 0, &m).len(), 1);
         // The naive reference is exempt.
         assert!(audit("matmul_simt", "naive_matmul_f32", 0, &["LDG.E R4, [R2.64]"]).is_empty());
+    }
+
+    #[test]
+    fn the_split_k_reduction_streams() {
+        assert_eq!(class("matmul_mma", "matmul_splitk_reduce_bf16"), Class::Streaming);
+        assert_eq!(class("matmul_mma", "matmul_bf16_bf16_nn"), Class::TensorCore);
+        assert!(audit("matmul_mma", "matmul_splitk_reduce_f16", 0, &["LDG.E.128 R4, [R2.64]"]).is_empty());
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
+//!   they take [`splitk::SplitKParams`], and under one wave of blocks K is split across blocks
+//!   with `matmul_splitk_reduce_<storage>` applying the epilogue ([`splitk`]);
 //! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and `gemv_finalize_<storage>` — M ≤ 16, B stored
 //!   N × K or K × N (`gemv.cu`): 16-byte loads, K split across warps and, below two waves of
 //!   blocks, across blocks ([`gemv`]);
@@ -26,16 +28,17 @@
 //!   (`inverted_residual.cu`, [`block`]);
 //! - `naive_matmul_<dtype>` — the bench's naive reference;
 //! - `depthwise_conv2d_<dtype>_<layout>` (`depthwise.cu`);
-//! - `activation_<dtype>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
+//! - `activation_<dtype>_<act>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
 //!
 //! Every kernel takes one parameter block by value, mirrored in `shaders/cuda/common.cuh`, and
 //! runs 256-thread blocks.
 
-use crate::{DType, Layout, Precision};
+use crate::{Activation, DType, Layout, Precision};
 
 pub mod block;
 pub mod gemv;
 pub mod quant;
+pub mod splitk;
 
 /// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
 pub const PTX_ISA: &str = "8.4";
@@ -143,7 +146,8 @@ pub const MAX_GRID_Z: usize = 65535;
 /// The grid's `y` limit.
 pub const MAX_GRID_Y: usize = 65535;
 
-/// The matmul kernel for a storage dtype, precision policy and transposes.
+/// The matmul kernel for a storage dtype, precision policy and transposes. The tensor-core ones
+/// (module [`Module::MatmulMma`]) take [`splitk::SplitKParams`], the SIMT one [`MatmulParams`].
 pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b: bool) -> Kernel {
     use Module::MatmulMma as M;
     let t = (trans_a as usize) * 2 + trans_b as usize;
@@ -366,14 +370,47 @@ impl DwTiledPlan {
     }
 }
 
-/// The activation kernel. It handles 16 bytes per thread step.
-pub fn activation_kernel(dtype: DType) -> Kernel {
-    match dtype {
-        DType::F32 => k(Module::Elementwise, "activation_f32"),
-        DType::F16 => k(Module::Elementwise, "activation_f16"),
-        DType::Bf16 => k(Module::Elementwise, "activation_bf16"),
-    }
+/// The activation kernel, specialised to its activation (`activation_<dtype>_<act>`). It handles
+/// 16 bytes per thread step; its bias indices are 32-bit, so `bias_len` must stay below
+/// [`ACTIVATION_MAX_BIAS`].
+pub fn activation_kernel(dtype: DType, activation: Activation) -> Kernel {
+    const NAMES: [[&str; 6]; 3] = [
+        [
+            "activation_f32_none",
+            "activation_f32_relu",
+            "activation_f32_relu6",
+            "activation_f32_gelu",
+            "activation_f32_gelu_tanh",
+            "activation_f32_silu",
+        ],
+        [
+            "activation_f16_none",
+            "activation_f16_relu",
+            "activation_f16_relu6",
+            "activation_f16_gelu",
+            "activation_f16_gelu_tanh",
+            "activation_f16_silu",
+        ],
+        [
+            "activation_bf16_none",
+            "activation_bf16_relu",
+            "activation_bf16_relu6",
+            "activation_bf16_gelu",
+            "activation_bf16_gelu_tanh",
+            "activation_bf16_silu",
+        ],
+    ];
+    let d = match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    };
+    // `Activation::code` is the index of the activation in `Activation::ALL` (0..=5).
+    k(Module::Elementwise, NAMES[d][activation.code() as usize])
 }
+
+/// The activation kernels keep bias indices in 32 bits: `bias_len` must be below 2^31.
+pub const ACTIVATION_MAX_BIAS: usize = 1 << 31;
 
 /// The gated linear unit `act(gate) · up` (`GluParams`). It makes 16 bytes of output per
 /// thread step.
@@ -524,6 +561,19 @@ mod tests {
         rest[open + 1..close].parse().ok()
     }
 
+    /// Each (dtype, activation) names its own specialised entry point, which the PTX holds.
+    #[test]
+    fn activation_kernels_are_specialised() {
+        for (i, act) in Activation::ALL.into_iter().enumerate() {
+            assert_eq!(act.code() as usize, i);
+            for dt in DType::ALL {
+                let k = activation_kernel(dt, act);
+                assert_eq!(k.entry, format!("activation_{}_{}", dt.name(), act.name().replace('-', "_")));
+                assert!(k.module.ptx().contains(&format!(".entry {}(", k.entry)), "{} is not in the PTX", k.entry);
+            }
+        }
+    }
+
     #[test]
     fn parameter_blocks_match_the_ptx() {
         let mm = size_of::<MatmulParams>();
@@ -531,7 +581,9 @@ mod tests {
             for p in [Precision::Highest, Precision::Bf16] {
                 for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                     let kern = matmul_kernel(dt, p, ta, tb);
-                    assert_eq!(ptx_param_size(kern), Some(mm), "{}", kern.entry);
+                    // The tensor-core kernels take the split-K block, the SIMT one the matmul's.
+                    let want = if kern.module == Module::MatmulMma { size_of::<splitk::SplitKParams>() } else { mm };
+                    assert_eq!(ptx_param_size(kern), Some(want), "{}", kern.entry);
                 }
             }
             assert_eq!(ptx_param_size(naive_matmul_kernel(dt)), Some(mm));
@@ -547,7 +599,9 @@ mod tests {
                 assert_eq!(ptx_param_size(depthwise_kernel(dt, l)), Some(size_of::<ConvParams>()));
                 assert_eq!(ptx_param_size(depthwise_tiled_kernel(dt, l)), Some(size_of::<DwTiledParams>()));
             }
-            assert_eq!(ptx_param_size(activation_kernel(dt)), Some(size_of::<ActParams>()));
+            for act in Activation::ALL {
+                assert_eq!(ptx_param_size(activation_kernel(dt, act)), Some(size_of::<ActParams>()));
+            }
             assert_eq!(ptx_param_size(glu_kernel(dt)), Some(size_of::<GluParams>()));
         }
         assert_eq!(ptx_param_size(COPY), Some(size_of::<CopyParams>()));

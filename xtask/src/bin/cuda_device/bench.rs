@@ -45,6 +45,15 @@ pub fn bench(gpu: &Device, json_path: Option<&str>) -> Result<()> {
         out["matmul"].as_array_mut().unwrap().push(v);
         save(json_path, &out)?;
     }
+    // Under one wave of 128 × 128 tiles (16 blocks): the tensor-core kernels split K
+    // (`catalogue::cuda::splitk`, 9 splits of 480 here) and reduce in a second launch.
+    for dtype in [DType::F16, DType::Bf16] {
+        let r = bench_matmul(gpu, blas.as_ref(), 512, 512, 4096, dtype, Precision::Highest, 50);
+        let v = r.unwrap_or_else(|e| json!({"dtype": dtype.to_string(), "error": format!("{e:#}")}));
+        println!("matmul 512×512×4096 (split K) {dtype}: {v}");
+        out["matmul"].as_array_mut().unwrap().push(v);
+        save(json_path, &out)?;
+    }
     // Skinny.
     for dtype in [DType::F32, DType::Bf16] {
         for m in [1usize, 2, 4, 8, 16, 32] {

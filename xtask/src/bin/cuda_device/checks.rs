@@ -158,6 +158,12 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (9, 33, 64),
         (32, 129, 65),
         (33, 40, 20),
+        // Split K on the tensor cores (`catalogue::cuda::splitk::splitk_plan`: grids under one
+        // wave): 4 splits with a short last one (K not a multiple of 32, N of 4), 16 splits of
+        // one block, 3 splits over 2 × 3 blocks.
+        (129, 131, 1031),
+        (64, 70, 4096),
+        (200, 384, 777),
         // The GEMV kernels (M <= 16): K split across blocks (few columns, long K), both
         // register-tile heights, K = 1, and N over many blocks without a split.
         (16, 17, 1031),
@@ -248,6 +254,46 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         };
         let rule = Rule::exact_sums(Activation::None, 4.0 * k as f64 + 0.5 * 2.0);
         ck.record(format!("matmul batch={batch} {dtype} {precision:?}"), run(gpu), run(&ck.cpu.clone()), dtype, rule);
+
+        // Split K with batches, bias, C and SiLU through `matmul_into` views: aligned, and
+        // misaligned (no vector flags) with padded rows.
+        for &(batch, m, n, k, off, pad) in
+            &[(3usize, 70usize, 90usize, 1100usize, 0usize, 0usize), (2, 67, 45, 600, 1, 3)]
+        {
+            let (lda, ldb, ldo) = (k + pad, n + pad, n + pad + 1);
+            let mut desc = MatmulDesc::new(m, n, k);
+            desc.batch = batch;
+            desc.a = MatrixView::new(off, lda, m * lda);
+            desc.b = MatrixView::new(off + 1, ldb, k * ldb);
+            desc.out = MatrixView::new(off, ldo, m * ldo);
+            desc.c = Some(MatrixView::new(0, n, m * n));
+            desc.bias_offset = Some(0);
+            desc.precision = precision;
+            desc.alpha = 0.5;
+            desc.beta = 0.25;
+            desc.activation = Activation::Silu;
+            let a = ints(off + batch * m * lda, 21);
+            let b = ints(off + 1 + batch * k * ldb, 22);
+            let c = ints(batch * m * n, 23);
+            let bias = ints(n, 24);
+            let out_len = off + batch * m * ldo;
+            let run = |dev: &Device| -> Result<Vec<f32>> {
+                let at = upload(dev, &[a.len()], dtype, &a)?;
+                let bt = upload(dev, &[b.len()], dtype, &b)?;
+                let ct = upload(dev, &[c.len()], dtype, &c)?;
+                let biast = upload(dev, &[n], dtype, &bias)?;
+                let ot = dev.zeros(&[out_len], dtype)?;
+                dev.matmul_into(&desc, &at, &bt, Some(&biast), Some(&ct), &ot)?;
+                Ok(ot.to_f32_vec()?)
+            };
+            ck.record(
+                format!("matmul_into split-K batch={batch} {m}x{n}x{k} offset={off} pad={pad} {dtype} {precision:?}"),
+                run(gpu),
+                run(&ck.cpu.clone()),
+                dtype,
+                Rule::exact_sums(Activation::Silu, 0.5 * 4.0 * k as f64 + 2.0 + 0.25 * 2.0),
+            );
+        }
 
         for (off, pad) in [(1usize, 3usize), (8, 8), (3, 0)] {
             let (m, n, k) = (67, 45, 29);

@@ -2,7 +2,8 @@
 //!
 //! - `tilekit-cuda-device check [--json FILE]`: every CUDA op, dtype and kernel variant against
 //!   the native CPU backend on edge shapes (sizes around the 128-wide tiles, K = 0, transposes,
-//!   strided and misaligned views, batches with broadcast, every epilogue, both conv layouts,
+//!   strided and misaligned views, batches with broadcast, every epilogue, split K on the tensor
+//!   cores (with batches, views, bias, C and SiLU), both conv layouts,
 //!   activations with and without bias, in place). Matmul and conv inputs are small integers,
 //!   so every partial sum is exact and any correct kernel matches bit for bit before the
 //!   activation; the tolerance (`tilekit_kernels::tolerance`, its accumulation term zero)
@@ -12,8 +13,9 @@
 //!   inverted-residual block against the CPU backend's fused block. Device memory
 //!   (`cuMemGetInfo`) is reported before and after. Exits non-zero on any mismatch.
 //! - `tilekit-cuda-device bench [--json FILE]`: the CUDA figures: matmul 4096³ (f32, f16, bf16,
-//!   f32 with bf16 products) against cuBLAS in its default math mode (SGEMM; GemmEx with f32
-//!   compute for f16/bf16), skinny M = 1..32 × 4096 × 4096, MobileNetV2's depthwise layers,
+//!   f32 with bf16 products) and 512 × 512 × 4096 (f16, bf16: split K) against cuBLAS in its
+//!   default math mode (SGEMM; GemmEx with f32 compute for f16/bf16), skinny M = 1..32 × 4096 ×
+//!   4096, MobileNetV2's depthwise layers,
 //!   GELU over 256 MiB against the copy kernel. Each figure is checked against cuBLAS (a
 //!   pedantic-mode handle, on exact inputs) or the CPU backend. Results are written as JSON
 //!   after every section, so a timeout keeps what was measured.

@@ -35,6 +35,25 @@ pub(super) fn stride_blocks(items: u64, sms: u32) -> u32 {
     needed.min(u64::from(sms.max(1)) * 32).min(u64::from(u32::MAX)) as u32
 }
 
+/// The parameter block of batches `start .. start + count`: the operand offsets moved to batch
+/// `start`, `batch` = `count` (one launch covers at most the grid's z limit of batches).
+fn batches(base: &cat::MatmulParams, start: usize, count: usize) -> Result<cat::MatmulParams> {
+    const OP: &str = "matmul";
+    let s = to_i64(OP, "batch index", start)?;
+    let shift = |off: i64, bs: i64| -> Result<i64> {
+        bs.checked_mul(s)
+            .and_then(|d| off.checked_add(d))
+            .ok_or_else(|| Error::Overflow { op: OP, what: "a batch offset".into() })
+    };
+    let mut p = *base;
+    p.a_off = shift(base.a_off, base.a_bs)?;
+    p.b_off = shift(base.b_off, base.b_bs)?;
+    p.c_off = shift(base.c_off, base.c_bs)?;
+    p.o_off = shift(base.o_off, base.o_bs)?;
+    p.batch = to_i32(OP, "batch", count)?;
+    Ok(p)
+}
+
 impl CudaBackend {
     /// The function handle of `kernel`, loading its module on first use.
     pub(super) fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
@@ -100,11 +119,70 @@ impl CudaBackend {
         &self,
         kernel: Kernel,
         desc: &MatmulDesc,
-        mut p: cat::MatmulParams,
+        p: cat::MatmulParams,
         tile_m: usize,
         tile_n: usize,
         block: (u32, u32, u32),
     ) -> Result<()> {
+        let (gx, gy) = self.tile_grid(desc, tile_m, tile_n)?;
+        let mut start = 0usize;
+        while start < desc.batch {
+            let count = (desc.batch - start).min(cat::MAX_GRID_Z);
+            self.launch(kernel, (gx, gy, count as u32), block, batches(&p, start, count)?)?;
+            start += count;
+        }
+        Ok(())
+    }
+
+    /// Launches a tensor-core matmul (128 × 128 tiles) for every batch, with K split across
+    /// blocks as `cat::splitk::splitk_plan` says: the grid's z is batches × splits, a split
+    /// launch writes each split's f32 sums into its plane of a workspace, and
+    /// `matmul_splitk_reduce_<dtype>` adds the planes in order and applies the epilogue.
+    pub(super) fn launch_matmul_mma(
+        &self,
+        kernel: Kernel,
+        desc: &MatmulDesc,
+        dtype: DType,
+        p: cat::MatmulParams,
+    ) -> Result<()> {
+        const OP: &str = "matmul";
+        let (gx, gy) = self.tile_grid(desc, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N)?;
+        let block = (cat::THREADS, 1, 1);
+        let mut start = 0usize;
+        while start < desc.batch {
+            let count = (desc.batch - start).min(cat::MAX_GRID_Z);
+            let mm = batches(&p, start, count)?;
+            let plan = cat::splitk::splitk_plan(desc.m, desc.n, desc.k, count);
+            let mut sp = cat::splitk::SplitKParams {
+                mm,
+                ws: 0,
+                splits: to_i32(OP, "splits", plan.splits)?,
+                k_chunk: to_i32(OP, "K per split", plan.k_chunk)?,
+            };
+            match plan.workspace_len(count, desc.m, desc.n) {
+                None => self.launch(kernel, (gx, gy, count as u32), block, sp)?,
+                Some(len) => {
+                    // A split plan has under one wave of blocks, so count · splits is far
+                    // below the grid's z limit. The splits write every element the reduction
+                    // reads (each plane's rows < M, columns < N rounded up to 4), so the
+                    // workspace needs no clearing. Freed on this stream after the two launches.
+                    let ws = self.alloc_output(DType::F32, len)?;
+                    sp.ws = self.ptr(&ws);
+                    let z = u32::try_from(count * plan.splits)
+                        .map_err(|_| Error::Overflow { op: OP, what: "the split-K grid".into() })?;
+                    self.launch(kernel, (gx, gy, z), block, sp)?;
+                    let quads = count * desc.m * cat::splitk::workspace_ld(desc.n) / 4;
+                    let blocks = stride_blocks(quads as u64, self.sms);
+                    self.launch(cat::splitk::splitk_reduce_kernel(dtype), (blocks, 1, 1), block, sp)?;
+                }
+            }
+            start += count;
+        }
+        Ok(())
+    }
+
+    /// The grid of a matmul over `tile_m × tile_n` tiles: (column tiles, row tiles).
+    fn tile_grid(&self, desc: &MatmulDesc, tile_m: usize, tile_n: usize) -> Result<(u32, u32)> {
         const OP: &str = "matmul";
         let gy = desc.m.div_ceil(tile_m);
         if gy > cat::MAX_GRID_Y {
@@ -115,25 +193,7 @@ impl CudaBackend {
         }
         let gx = u32::try_from(desc.n.div_ceil(tile_n))
             .map_err(|_| Error::Overflow { op: OP, what: format!("N = {}", desc.n) })?;
-        let base = p;
-        let mut start = 0usize;
-        while start < desc.batch {
-            let count = (desc.batch - start).min(cat::MAX_GRID_Z);
-            let s = to_i64(OP, "batch index", start)?;
-            let shift = |off: i64, bs: i64| -> Result<i64> {
-                bs.checked_mul(s)
-                    .and_then(|d| off.checked_add(d))
-                    .ok_or_else(|| Error::Overflow { op: OP, what: "a batch offset".into() })
-            };
-            p.a_off = shift(base.a_off, base.a_bs)?;
-            p.b_off = shift(base.b_off, base.b_bs)?;
-            p.c_off = shift(base.c_off, base.c_bs)?;
-            p.o_off = shift(base.o_off, base.o_bs)?;
-            p.batch = to_i32(OP, "batch", count)?;
-            self.launch(kernel, (gx, gy as u32, count as u32), block, p)?;
-            start += count;
-        }
-        Ok(())
+        Ok((gx, gy as u32))
     }
 
     /// Launches a GEMV kernel for every batch (at most the grid's z limit per launch), with K
@@ -151,18 +211,7 @@ impl CudaBackend {
         let mut start = 0usize;
         while start < desc.batch {
             let count = (desc.batch - start).min(cat::MAX_GRID_Z);
-            let s = to_i64(OP, "batch index", start)?;
-            let shift = |off: i64, bs: i64| -> Result<i64> {
-                bs.checked_mul(s)
-                    .and_then(|d| off.checked_add(d))
-                    .ok_or_else(|| Error::Overflow { op: OP, what: "a batch offset".into() })
-            };
-            let mut mm = base;
-            mm.a_off = shift(base.a_off, base.a_bs)?;
-            mm.b_off = shift(base.b_off, base.b_bs)?;
-            mm.c_off = shift(base.c_off, base.c_bs)?;
-            mm.o_off = shift(base.o_off, base.o_bs)?;
-            mm.batch = to_i32(OP, "batch", count)?;
+            let mm = batches(&base, start, count)?;
             let plan = cat::gemv::gemv_plan(dtype, desc.trans_b, desc.n, desc.k, count);
             let grid = |v: usize, what: &str| {
                 u32::try_from(v).map_err(|_| Error::Overflow { op: OP, what: format!("{what} = {v}") })

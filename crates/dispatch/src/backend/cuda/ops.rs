@@ -129,7 +129,8 @@ impl BackendOps for CudaBackend {
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
         let block = (cat::THREADS, 1, 1);
         // M <= 16, either layout of B: the GEMV kernels; 16 < M <= 32 with B [K, N]: the skinny
-        // kernel; the rest: the tiled kernels.
+        // kernel; the rest: the tiled kernels (K split across blocks on the tensor cores where
+        // the tiles give under one wave).
         if let Some(kernel) = cat::gemv::gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
             return self.launch_gemv(kernel, desc, dtype, p);
         }
@@ -137,7 +138,12 @@ impl BackendOps for CudaBackend {
             Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
             None => {
                 let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
-                self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+                if kernel.module == cat::Module::MatmulMma {
+                    // The tensor-core kernels, with K split across blocks under one wave.
+                    self.launch_matmul_mma(kernel, desc, dtype, p)
+                } else {
+                    self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
+                }
             }
         }
     }
@@ -210,6 +216,13 @@ impl BackendOps for CudaBackend {
             (Some(l), Some(_)) => l,
             _ => 0,
         };
+        // The kernels step bias indices in 32 bits.
+        if bias_len >= cat::ACTIVATION_MAX_BIAS {
+            return Err(Error::Overflow {
+                op: OP,
+                what: format!("bias_len = {bias_len} (the CUDA activation kernels index the bias in 32 bits)"),
+            });
+        }
         let p = cat::ActParams {
             x: self.ptr(x),
             bias: bias.map_or(0, |s| self.ptr(s)),
@@ -221,7 +234,7 @@ impl BackendOps for CudaBackend {
         };
         let per_thread = (16 / dtype.size_bytes()) as u64;
         let blocks = stride_blocks((desc.len as u64).div_ceil(per_thread), self.sms);
-        self.launch(cat::activation_kernel(dtype), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
+        self.launch(cat::activation_kernel(dtype, desc.activation), (blocks, 1, 1), (cat::THREADS, 1, 1), p)
     }
 
     fn glu(&self, desc: &GluDesc, dtype: DType, h: &CudaStorage, out: &CudaStorage) -> Result<()> {
