@@ -8,9 +8,11 @@ enable wgpu_cooperative_matrix;
 // where the device has `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and reports an S x S x S
 // configuration with f16 A/B and an f32 accumulator (`coopmat::choose`).
 //
-// STATUS: compiled and validated (naga parse + validate with the capabilities the feature
-// implies, and `process_overrides` for every specialisation), never run: no device tilekit has
-// been tested on exposes cooperative matrices through wgpu (lavapipe has none).
+// STATUS: compiled and validated, never run: no device tilekit has been tested on exposes
+// cooperative matrices through wgpu (lavapipe has none). Checked: naga parse + validate with the
+// capabilities the features give, `process_overrides`, SPIR-V 1.6 output with the
+// cooperative-matrix ops and `spirv-val --target-env vulkan1.3` (`backend/wgpu/tests/coop.rs`);
+// the alignment of every cooperative load and store (`coopmat::tests`).
 //
 // What the extension allows (naga 30, `enable wgpu_cooperative_matrix`): square tiles only,
 // `coop_mat8x8<T, R>` and `coop_mat16x16<T, R>`, T in {f16, f32}, role R in {A, B, C};
@@ -34,6 +36,9 @@ enable wgpu_cooperative_matrix;
 //   K = 0 included); consecutive invocations read consecutive elements of a stored row. The
 //   values are f16 already (f16 storage), so the f16 conversion is exact.
 // - Per slab each subgroup does BK / S steps of 2 A loads, 2 B loads and 4 coopMultiplyAdd.
+//   Every cooperative load and store starts at a multiple of 16 bytes with a stride that is one
+//   (Vulkan wants the lesser of 16 bytes and a row): offsets are multiples of S elements, the
+//   strides BK, BN and S (`every_cooperative_access_is_aligned` mirrors them).
 // - Epilogue: each accumulator is stored (`coopStoreT`) to the subgroup's S x S f32 patch of
 //   workgroup memory (`Cs`), and the subgroup's own invocations read it back element by element
 //   (consecutive lanes take consecutive columns) and apply alpha, bias, beta * C and the

@@ -25,6 +25,7 @@
 //! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
 //! | [`Kernel::QuantGemv`], [`Kernel::QuantGemvSubgroup`] | [`qmatmul::QGEMV_WG`] = 64 | quantized weights, M ≤ 16 rows × 4 columns per workgroup, K split 32 weights at a time, dequantized in registers, reduced as the GEMV ([`qmatmul`]) |
 //! | [`Kernel::QuantMatmul`] | 16 × 16 | 4 × 4 outputs of a 64 × 64 block; 32-deep slabs of op(A) and dequantized weights staged in workgroup memory (16 KiB) |
+//! | [`Kernel::MatmulCoop`] | 4 subgroups (`WG` = 4 × the fixed subgroup size) | a 32 × 32 quadrant of a 64 × 64 block (16 × 16 tiles; 16 × 16 of 32 × 32 with 8 × 8 tiles) as 2 × 2 cooperative f32 accumulators; f16 slabs in workgroup memory, the epilogue from an f32 patch ([`coopmat`]; compiled and validated, not yet run) |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::DepthwiseTiled`] | 64, grid (column tiles, row tiles, images × channel blocks) | NCHW: 4 outputs of an 8 × 32 tile of one channel; NHWC: 4 channels of the pixels of a `tile_h` × 8 × 16-channel tile; patch and taps in workgroup memory (16 KiB, [`DwTiledPlan`]) |

@@ -283,6 +283,34 @@ mod tests {
         assert!(pick(&desc(256, 32, 32), ElementStorage::F16, &dev).is_some());
     }
 
+    /// Vulkan (VUID-RuntimeSpirv-OpCooperativeMatrixLoadKHR-08986) wants the pointer and the
+    /// stride of every cooperative load and store aligned to the lesser of 16 bytes and one
+    /// row of the matrix. The offsets and strides `matmul_coopmat.wgsl` uses, for every
+    /// subgroup and k step, mirrored here: A at `(qm + i S) BK + kk` with stride BK (f16), B at
+    /// `kk BN + qn + j S` with stride BN (f16), the patches at `g S²` with stride S (f32).
+    #[test]
+    fn every_cooperative_access_is_aligned() {
+        for size in CoopSize::ALL {
+            let (s, bm, bn, bk) = (size.edge(), size.block(), size.block(), size.slab());
+            assert_eq!((bm, bn), (4 * s, 4 * s));
+            let ok = |offset: u32, stride: u32, elem: u32| {
+                let need = (s * elem).min(16);
+                (offset * elem).is_multiple_of(need) && (stride * elem).is_multiple_of(need)
+            };
+            for g in 0..SUBGROUPS {
+                let (qm, qn) = ((g / 2) * 2 * s, (g % 2) * 2 * s);
+                assert!(ok(g * s * s, s, 4), "{size:?} patch {g}");
+                for kk in (0..bk).step_by(s as usize) {
+                    for i in 0..2 {
+                        assert!(ok((qm + i * s) * bk + kk, bk, 2), "{size:?} A g{g} kk{kk}");
+                        assert!(ok(kk * bn + qn + i * s, bn, 2), "{size:?} B g{g} kk{kk}");
+                        assert!(qm + i * s + s <= bm && qn + i * s + s <= bn);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn sizes_and_text() {
         assert_eq!(CoopSize::S16.block(), 64);
