@@ -200,3 +200,36 @@ fn every_quant_specialisation_validates() {
     assert!(checked >= 5 * 5 * 3 * 4);
     assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Every cooperative-matrix pipeline validates after `process_overrides`: both tile sizes, the
+/// workgroups of subgroups of 8, 32 and 64 (4 subgroups each), several sets of switches. (Only
+/// native f16 storage exists for it; `backend/wgpu/tests/coop.rs` also turns them into SPIR-V.)
+#[test]
+fn every_coop_specialisation_validates() {
+    use tilekit::kernels::catalogue::wgsl::CoopSize;
+    let switch_sets = [
+        MatmulSwitches::default(),
+        MatmulSwitches { trans_a: true, trans_b: false, bias: true, c: false, act: 2 },
+        MatmulSwitches { trans_a: false, trans_b: true, bias: false, c: true, act: 4 },
+        MatmulSwitches { trans_a: true, trans_b: true, bias: true, c: true, act: 5 },
+    ];
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for size in CoopSize::ALL {
+        let kernel = Kernel::MatmulCoop(size);
+        assert_eq!(kernel.storages(), &[ElementStorage::F16]);
+        for wg in [32, 128, 256] {
+            for switches in switch_sets {
+                let module = module_with(kernel, ElementStorage::F16, Spec { wg, switches, ..Spec::DEFAULT });
+                assert!(module.needs_f16 && module.source.contains("enable wgpu_cooperative_matrix;"));
+                if let Err(e) = specialise(&module) {
+                    failures.push(format!("{} wg {wg} {switches:?}: {e}", module.name));
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("naga: {checked} cooperative-matrix specialisations validated after process_overrides");
+    assert_eq!(checked, 2 * 3 * 4);
+    assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
+}

@@ -16,7 +16,11 @@
 //!    against the native CPU backend (`results/check.json`);
 //! 2. every test binary, side by side (each tests every backend it can create: CPU, wgpu on
 //!    the NVIDIA Vulkan driver, CUDA; skips go to `results/skips.log`)
-//!    (`results/tests-<name>.log`);
+//!    (`results/tests-<name>.log`); among them, in tilekit's unit tests,
+//!    `coop_kernel_matches_the_reference_where_the_device_has_it` runs the cooperative-matrix
+//!    WGSL matmul against the reference where wgpu's Vulkan adapter reports cooperative
+//!    matrices (the NVIDIA driver's `VK_KHR_cooperative_matrix` with 16×16×16 f16→f32), and
+//!    prints a SKIP line naming the adapter where it does not;
 //! 3. `tilekit-cuda-device bench`: matmul 4096³ f32/f16/bf16 (and f32 with bf16 products)
 //!    against cuBLAS, skinny M = 1..32 × 4096 × 4096, MobileNetV2's depthwise layers in both
 //!    layouts, GELU over 256 MiB against the copy kernel (`results/bench.json`);

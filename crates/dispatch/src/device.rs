@@ -72,12 +72,29 @@ pub struct WgpuOptions {
     /// then reduces through workgroup memory, as on devices without the feature (the tests
     /// force it to cover that path).
     pub no_subgroups: bool,
+    /// Request `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` where the adapter has it (set
+    /// by [`WgpuOptions::with_experimental_cooperative_matrix`]).
+    pub(crate) experimental_cooperative_matrix: bool,
 }
 
 impl WgpuOptions {
     /// Options that accept a software adapter (what the tests and CI use).
     pub fn allow_software() -> WgpuOptions {
         WgpuOptions { allow_software: true, ..WgpuOptions::default() }
+    }
+
+    /// Request wgpu's experimental cooperative matrices where the adapter has them: f16
+    /// matmuls with more than 16 rows then run on them where the adapter reports 16 × 16 × 16
+    /// or 8 × 8 × 8 tiles with f16 inputs and f32 accumulators (and a fixed subgroup size).
+    /// That kernel is compiled and validated but has not yet run on a device.
+    ///
+    /// # Safety
+    /// wgpu 30's contract for experimental features (`wgpu::ExperimentalFeatures::enabled`):
+    /// the implementation may contain bugs with undefined behaviour that otherwise safe calls
+    /// can reach. Calling this accepts that contract for the device these options make.
+    pub unsafe fn with_experimental_cooperative_matrix(mut self) -> WgpuOptions {
+        self.experimental_cooperative_matrix = true;
+        self
     }
 }
 

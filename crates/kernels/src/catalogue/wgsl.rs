@@ -25,6 +25,7 @@
 //! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
 //! | [`Kernel::QuantGemv`], [`Kernel::QuantGemvSubgroup`] | [`qmatmul::QGEMV_WG`] = 64 | quantized weights, M ≤ 16 rows × 4 columns per workgroup, K split 32 weights at a time, dequantized in registers, reduced as the GEMV ([`qmatmul`]) |
 //! | [`Kernel::QuantMatmul`] | 16 × 16 | 4 × 4 outputs of a 64 × 64 block; 32-deep slabs of op(A) and dequantized weights staged in workgroup memory (16 KiB) |
+//! | [`Kernel::MatmulCoop`] | 4 subgroups (`WG` = 4 × the fixed subgroup size) | a 32 × 32 quadrant of a 64 × 64 block (16 × 16 tiles; 16 × 16 of 32 × 32 with 8 × 8 tiles) as 2 × 2 cooperative f32 accumulators; f16 slabs in workgroup memory, the epilogue from an f32 patch ([`coopmat`]; compiled and validated, not yet run) |
 //! | [`Kernel::MatmulNaive`] | 16 × 16 | 1 output (bench reference) |
 //! | [`Kernel::DepthwiseConv2d`] | [`WG_1D`] = 64 (tunable: [`WG_CANDIDATES`]) | 4 outputs along W (NCHW) or C (NHWC) |
 //! | [`Kernel::DepthwiseTiled`] | 64, grid (column tiles, row tiles, images × channel blocks) | NCHW: 4 outputs of an 8 × 32 tile of one channel; NHWC: 4 channels of the pixels of a `tile_h` × 8 × 16-channel tile; patch and taps in workgroup memory (16 KiB, [`DwTiledPlan`]) |
@@ -60,10 +61,12 @@
 
 use crate::{DType, MatmulDesc};
 
+pub mod coopmat;
 pub mod gemv;
 pub mod layout;
 pub mod qmatmul;
 
+pub use coopmat::CoopSize;
 pub use qmatmul::QuantFormat;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
@@ -76,6 +79,7 @@ const GEMV: &str = include_str!("../../../../shaders/wgsl/gemv.wgsl");
 const GLU: &str = include_str!("../../../../shaders/wgsl/glu.wgsl");
 const INVERTED_RESIDUAL: &str = include_str!("../../../../shaders/wgsl/inverted_residual.wgsl");
 const QMATMUL: &str = include_str!("../../../../shaders/wgsl/qmatmul.wgsl");
+const MATMUL_COOPMAT: &str = include_str!("../../../../shaders/wgsl/matmul_coopmat.wgsl");
 
 /// How elements of a dtype are stored in a WGSL module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -165,11 +169,16 @@ pub enum Kernel {
     /// Quantized-weight tiled matmul, weights dequantized into workgroup memory (entry
     /// `qmatmul`).
     QuantMatmul(QuantFormat),
+    /// Matmul on cooperative matrices, f16 tiles and f32 accumulators, the epilogue applied
+    /// after a store to workgroup memory (`matmul_coopmat.wgsl`, entry `matmul_coopmat`; needs
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`; [`coopmat`]). Same
+    /// parameters, bindings and switches as [`Kernel::Matmul`].
+    MatmulCoop(CoopSize),
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 27] = {
+    pub const ALL: [Kernel; 29] = {
         use QuantFormat as F;
         [
             Kernel::Matmul,
@@ -199,6 +208,8 @@ impl Kernel {
             Kernel::QuantMatmul(F::Q4_1),
             Kernel::QuantMatmul(F::Q4K),
             Kernel::QuantMatmul(F::Q6K),
+            Kernel::MatmulCoop(CoopSize::S16),
+            Kernel::MatmulCoop(CoopSize::S8),
         ]
     };
 
@@ -218,12 +229,29 @@ impl Kernel {
             Kernel::Glu => "glu",
             Kernel::InvertedResidual => "inverted_residual",
             Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => qmatmul::name(self),
+            Kernel::MatmulCoop(CoopSize::S16) => "matmul_coopmat16",
+            Kernel::MatmulCoop(CoopSize::S8) => "matmul_coopmat8",
         }
     }
 
     /// Whether the module needs `enable subgroups` (the `SUBGROUP` feature).
     pub const fn needs_subgroups(self) -> bool {
-        matches!(self, Kernel::GemvSubgroup | Kernel::QuantGemvSubgroup(_))
+        matches!(self, Kernel::GemvSubgroup | Kernel::QuantGemvSubgroup(_) | Kernel::MatmulCoop(_))
+    }
+
+    /// Whether the module needs `enable wgpu_cooperative_matrix` (the
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` feature).
+    pub const fn needs_cooperative_matrix(self) -> bool {
+        matches!(self, Kernel::MatmulCoop(_))
+    }
+
+    /// The storage variants the kernel is built in: [`Kernel::MatmulCoop`] only in native f16
+    /// (its staged tiles are f16), the others in all of [`ElementStorage::ALL`].
+    pub fn storages(self) -> &'static [ElementStorage] {
+        match self {
+            Kernel::MatmulCoop(_) => &[ElementStorage::F16],
+            _ => &ElementStorage::ALL,
+        }
     }
 
     /// Whether the kernel takes a matmul's parameter block and bindings.
@@ -237,6 +265,7 @@ impl Kernel {
                 | Kernel::QuantGemv(_)
                 | Kernel::QuantGemvSubgroup(_)
                 | Kernel::QuantMatmul(_)
+                | Kernel::MatmulCoop(_)
         )
     }
 
@@ -448,7 +477,7 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup => {
+        Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup | Kernel::MatmulCoop(_) => {
             vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
         }
         // The weight planes are declared in `qmatmul.wgsl` itself (raw words, any dtype).
@@ -642,6 +671,8 @@ impl Spec {
             }
             Kernel::DepthwiseConv2d => Spec { wg: self.wg, ..Spec::DEFAULT },
             Kernel::InvertedResidual => Spec { wg: self.wg.clamp(1, BLOCK_MAX_ACC), ..Spec::DEFAULT },
+            // The workgroup (4 subgroups) and the switches.
+            Kernel::MatmulCoop(_) => Spec { wg: self.wg, switches: self.switches, ..Spec::DEFAULT },
             _ => Spec::DEFAULT,
         }
     }
@@ -663,6 +694,7 @@ impl Spec {
             Kernel::DepthwiseConv2d if self.wg == DW_TILED => "tiled".to_string(),
             Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) => format!("qgemv wg{}", self.wg),
             Kernel::QuantMatmul(_) => "64x64/bk32 (16x16 inv)".to_string(),
+            Kernel::MatmulCoop(s) => format!("coop {0}x{0}, {1}x{1} blocks, wg{2}", s.edge(), s.block(), self.wg),
             Kernel::DepthwiseConv2d => format!("wg{}", self.wg),
             _ => "default".to_string(),
         }
@@ -810,12 +842,16 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             Kernel::QuantMatmul(_) => {
                 (QMATMUL, "qmatmul", qmatmul::overrides(kernel, spec), qmatmul::QMATMUL_WORKGROUP_BYTES)
             }
+            Kernel::MatmulCoop(size) => {
+                (MATMUL_COOPMAT, "matmul_coopmat", coopmat::overrides(spec), size.workgroup_bytes())
+            }
         };
     let typed = kernel.is_typed();
-    let needs_f16 = typed && storage.needs_f16();
+    // The cooperative kernel's file starts with its own `enable f16;` (its tiles are f16).
+    let needs_f16 = typed && (storage.needs_f16() || kernel.needs_cooperative_matrix());
     let (kernel_text, _) = split_generated(body);
     let mut source = String::new();
-    if needs_f16 {
+    if needs_f16 && !kernel.needs_cooperative_matrix() {
         source.push_str("enable f16;\n\n");
     }
     match kernel {
@@ -823,6 +859,7 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
         Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => {
             source.push_str(&qmatmul::text(kernel, kernel_text));
         }
+        Kernel::MatmulCoop(size) => source.push_str(&coopmat::text(size, kernel_text)),
         _ => source.push_str(kernel_text),
     }
     source.push_str(&generated_block(kernel, storage));
@@ -835,7 +872,8 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
         | Kernel::Gemv
         | Kernel::GemvSubgroup
         | Kernel::QuantGemv(_)
-        | Kernel::QuantGemvSubgroup(_) => [spec.wg, 1, 1],
+        | Kernel::QuantGemvSubgroup(_)
+        | Kernel::MatmulCoop(_) => [spec.wg, 1, 1],
         Kernel::QuantMatmul(_) => qmatmul::QMATMUL_WG,
         Kernel::MatmulNaive => [NAIVE_WG, NAIVE_WG, 1],
         Kernel::InvertedResidual => [BLOCK_WG, 1, 1],
@@ -854,13 +892,13 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
     }
 }
 
-/// Every module the catalogue can build (each typed kernel in each storage variant, and the
-/// copy once), for validation with naga.
+/// Every module the catalogue can build (each typed kernel in each of its storage variants,
+/// [`Kernel::storages`], and the copy once), for validation with naga.
 pub fn all_modules() -> Vec<WgslModule> {
     let mut v = Vec::new();
     for kernel in Kernel::ALL {
         if kernel.is_typed() {
-            v.extend(ElementStorage::ALL.iter().map(|&s| module(kernel, s)));
+            v.extend(kernel.storages().iter().map(|&s| module(kernel, s)));
         } else {
             v.push(module(kernel, ElementStorage::F32));
         }
@@ -1214,7 +1252,8 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 26 * 4 + 1);
+        // 26 kernels in every storage, the two cooperative ones in native f16, the copy.
+        assert_eq!(all.len(), 26 * 4 + 2 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -1225,7 +1264,7 @@ mod tests {
         }
     }
 
-    /// Each kernel file ends with its f32 generated block, up to date (`TILEKIT_BLESS=1`
+    /// Each kernel file ends with its f32 generated block (f16 for the cooperative kernel), up to date (`TILEKIT_BLESS=1`
     /// rewrites the blocks).
     #[test]
     fn kernel_files_carry_their_current_generated_block() {
@@ -1240,11 +1279,13 @@ mod tests {
             ("glu.wgsl", Kernel::Glu, GLU),
             ("inverted_residual.wgsl", Kernel::InvertedResidual, INVERTED_RESIDUAL),
             ("qmatmul.wgsl", Kernel::QuantGemvSubgroup(QuantFormat::Q8_0), QMATMUL),
+            ("matmul_coopmat.wgsl", Kernel::MatmulCoop(CoopSize::S16), MATMUL_COOPMAT),
         ];
         let bless = std::env::var_os("TILEKIT_BLESS").is_some();
         for (file, kernel, text) in files {
             let (body, block) = split_generated(text);
-            let want = format!("{}\n", generated_block(kernel, ElementStorage::F32));
+            // The cooperative kernel exists in native f16 only: its file carries that block.
+            let want = format!("{}\n", generated_block(kernel, kernel.storages()[0]));
             if block != want {
                 if bless {
                     std::fs::write(dir.join(file), format!("{body}{want}")).expect("rewrite the shader file");

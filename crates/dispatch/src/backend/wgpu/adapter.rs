@@ -111,11 +111,23 @@ impl WgpuBackend {
             if adapter.features().contains(wgpu::Features::SUBGROUP) && !opts.no_subgroups {
                 features |= wgpu::Features::SUBGROUP;
             }
+            // Cooperative matrices only where the caller opted in (`coop.rs`).
+            let coop = coop::wanted(&adapter, opts);
+            let mut coop_configs = Vec::new();
+            let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
+            if coop {
+                features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+                coop_configs = coop::configs(&adapter.cooperative_matrix_properties());
+                // SAFETY: the caller accepted wgpu's contract for experimental features by
+                // calling the unsafe `WgpuOptions::with_experimental_cooperative_matrix`.
+                experimental_features = unsafe { wgpu::ExperimentalFeatures::enabled() };
+            }
             let desc = wgpu::DeviceDescriptor {
                 label: Some("tilekit"),
                 required_features: features,
                 // The adapter's own limits: the largest bindings and workgroup storage it has.
                 required_limits: adapter.limits(),
+                experimental_features,
                 ..Default::default()
             };
             match pollster::block_on(adapter.request_device(&desc)) {
@@ -129,7 +141,7 @@ impl WgpuBackend {
                         }
                     }));
                     let native = features.contains(wgpu::Features::SHADER_F16) && !opts.force_packed_f16;
-                    return Ok(WgpuBackend::assemble(device, queue, info, native, errors));
+                    return Ok(WgpuBackend::assemble(device, queue, info, native, errors, coop_configs));
                 }
                 Err(e) => failures.push(format!("{}: {e}", info.name)),
             }
@@ -142,7 +154,8 @@ impl WgpuBackend {
     pub(crate) fn from_raw(device: wgpu::Device, queue: wgpu::Queue) -> Result<WgpuBackend> {
         let info = device.adapter_info();
         let native = device.features().contains(wgpu::Features::SHADER_F16);
-        Ok(WgpuBackend::assemble(device, queue, info, native, Arc::new(ErrorLog::default())))
+        let coop_configs = coop::engine_configs(&device, &info);
+        Ok(WgpuBackend::assemble(device, queue, info, native, Arc::new(ErrorLog::default()), coop_configs))
     }
 
     pub(super) fn assemble(
@@ -151,6 +164,7 @@ impl WgpuBackend {
         info: wgpu::AdapterInfo,
         native_f16: bool,
         errors: Arc<ErrorLog>,
+        coop_configs: Vec<cat::coopmat::CoopConfig>,
     ) -> WgpuBackend {
         let log = errors.clone();
         device.set_device_lost_callback(move |reason, message| {
@@ -186,6 +200,7 @@ impl WgpuBackend {
         });
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let coop = coop::coop_device(&device, &info, &limits, native_f16, subgroups, coop_configs);
         let fingerprint = format!(
             "{} ({:?}, {:04x}:{:04x}, {} {})",
             info.name, info.backend, info.vendor, info.device, info.driver, info.driver_info
@@ -194,6 +209,7 @@ impl WgpuBackend {
             fingerprint,
             timestamps,
             subgroups,
+            coop,
             prof: ProfState::default(),
             tuner: Tuner::from_env(),
             forcing: Mutex::new(()),
@@ -227,8 +243,12 @@ impl WgpuBackend {
             (false, false) => format!(", driver {} {}", i.driver, i.driver_info),
         };
         let f16 = if self.native_f16 { "f16 native (shader-f16)" } else { "f16 packed in u32" };
+        let coop = match self.coop_size() {
+            Some(s) => format!("; f16 matmul on {0}x{0} cooperative matrices", s.edge()),
+            None => String::new(),
+        };
         format!(
-            "{} ({:?}{}{}); {f16}, bf16 packed in u32",
+            "{} ({:?}{}{}); {f16}, bf16 packed in u32{coop}",
             i.name,
             i.backend,
             if is_software(i) { ", software" } else { "" },

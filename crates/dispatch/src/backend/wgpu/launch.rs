@@ -104,6 +104,7 @@ impl WgpuBackend {
         let (block_m, block_n) = match kernel {
             Kernel::MatmulSmallM => (spec.rows, spec.wg * cat::SMALL_M_COLS),
             Kernel::Gemv | Kernel::GemvSubgroup => (spec.rows, cat::gemv::GEMV_COLS),
+            Kernel::MatmulCoop(size) => (size.block(), size.block()),
             _ => (spec.tile.bm(), spec.tile.bn()),
         };
         let pipeline = self.pipeline(op, kernel, storage, spec)?;

@@ -76,6 +76,7 @@ mod adapter;
 mod block;
 mod buffers;
 pub(crate) mod cache;
+mod coop;
 pub(crate) mod depthwise;
 mod health;
 mod interop;
@@ -147,6 +148,8 @@ pub(crate) struct State {
     timestamps: bool,
     /// Whether the device has `SUBGROUP` (the GEMV kernel reduces with subgroup operations).
     subgroups: bool,
+    /// What the device offers the cooperative-matrix matmul (`coop.rs`).
+    coop: cat::coopmat::CoopDevice,
     prof: ProfState,
     tuner: Tuner,
     /// What identifies this device and driver in the tune cache (made once).
@@ -651,6 +654,14 @@ impl WgpuBackend {
         let storage = self.storage_variant(dtype);
         // Up to 16 rows take the GEMV kernel (its subgroup reduction where the device has
         // subgroups); the others the tiled kernel; the tuner picks among the candidates.
+        // The cooperative-matrix kernel where the device has it and the product fits its rule
+        // (`coop.rs`); it has one spec per device, so an explicit tune times the usual kernels.
+        if request == TuneRequest::AsConfigured
+            && let Some((kernel, spec)) = self.coop_choice(desc, storage)
+        {
+            self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c)?;
+            return Ok(None);
+        }
         let (kernel, candidates) = cat::matmul_candidates(desc.m);
         let kernel = if kernel == Kernel::Gemv && self.subgroups { Kernel::GemvSubgroup } else { kernel };
         let run = |spec: Spec| self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c);

@@ -44,6 +44,18 @@ impl WgpuBackend {
                 reason: "the device lacks SHADER_F16".into(),
             });
         }
+        // Checked before the module is made: a device without the feature never compiles it.
+        if kernel.needs_cooperative_matrix()
+            && !self.device.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            return Err(Error::Backend {
+                backend: KIND,
+                message: format!(
+                    "{} needs cooperative matrices, the device lacks EXPERIMENTAL_COOPERATIVE_MATRIX",
+                    module.name
+                ),
+            });
+        }
         if kernel.needs_subgroups() && !self.subgroups {
             return Err(Error::Backend {
                 backend: KIND,
@@ -119,7 +131,8 @@ impl WgpuBackend {
             | Kernel::DepthwiseConv2d
             | Kernel::QuantGemv(_)
             | Kernel::QuantGemvSubgroup(_)
-            | Kernel::QuantMatmul(_) => {
+            | Kernel::QuantMatmul(_)
+            | Kernel::MatmulCoop(_) => {
                 format!("{} [{}]", module.name, spec.label(kernel))
             }
             _ => module.name.clone(),

@@ -150,8 +150,7 @@ fn tiled_cases(layout: Layout) -> Vec<Conv2dDesc> {
 fn tiled_devices(what: &str) -> Vec<(Device, Vec<DType>)> {
     let mut v = Vec::new();
     for packed in [false, true] {
-        let opts =
-            WgpuOptions { allow_software: true, adapter_name: None, force_packed_f16: packed, no_subgroups: false };
+        let opts = WgpuOptions { allow_software: true, force_packed_f16: packed, ..WgpuOptions::default() };
         match Device::wgpu(&opts) {
             Ok(dev) => {
                 *backend(&dev).force_spec.lock().unwrap() = Some(Spec { wg: cat::DW_TILED, ..Spec::DEFAULT });

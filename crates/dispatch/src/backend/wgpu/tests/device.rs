@@ -52,6 +52,10 @@ fn every_catalogue_module_builds_a_pipeline() {
                 eprintln!("SKIP {} pipeline: the device has no SUBGROUP", kernel.name());
                 continue;
             }
+            if kernel.needs_cooperative_matrix() {
+                // Never built without the feature (tests/coop.rs); with it, built as chosen.
+                continue;
+            }
             // The other specs (tiles, small-M rows) are built by the matmul tests.
             be.pipeline("test", kernel, storage, Spec::DEFAULT).unwrap();
         }
@@ -166,6 +170,9 @@ fn every_catalogue_module_validates_with_naga() {
         // Only the subgroup GEMV module may need subgroups: the plain one validates without.
         if m.kernel.needs_subgroups() {
             caps |= naga::valid::Capabilities::SUBGROUP;
+        }
+        if m.kernel.needs_cooperative_matrix() {
+            caps |= naga::valid::Capabilities::COOPERATIVE_MATRIX;
         }
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)

@@ -38,7 +38,8 @@ fn kernel_of(dev: &Device, m: usize) -> String {
 /// launches of the thread that owns it (the shared devices also carry other tests' ops).
 fn own_reduction_device(packed: bool) -> Option<Device> {
     device(packed)?;
-    let opts = WgpuOptions { allow_software: true, adapter_name: None, force_packed_f16: packed, no_subgroups: packed };
+    let opts =
+        WgpuOptions { allow_software: true, force_packed_f16: packed, no_subgroups: packed, ..WgpuOptions::default() };
     Device::wgpu(&opts).ok()
 }
 

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use tilekit_kernels::{Activation, MatrixView, reference};
 
 mod conv;
+mod coop;
 mod device;
 mod elementwise;
 mod gemv;
@@ -34,6 +35,7 @@ pub(super) fn device(packed_f16: bool) -> Option<&'static Device> {
             adapter_name: None,
             force_packed_f16: packed_f16,
             no_subgroups: packed_f16,
+            ..WgpuOptions::default()
         };
         match Device::wgpu(&opts) {
             Ok(d) => Some(d),
