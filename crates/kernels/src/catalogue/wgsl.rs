@@ -60,6 +60,7 @@
 
 use crate::{DType, MatmulDesc};
 
+pub mod f16x2;
 pub mod gemv;
 pub mod layout;
 pub mod qmatmul;
@@ -68,6 +69,7 @@ pub use qmatmul::QuantFormat;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
 const MATMUL: &str = include_str!("../../../../shaders/wgsl/matmul.wgsl");
+const MATMUL_F16X2: &str = include_str!("../../../../shaders/wgsl/matmul_f16x2.wgsl");
 const MATMUL_NAIVE: &str = include_str!("../../../../shaders/wgsl/matmul_naive.wgsl");
 const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_conv2d.wgsl");
 const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
@@ -165,11 +167,16 @@ pub enum Kernel {
     /// Quantized-weight tiled matmul, weights dequantized into workgroup memory (entry
     /// `qmatmul`).
     QuantMatmul(QuantFormat),
+    /// The tiled matmul of [`crate::Precision::F16`] for f16 storage only: products and
+    /// partial sums of up to 8 products in `vec2<f16>`, added to f32 accumulators
+    /// (`matmul_f16x2.wgsl`, [`f16x2`]); same tiles, switches, parameters and epilogue as
+    /// [`Kernel::Matmul`].
+    MatmulF16x2,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 27] = {
+    pub const ALL: [Kernel; 28] = {
         use QuantFormat as F;
         [
             Kernel::Matmul,
@@ -199,6 +206,7 @@ impl Kernel {
             Kernel::QuantMatmul(F::Q4_1),
             Kernel::QuantMatmul(F::Q4K),
             Kernel::QuantMatmul(F::Q6K),
+            Kernel::MatmulF16x2,
         ]
     };
 
@@ -217,6 +225,7 @@ impl Kernel {
             Kernel::GemvSubgroup => "gemv_subgroup",
             Kernel::Glu => "glu",
             Kernel::InvertedResidual => "inverted_residual",
+            Kernel::MatmulF16x2 => "matmul_f16x2",
             Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => qmatmul::name(self),
         }
     }
@@ -226,11 +235,22 @@ impl Kernel {
         matches!(self, Kernel::GemvSubgroup | Kernel::QuantGemvSubgroup(_))
     }
 
+    /// The one storage variant the kernel is built for, where it has one
+    /// ([`Kernel::MatmulF16x2`]: native f16); [`module_with`] builds that variant whatever
+    /// storage it is asked for.
+    pub const fn only_storage(self) -> Option<ElementStorage> {
+        match self {
+            Kernel::MatmulF16x2 => Some(ElementStorage::F16),
+            _ => None,
+        }
+    }
+
     /// Whether the kernel takes a matmul's parameter block and bindings.
     pub const fn is_matmul(self) -> bool {
         matches!(
             self,
             Kernel::Matmul
+                | Kernel::MatmulF16x2
                 | Kernel::MatmulSmallM
                 | Kernel::Gemv
                 | Kernel::GemvSubgroup
@@ -448,7 +468,7 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup => {
+        Kernel::Matmul | Kernel::MatmulF16x2 | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup => {
             vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
         }
         // The weight planes are declared in `qmatmul.wgsl` itself (raw words, any dtype).
@@ -631,7 +651,7 @@ impl Spec {
     /// have equal specs (the pipeline-cache key).
     pub fn normalised(self, kernel: Kernel) -> Spec {
         match kernel {
-            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
+            Kernel::Matmul | Kernel::MatmulF16x2 => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
             Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), ..self },
             Kernel::Gemv | Kernel::GemvSubgroup => {
                 Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
@@ -650,7 +670,7 @@ impl Spec {
     /// are not part of it (every product of a tuning key has the same ones).
     pub fn label(self, kernel: Kernel) -> String {
         match kernel {
-            Kernel::Matmul => format!(
+            Kernel::Matmul | Kernel::MatmulF16x2 => format!(
                 "{}x{}/bk{} ({}x{} inv)",
                 self.tile.bm(),
                 self.tile.bn(),
@@ -763,6 +783,7 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
 /// The module of `kernel` in `storage` specialised by `spec` (see [`Spec`]).
 pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslModule {
     let spec = spec.normalised(kernel);
+    let storage = kernel.only_storage().unwrap_or(storage);
     let tile = spec.tile;
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
@@ -777,6 +798,11 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 ];
                 o.extend(spec.switches.overrides());
                 (MATMUL, "matmul", o, tile.workgroup_bytes())
+            }
+            Kernel::MatmulF16x2 => {
+                let mut o = f16x2::tile_overrides(tile);
+                o.extend(spec.switches.overrides());
+                (MATMUL_F16X2, "matmul_f16x2", o, f16x2::workgroup_bytes(tile))
             }
             Kernel::MatmulSmallM => {
                 let mut o = vec![("WG_N", f64::from(spec.wg)), ("SM_ROWS", f64::from(spec.rows))];
@@ -823,13 +849,14 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
         Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => {
             source.push_str(&qmatmul::text(kernel, kernel_text));
         }
+        Kernel::MatmulF16x2 => source.push_str(f16x2::text(kernel_text)),
         _ => source.push_str(kernel_text),
     }
     source.push_str(&generated_block(kernel, storage));
     source.push('\n');
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
-        Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::Matmul | Kernel::MatmulF16x2 => [tile.wg_x, tile.wg_y, 1],
         Kernel::MatmulSmallM
         | Kernel::DepthwiseConv2d
         | Kernel::Gemv
@@ -859,7 +886,9 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
 pub fn all_modules() -> Vec<WgslModule> {
     let mut v = Vec::new();
     for kernel in Kernel::ALL {
-        if kernel.is_typed() {
+        if let Some(only) = kernel.only_storage() {
+            v.push(module(kernel, only));
+        } else if kernel.is_typed() {
             v.extend(ElementStorage::ALL.iter().map(|&s| module(kernel, s)));
         } else {
             v.push(module(kernel, ElementStorage::F32));
@@ -1214,7 +1243,8 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        assert_eq!(all.len(), 26 * 4 + 1);
+        // 26 typed kernels in 4 storage variants, the copy, the f16-only kernel.
+        assert_eq!(all.len(), 26 * 4 + 1 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();

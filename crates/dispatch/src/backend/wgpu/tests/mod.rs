@@ -12,6 +12,7 @@ use tilekit_kernels::{Activation, MatrixView, reference};
 mod conv;
 mod device;
 mod elementwise;
+mod f16x2;
 mod gemv;
 mod limits;
 mod matmul;
