@@ -32,6 +32,8 @@ enable f16;
 //   result, so overflow never shows and Inf/NaN inputs give what they give on the f32 path.
 // - Grid: x = column blocks, y = row blocks, z = batches of this launch (`batch_base`), as
 //   `matmul`.
+// The generated block at the end of this file is the f16 one (the only variant the kernel is
+// built in; its standard first lines say f32), so that the file is valid WGSL as it stands.
 
 // Invocations per workgroup along N (x) and M (y), the slab depth and the warp tile: as in
 // `matmul.wgsl` (the catalogue passes the same `MatmulTile` values).

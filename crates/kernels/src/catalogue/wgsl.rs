@@ -21,6 +21,7 @@
 //! | kernel | workgroup | work per invocation |
 //! |---|---|---|
 //! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 2 for M ≤ 16) in 8 × 4 warp tiles | 8 × 8 outputs; BK-deep slabs of A and B staged in workgroup memory without bank conflicts ([`layout`]), software-pipelined |
+//! | [`Kernel::MatmulF16x2`] | as [`Kernel::Matmul`] | 8 × 8 outputs; f16 slabs (`vec4<f16>`, half the bytes), 32 `vec2<f16>` FMAs per k step, f16 partials added to f32 accumulators every 8 steps ([`f16x2`]); f16 storage only |
 //! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × [`SMALL_M_COLS`] outputs (M ≤ 4), no workgroup memory |
 //! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
 //! | [`Kernel::QuantGemv`], [`Kernel::QuantGemvSubgroup`] | [`qmatmul::QGEMV_WG`] = 64 | quantized weights, M ≤ 16 rows × 4 columns per workgroup, K split 32 weights at a time, dequantized in registers, reduced as the GEMV ([`qmatmul`]) |
