@@ -94,6 +94,8 @@
 //! # Using it
 //! - [`bound`] and [`accepts`]: one output against the exact reference, knowing its exact
 //!   pre-activation value `p` and its magnitude `S`.
+//! - [`matmul_bound`]: [`bound`] for a matmul descriptor, with its precision's f16 term
+//!   ([`f16_compute_term`]) under [`crate::Precision::F16`]; what the matmul tests call.
 //! - [`bound_from_magnitude`]: the same rule where only `S` is at hand: `|p| <= S` always, and
 //!   every term grows with `|p|`, so `S` stands in for it. With [`Activation::Gelu`] it bounds
 //!   every activation (GELU's terms are the largest), for callers that do not know which ran.
