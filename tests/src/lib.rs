@@ -201,14 +201,15 @@ pub fn word(dtype: DType, bytes: &[u8], i: usize) -> u32 {
 }
 
 /// Compares `got[i]` with `pre[i]` (pre-activation) through the activation for each `i` of
-/// `indices`, under the tolerance model (or exactly). Returns a message naming the first bad
-/// element.
+/// `indices`, under the tolerance model (or exactly); `bound(magnitude, pre, reference)` is the
+/// op's bound ([`tolerance::bound`], or [`tolerance::matmul_bound`] for a matmul's precision).
+/// Returns a message naming the first bad element.
 #[allow(clippy::too_many_arguments)]
 fn compare(
     what: &str,
     dtype: DType,
     act: Activation,
-    k: usize,
+    bound: &dyn Fn(f64, f64, f64) -> f64,
     exact: bool,
     got: &[f32],
     pre: &[f64],
@@ -225,7 +226,7 @@ fn compare(
             let want = dtype.round_f32(r as f32);
             (got[i].to_bits() == want.to_bits() || got[i] == want || (got[i].is_nan() && want.is_nan()), 0.0)
         } else {
-            let b = tolerance::bound(dtype, act, k, magnitude[i], pre[i], r);
+            let b = bound(magnitude[i], pre[i], r);
             (tolerance::accepts(dtype, got[i], r, b), b)
         };
         if !ok {
@@ -344,7 +345,8 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
         GUARD_WORDS.fetch_add(guards, Ordering::Relaxed);
         total_guards += guards;
         let indices = (0..inp.out_len).filter(|&i| in_view[i]);
-        compare(&what, dtype, desc.activation, desc.k, exact, &got, &pre, &magnitude, indices)?;
+        let rule = |s: f64, p: f64, r: f64| tolerance::matmul_bound(desc, dtype, s, p, r);
+        compare(&what, dtype, desc.activation, &rule, exact, &got, &pre, &magnitude, indices)?;
         // Out-of-bounds stores are clamped onto the last element on some backends: check it
         // exactly against the (bit-exact or toleranced) reference once more, by name.
         if let Some(last) = (0..inp.out_len).rev().find(|&i| in_view[i]) {
@@ -352,7 +354,7 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
                 &format!("{what} (last element)"),
                 dtype,
                 desc.activation,
-                desc.k,
+                &rule,
                 exact,
                 &got,
                 &pre,
@@ -410,7 +412,8 @@ pub fn run_conv(desc: &Conv2dDesc, dtype: DType, data: Data, seed: u64, into: bo
         }
         let got = out.to_f32_vec().map_err(err)?;
         let k = desc.kernel_h * desc.kernel_w;
-        compare(&what, dtype, desc.activation, k, data.exact(), &got, &pre, &magnitude, 0..out_len)?;
+        let rule = |s: f64, p: f64, r: f64| tolerance::bound(dtype, desc.activation, k, s, p, r);
+        compare(&what, dtype, desc.activation, &rule, data.exact(), &got, &pre, &magnitude, 0..out_len)?;
         ran += 1;
     }
     Ok(ran)
@@ -482,7 +485,8 @@ pub fn run_activation(
             }
         };
         let got = out.to_f32_vec().map_err(err)?;
-        compare(&what, dtype, act, 0, data.exact(), &got, &pre, &magnitude, 0..len)?;
+        let rule = |s: f64, p: f64, r: f64| tolerance::bound(dtype, act, 0, s, p, r);
+        compare(&what, dtype, act, &rule, data.exact(), &got, &pre, &magnitude, 0..len)?;
         ran += 1;
     }
     Ok(ran)

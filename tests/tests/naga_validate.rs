@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 use tilekit::kernels::catalogue::wgsl::{
-    ElementStorage, Kernel, MatmulSwitches, Spec, WgslModule, all_modules, matmul_candidates, module_with,
-    skinny_candidates,
+    ElementStorage, Kernel, MATMUL_SHORT_TILE_CANDIDATES, MATMUL_TILE_CANDIDATES, MatmulSwitches, Spec, WgslModule,
+    all_modules, matmul_candidates, module_with, skinny_candidates,
 };
 use tilekit_tests::skip;
 
@@ -104,6 +104,41 @@ fn every_matmul_specialisation_validates() {
         }
     }
     eprintln!("naga: {checked} matmul specialisations validated after process_overrides");
+    assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Every pipeline of the f16-compute kernel (`matmul_f16x2.wgsl`, `Precision::F16`) validates
+/// after `process_overrides`: each tuning candidate of the tiled kernel (it takes the same
+/// tiles), each activation, every combination of transposes, bias and C.
+#[test]
+fn every_f16x2_specialisation_validates() {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    let tiles = MATMUL_TILE_CANDIDATES.iter().chain(&MATMUL_SHORT_TILE_CANDIDATES);
+    for &tile in tiles {
+        for bits in 0..16u32 {
+            for act in [0, 1, 2, 3, 4, 5] {
+                // Every switch set with the default tile; a few with the others.
+                if tile != MATMUL_TILE_CANDIDATES[0] && (bits % 5 != 0 || act % 2 != 0) {
+                    continue;
+                }
+                let switches = MatmulSwitches {
+                    trans_a: bits & 1 != 0,
+                    trans_b: bits & 2 != 0,
+                    bias: bits & 4 != 0,
+                    c: bits & 8 != 0,
+                    act,
+                };
+                let module =
+                    module_with(Kernel::MatmulF16x2, ElementStorage::F16, Spec { tile, switches, ..Spec::DEFAULT });
+                if let Err(e) = specialise(&module) {
+                    failures.push(format!("{} {tile:?} {switches:?}: {e}", module.name));
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("naga: {checked} f16x2 matmul specialisations validated after process_overrides");
     assert!(failures.is_empty(), "{} of {checked} fail:\n{}", failures.len(), failures.join("\n"));
 }
 

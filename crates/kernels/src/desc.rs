@@ -6,7 +6,8 @@
 
 use crate::Activation;
 
-/// How a matmul multiplies: the f32 path, or TPU-style bf16 products.
+/// How a matmul multiplies: the f32 path, TPU-style bf16 products, or f16 products summed
+/// in short f16 runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Precision {
@@ -17,6 +18,22 @@ pub enum Precision {
     /// f32. The path tensor cores take; emulated elsewhere. Meaningful for f32 storage (bf16
     /// storage is already bf16; f16 storage is rounded to bf16 as well).
     Bf16,
+    /// For f16 storage only (other storage is refused with `Error::InvalidParameter`): the
+    /// products, and partial sums of up to [`Precision::F16_CHUNK`] consecutive products, may be
+    /// computed in f16; the partial sums are added in f32. Opt-in, because it is held to a looser
+    /// bound than the f32 paths ([`crate::tolerance::matmul_bound`]: about `8·2⁻¹¹` of
+    /// `Σ|a·b|` more). The wgpu backend runs the `vec2<f16>` kernel
+    /// (`shaders/wgsl/matmul_f16x2.wgsl`) where the device has `SHADER_F16` and M > 16;
+    /// everywhere else (the CPU and CUDA backends, wgpu without `SHADER_F16`, M ≤ 16) the
+    /// [`Precision::Highest`] path runs, which is inside the same bound. A partial sum that
+    /// overflows f16 (above 65504) never shows: the kernel recomputes such outputs in f32.
+    F16,
+}
+
+impl Precision {
+    /// The most consecutive products one f16 partial sum of [`Precision::F16`] holds before it
+    /// is added to the f32 accumulator (`CHUNK` in `matmul_f16x2.wgsl`).
+    pub const F16_CHUNK: usize = 8;
 }
 
 /// A strided, batched matrix inside a flat buffer. Element `(r, c)` of batch `b` lives at

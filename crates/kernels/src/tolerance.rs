@@ -48,6 +48,39 @@
 //!   rounding does not hold below the normal range), and `f32`'s smallest normal (2⁻¹²⁶) for
 //!   f32 and bf16, so a backend that flushes `f32` subnormals to zero (WGSL may) still passes.
 //!
+//! # The f16-compute policy ([`crate::Precision::F16`])
+//! The kernel forms each output's sum in chunks of at most `S =`
+//! [`crate::Precision::F16_CHUNK`] `= 8` consecutive products: each chunk starts from zero, its
+//! products are rounded to f16 and added in f16 (a `vec2<f16>` `fma`, which may or may not be
+//! fused: at most two roundings per product), and the chunk's f16 partial is widened (exactly)
+//! and added to the `f32` accumulator. Per chunk (Higham, Lemma 3.1 and §3.1, the dot product
+//! of length `S` from zero, every product and addition one rounding with `u16 = 2⁻¹¹`, plus
+//! each rounding's underflow error `η = 2⁻²⁵`, half the spacing of f16's subnormals):
+//!
+//! ```text
+//! |ĥ − Σ_chunk a·b| <= γ_S(u16)·Σ_chunk |a·b| + (2S − 1)·η·(1 + γ_S) <= γ_S·Σ_chunk |a·b| + 2S·η
+//! ```
+//!
+//! with `γ_S = S·u16/(1 − S·u16)` (`γ_8 = 0.00392`). Summed over the chunks (at most `K`
+//! products, `2η` each) and scaled by `alpha` (applied in `f32` after the sum), the f16 stage
+//! adds to `e_pre`
+//!
+//! ```text
+//! e_f16 = γ_S(u16)·S_mag + |alpha|·K·2⁻²⁴                     (S_mag: the magnitude S above)
+//! ```
+//!
+//! and the `f32` stage is the accumulation term above (the chunks are at most `K` terms whose
+//! magnitudes sum to `(1 + γ_S)·Σ|a||b|`, inside its factor 2). [`matmul_bound`] adds `e_f16`
+//! for a descriptor with this precision. Assumptions, stated: the device keeps f16 subnormals
+//! (lavapipe does: a test multiplies into the subnormal range and expects exact results); a
+//! device that flushes them to zero adds up to `2⁻¹⁴` per product whose value or partial sum
+//! falls below `2⁻¹⁴`. f16 overflow: a product or partial sum above 65504 becomes ±Inf (and an
+//! Inf meeting −Inf, NaN); that is sticky through the f16 and f32 sums, so the kernel checks each
+//! output's `f32` sum and recomputes a non-finite one in `f32` from the stored inputs: such an
+//! output is the [`crate::Precision::Highest`] result (inside the tighter bound; Inf or NaN
+//! inputs give what they give there). The backends that do not run the f16 kernel compute at
+//! `Highest`, which is inside this bound too.
+//!
 //! # Quantized weights
 //! `matmul_quant` (a GGUF-quantized `B`) is held to the same bound with `B = dequantize(W)`:
 //! the dequantized weights are exact `f32` values (`crate::quant`), so the reference takes
@@ -61,6 +94,8 @@
 //! # Using it
 //! - [`bound`] and [`accepts`]: one output against the exact reference, knowing its exact
 //!   pre-activation value `p` and its magnitude `S`.
+//! - [`matmul_bound`]: [`bound`] for a matmul descriptor, with its precision's f16 term
+//!   ([`f16_compute_term`]) under [`crate::Precision::F16`]; what the matmul tests call.
 //! - [`bound_from_magnitude`]: the same rule where only `S` is at hand: `|p| <= S` always, and
 //!   every term grows with `|p|`, so `S` stands in for it. With [`Activation::Gelu`] it bounds
 //!   every activation (GELU's terms are the largest), for callers that do not know which ran.
@@ -69,7 +104,7 @@
 //! - Where every product and partial sum is exact in `f32` (small integers scaled by powers of
 //!   two), the accumulation term is zero: pass `k = 0` and `magnitude = 0`.
 
-use crate::{Activation, DType};
+use crate::{Activation, DType, MatmulDesc, Precision};
 
 /// Unit roundoff of the `f32` accumulator (2⁻²⁴).
 pub const U_ACC: f64 = 5.960_464_477_539_063e-8;
@@ -102,6 +137,34 @@ pub fn lipschitz(act: Activation) -> f64 {
 /// output `act(pre)`.
 pub fn bound(dtype: DType, act: Activation, k: usize, magnitude: f64, pre: f64, reference: f64) -> f64 {
     let e_pre = RTOL * pre.abs() + C_ACC * (k as f64 + 2.0) * U_ACC * magnitude;
+    let e_act = lipschitz(act) * e_pre + U_ACC * reference.abs() + act.error_bound(pre, reference);
+    atol(dtype) + e_act + dtype.unit_roundoff() * (reference.abs() + e_act)
+}
+
+/// Unit roundoff of f16 (2⁻¹¹), the arithmetic of [`Precision::F16`]'s partial sums.
+pub const U_F16: f64 = 4.882_812_5e-4;
+
+/// The f16 stage's share of the bound under [`Precision::F16`] (see the module docs):
+/// `γ_S(u16)·magnitude + |alpha|·K·2⁻²⁴` with `S = Precision::F16_CHUNK`; 0 for the other
+/// precisions.
+pub fn f16_compute_term(precision: Precision, alpha: f32, k: usize, magnitude: f64) -> f64 {
+    match precision {
+        Precision::F16 => {
+            let s = Precision::F16_CHUNK as f64;
+            let gamma = s * U_F16 / (1.0 - s * U_F16);
+            gamma * magnitude + f64::from(alpha).abs() * k as f64 * 2f64.powi(-24)
+        }
+        _ => 0.0,
+    }
+}
+
+/// The largest allowed `|got − r|` for one output of the matmul `desc` (its precision, `alpha`,
+/// `K` and activation): [`bound`], with the f16 stage's term ([`f16_compute_term`]) added to
+/// the pre-activation error under [`Precision::F16`]. For the other precisions it is [`bound`].
+pub fn matmul_bound(desc: &MatmulDesc, dtype: DType, magnitude: f64, pre: f64, reference: f64) -> f64 {
+    let act = desc.activation;
+    let extra = f16_compute_term(desc.precision, desc.alpha, desc.k, magnitude);
+    let e_pre = RTOL * pre.abs() + C_ACC * (desc.k as f64 + 2.0) * U_ACC * magnitude + extra;
     let e_act = lipschitz(act) * e_pre + U_ACC * reference.abs() + act.error_bound(pre, reference);
     atol(dtype) + e_act + dtype.unit_roundoff() * (reference.abs() + e_act)
 }
@@ -176,6 +239,32 @@ mod tests {
         let e_act = e_pre + u;
         let want = 2f64.powi(-126) + e_act + u * (1.0 + e_act);
         assert_eq!(bound(DType::F32, Activation::None, 4096, 1024.0, 1.0, 1.0), want);
+    }
+
+    #[test]
+    fn the_f16_policy_adds_its_documented_term_and_nothing_else() {
+        let mut d = MatmulDesc::new(4, 4, 64).alpha(-2.0).activation(Activation::Silu);
+        for dtype in DType::ALL {
+            for (s, pre) in [(0.0, 0.0), (3.0, 1.5), (1000.0, -20.0)] {
+                let r = d.activation.apply_f64(pre);
+                let plain = bound(dtype, d.activation, 64, s, pre, r);
+                d.precision = Precision::Highest;
+                assert_eq!(matmul_bound(&d, dtype, s, pre, r), plain);
+                d.precision = Precision::Bf16;
+                assert_eq!(matmul_bound(&d, dtype, s, pre, r), plain);
+                d.precision = Precision::F16;
+                let loose = matmul_bound(&d, dtype, s, pre, r);
+                // γ_8 = 8u/(1 − 8u) with u = 2⁻¹¹, and |alpha|·K·2⁻²⁴ = 2·64·2⁻²⁴.
+                let u = 2f64.powi(-11);
+                let term = 8.0 * u / (1.0 - 8.0 * u) * s + 2.0 * 64.0 * 2f64.powi(-24);
+                assert_eq!(f16_compute_term(Precision::F16, -2.0, 64, s), term);
+                // The term enters before the activation (times its Lipschitz constant 1.1)
+                // and the storage rounding.
+                let ratio = (loose - plain) / (1.1 * term);
+                assert!(ratio > 1.0 - 1e-9 && ratio < 1.0 + dtype.unit_roundoff() + 1e-9, "{dtype} {s}: {ratio}");
+            }
+        }
+        assert_eq!(U_F16, 2f64.powi(-11));
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod cases;
 mod chart;
 mod check;
 mod compare;
+mod f16x2;
 mod launch;
 mod measure;
 mod network;
@@ -191,6 +192,7 @@ pub fn run(args: Args) -> Result<()> {
         quant::run(&devices, args.quick, &rows, flusher)?;
     }
     report::print_tune_summary(&rows);
+    report::print_f16x2_summary(&rows);
     report::print_ort_summary(&rows);
 
     let json = match args.json {
@@ -526,6 +528,14 @@ fn measure_case(
             });
             row.push_ref(Reference::new("prev", s.ok()));
         }
+    }
+    if f16x2::applies(&bound, case, dtype) {
+        // The same f16 product under Precision::F16 (the vec2<f16> kernel), checked, then timed.
+        let s = f16x2::time(&bound, case, dtype, &host, plan).unwrap_or_else(|e| {
+            row.error.get_or_insert(format!("{e:#}"));
+            None
+        });
+        row.push_ref(Reference::new("f16x2", s));
     }
     if let Case::Conv { .. } = case
         && dev.set_previous_depthwise(true)

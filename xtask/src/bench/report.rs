@@ -184,7 +184,7 @@ pub fn print_legend() {
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort  vs f16x2";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -207,7 +207,7 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}  {:>8}",
         if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
@@ -223,6 +223,7 @@ pub fn print_row(row: &Row) {
         row.speedup("prev"),
         row.speedup("f64-ref"),
         row.speedup("ort"),
+        row.speedup("f16x2"),
     );
     println!("{line}");
 }
@@ -248,6 +249,32 @@ pub fn print_tune_summary(rows: &[Row]) {
         let geo = (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
         let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         println!("   {backend:<5} {dtype:<5} {suite:<11} {geo:.2}x over {} case(s) (range {lo:.2}x-{hi:.2}x)", v.len());
+    }
+}
+
+/// The f16 rows timed both ways in one run: the f32-compute kernel (`Precision::Highest`, the
+/// row) and the `vec2<f16>` kernel (`Precision::F16`, the `f16x2` reference).
+pub fn print_f16x2_summary(rows: &[Row]) {
+    let pairs: Vec<(&Row, f64, f64)> = rows
+        .iter()
+        .filter_map(|r| {
+            let f = r.references.iter().find(|x| x.name == "f16x2")?.stats?;
+            Some((r, r.stats?.median_s, f.median_s))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!("\n== f16 matmul: f32 compute (Precision::Highest) vs vec2<f16> compute (Precision::F16), same run");
+    for (r, hi, f16) in pairs {
+        println!(
+            "   {:<5} {:<27} f32-compute {:>9.3} ms  f16x2 {:>9.3} ms  f32/f16x2 {:.2}x",
+            r.backend,
+            r.shape,
+            hi * 1e3,
+            f16 * 1e3,
+            hi / f16
+        );
     }
 }
 
@@ -299,7 +326,7 @@ pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort"];
+    let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort", "f16x2"];
     let mut out = String::from(
         "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
          tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",

@@ -193,6 +193,14 @@ impl Bound {
         Ok(self.out.to_f32_vec()?)
     }
 
+    /// The bias tensor of a matmul case, if it has one.
+    pub fn bias(&self) -> Option<&Tensor> {
+        match self.case {
+            Case::Matmul { bias: true, .. } => self.inputs.get(2),
+            _ => None,
+        }
+    }
+
     /// The `A` and `B` tensors of a matmul case (for the naive-kernel reference).
     pub fn matmul_operands(&self) -> Option<(&Tensor, &Tensor)> {
         match self.case {

@@ -3,7 +3,7 @@
 use super::{check_alias, check_device, check_dtype, check_finite, check_fits, storage};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::{Activation, MatmulDesc, MatrixView, Precision};
+use tilekit_kernels::{Activation, DType, MatmulDesc, MatrixView, Precision};
 
 const OP: &str = "matmul";
 
@@ -26,7 +26,8 @@ pub struct MatmulOptions<'a> {
     pub c: Option<&'a Tensor>,
     /// Activation applied last.
     pub activation: Activation,
-    /// Multiplication precision.
+    /// Multiplication precision. [`Precision::F16`] takes f16 tensors only (others are an
+    /// `Error::InvalidParameter`).
     pub precision: Precision,
 }
 
@@ -198,6 +199,13 @@ impl Device {
         }
         check_finite(OP, "alpha", desc.alpha)?;
         check_finite(OP, "beta", desc.beta)?;
+        if desc.precision == Precision::F16 && dtype != DType::F16 {
+            return Err(Error::InvalidParameter {
+                op: OP,
+                param: "precision",
+                reason: format!("Precision::F16 multiplies f16 storage only, not {dtype}"),
+            });
+        }
         if desc.bias_offset.is_some() != bias.is_some() {
             return Err(Error::InvalidParameter {
                 op: OP,

@@ -148,16 +148,18 @@ pub const MAX_GRID_Y: usize = 65535;
 
 /// The matmul kernel for a storage dtype, precision policy and transposes. The tensor-core ones
 /// (module [`Module::MatmulMma`]) take [`splitk::SplitKParams`], the SIMT one [`MatmulParams`].
+/// [`Precision::F16`] takes the `Highest` kernels: CUDA has no f16-compute kernel, and the f32 path
+/// is inside that policy's bound.
 pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b: bool) -> Kernel {
     use Module::MatmulMma as M;
     let t = (trans_a as usize) * 2 + trans_b as usize;
     let pick = |names: [&'static str; 4]| k(M, names[t]);
     match (dtype, precision) {
-        (DType::F32, Precision::Highest) => k(Module::MatmulSimt, "matmul_f32"),
+        (DType::F32, Precision::Highest | Precision::F16) => k(Module::MatmulSimt, "matmul_f32"),
         (DType::F32, _) => {
             pick(["matmul_f32_bf16_nn", "matmul_f32_bf16_nt", "matmul_f32_bf16_tn", "matmul_f32_bf16_tt"])
         }
-        (DType::F16, Precision::Highest) => {
+        (DType::F16, Precision::Highest | Precision::F16) => {
             pick(["matmul_f16_f16_nn", "matmul_f16_f16_nt", "matmul_f16_f16_tn", "matmul_f16_f16_tt"])
         }
         (DType::F16, _) => {
@@ -183,9 +185,9 @@ pub fn skinny_matmul_kernel(dtype: DType, precision: Precision, m: usize, trans_
     let small = m <= 8;
     let pick = |m8: &'static str, m32: &'static str| Some(k(Module::MatmulSimt, if small { m8 } else { m32 }));
     match (dtype, precision) {
-        (DType::F32, Precision::Highest) => pick("matmul_skinny_f32_m8", "matmul_skinny_f32_m32"),
+        (DType::F32, Precision::Highest | Precision::F16) => pick("matmul_skinny_f32_m8", "matmul_skinny_f32_m32"),
         (DType::F32, _) => pick("matmul_skinny_f32_bf16_m8", "matmul_skinny_f32_bf16_m32"),
-        (DType::F16, Precision::Highest) => pick("matmul_skinny_f16_m8", "matmul_skinny_f16_m32"),
+        (DType::F16, Precision::Highest | Precision::F16) => pick("matmul_skinny_f16_m8", "matmul_skinny_f16_m32"),
         (DType::F16, _) => pick("matmul_skinny_f16_bf16_m8", "matmul_skinny_f16_bf16_m32"),
         (DType::Bf16, _) => pick("matmul_skinny_bf16_m8", "matmul_skinny_bf16_m32"),
     }
@@ -570,6 +572,23 @@ mod tests {
                 let k = activation_kernel(dt, act);
                 assert_eq!(k.entry, format!("activation_{}_{}", dt.name(), act.name().replace('-', "_")));
                 assert!(k.module.ptx().contains(&format!(".entry {}(", k.entry)), "{} is not in the PTX", k.entry);
+            }
+        }
+    }
+
+    /// The f16-compute policy runs the `Highest` kernels on CUDA (never the bf16 ones).
+    #[test]
+    fn the_f16_policy_takes_the_highest_kernels() {
+        for dt in [DType::F32, DType::F16] {
+            for (ta, tb) in [(false, false), (true, true)] {
+                let want = matmul_kernel(dt, Precision::Highest, ta, tb);
+                assert_eq!(matmul_kernel(dt, Precision::F16, ta, tb), want);
+            }
+            for m in [1, 9] {
+                let want = skinny_matmul_kernel(dt, Precision::Highest, m, false);
+                assert_eq!(skinny_matmul_kernel(dt, Precision::F16, m, false), want);
+                let want = gemv::gemv_kernel(dt, Precision::Highest, m, true);
+                assert_eq!(gemv::gemv_kernel(dt, Precision::F16, m, true), want);
             }
         }
     }

@@ -21,6 +21,7 @@
 //! | kernel | workgroup | work per invocation |
 //! |---|---|---|
 //! | [`Kernel::Matmul`] | `WG_X × WG_Y` ([`MatmulTile`]: 16 × 16, or 32 × 2 for M ≤ 16) in 8 × 4 warp tiles | 8 × 8 outputs; BK-deep slabs of A and B staged in workgroup memory without bank conflicts ([`layout`]), software-pipelined |
+//! | [`Kernel::MatmulF16x2`] | as [`Kernel::Matmul`] | 8 × 8 outputs; f16 slabs (`vec4<f16>`, half the bytes), 32 `vec2<f16>` FMAs per k step, f16 partials added to f32 accumulators every 8 steps ([`f16x2`]); f16 storage only |
 //! | [`Kernel::MatmulSmallM`] | [`SMALL_M_WG`] = 64 (tunable: [`WG_CANDIDATES`]) | M × [`SMALL_M_COLS`] outputs (M ≤ 4), no workgroup memory |
 //! | [`Kernel::Gemv`], [`Kernel::GemvSubgroup`] | [`gemv::GEMV_WG`] = 64 (tunable: [`gemv::GEMV_WG_CANDIDATES`]) | M ≤ 16 rows × 4 columns per workgroup, K split across the invocations, partials reduced through workgroup memory or subgroup operations ([`gemv`]) |
 //! | [`Kernel::QuantGemv`], [`Kernel::QuantGemvSubgroup`] | [`qmatmul::QGEMV_WG`] = 64 | quantized weights, M ≤ 16 rows × 4 columns per workgroup, K split 32 weights at a time, dequantized in registers, reduced as the GEMV ([`qmatmul`]) |
@@ -62,6 +63,7 @@
 use crate::{DType, MatmulDesc};
 
 pub mod coopmat;
+pub mod f16x2;
 pub mod gemv;
 pub mod layout;
 pub mod qmatmul;
@@ -71,6 +73,7 @@ pub use qmatmul::QuantFormat;
 
 const COMMON: &str = include_str!("../../../../shaders/wgsl/common.wgsl");
 const MATMUL: &str = include_str!("../../../../shaders/wgsl/matmul.wgsl");
+const MATMUL_F16X2: &str = include_str!("../../../../shaders/wgsl/matmul_f16x2.wgsl");
 const MATMUL_NAIVE: &str = include_str!("../../../../shaders/wgsl/matmul_naive.wgsl");
 const DEPTHWISE_CONV2D: &str = include_str!("../../../../shaders/wgsl/depthwise_conv2d.wgsl");
 const ACTIVATION: &str = include_str!("../../../../shaders/wgsl/activation.wgsl");
@@ -174,11 +177,16 @@ pub enum Kernel {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`; [`coopmat`]). Same
     /// parameters, bindings and switches as [`Kernel::Matmul`].
     MatmulCoop(CoopSize),
+    /// The tiled matmul of [`crate::Precision::F16`] for f16 storage only: products and
+    /// partial sums of up to 8 products in `vec2<f16>`, added to f32 accumulators
+    /// (`matmul_f16x2.wgsl`, [`f16x2`]); same tiles, switches, parameters and epilogue as
+    /// [`Kernel::Matmul`].
+    MatmulF16x2,
 }
 
 impl Kernel {
     /// Every kernel, in a fixed order.
-    pub const ALL: [Kernel; 29] = {
+    pub const ALL: [Kernel; 30] = {
         use QuantFormat as F;
         [
             Kernel::Matmul,
@@ -210,6 +218,7 @@ impl Kernel {
             Kernel::QuantMatmul(F::Q6K),
             Kernel::MatmulCoop(CoopSize::S16),
             Kernel::MatmulCoop(CoopSize::S8),
+            Kernel::MatmulF16x2,
         ]
     };
 
@@ -228,6 +237,7 @@ impl Kernel {
             Kernel::GemvSubgroup => "gemv_subgroup",
             Kernel::Glu => "glu",
             Kernel::InvertedResidual => "inverted_residual",
+            Kernel::MatmulF16x2 => "matmul_f16x2",
             Kernel::QuantGemv(_) | Kernel::QuantGemvSubgroup(_) | Kernel::QuantMatmul(_) => qmatmul::name(self),
             Kernel::MatmulCoop(CoopSize::S16) => "matmul_coopmat16",
             Kernel::MatmulCoop(CoopSize::S8) => "matmul_coopmat8",
@@ -245,12 +255,23 @@ impl Kernel {
         matches!(self, Kernel::MatmulCoop(_))
     }
 
-    /// The storage variants the kernel is built in: [`Kernel::MatmulCoop`] only in native f16
-    /// (its staged tiles are f16), the others in all of [`ElementStorage::ALL`].
+    /// The storage variants the kernel is built in: [`Kernel::MatmulCoop`] and
+    /// [`Kernel::MatmulF16x2`] only in native f16 (their staged tiles are f16), the others in
+    /// all of [`ElementStorage::ALL`].
     pub fn storages(self) -> &'static [ElementStorage] {
         match self {
-            Kernel::MatmulCoop(_) => &[ElementStorage::F16],
+            Kernel::MatmulCoop(_) | Kernel::MatmulF16x2 => &[ElementStorage::F16],
             _ => &ElementStorage::ALL,
+        }
+    }
+
+    /// The one storage variant the kernel is built for, where it has one
+    /// ([`Kernel::MatmulF16x2`]: native f16); [`module_with`] builds that variant whatever
+    /// storage it is asked for.
+    pub const fn only_storage(self) -> Option<ElementStorage> {
+        match self {
+            Kernel::MatmulF16x2 => Some(ElementStorage::F16),
+            _ => None,
         }
     }
 
@@ -259,6 +280,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::Matmul
+                | Kernel::MatmulF16x2
                 | Kernel::MatmulSmallM
                 | Kernel::Gemv
                 | Kernel::GemvSubgroup
@@ -477,7 +499,12 @@ const fn write(name: &'static str, slot: u32) -> Binding {
 
 fn bindings(kernel: Kernel) -> Vec<Binding> {
     match kernel {
-        Kernel::Matmul | Kernel::MatmulSmallM | Kernel::Gemv | Kernel::GemvSubgroup | Kernel::MatmulCoop(_) => {
+        Kernel::Matmul
+        | Kernel::MatmulF16x2
+        | Kernel::MatmulSmallM
+        | Kernel::Gemv
+        | Kernel::GemvSubgroup
+        | Kernel::MatmulCoop(_) => {
             vec![read("a", 0), read("b", 1), read("bias", 2), read("c", 3), write("out", 4)]
         }
         // The weight planes are declared in `qmatmul.wgsl` itself (raw words, any dtype).
@@ -660,7 +687,7 @@ impl Spec {
     /// have equal specs (the pipeline-cache key).
     pub fn normalised(self, kernel: Kernel) -> Spec {
         match kernel {
-            Kernel::Matmul => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
+            Kernel::Matmul | Kernel::MatmulF16x2 => Spec { rows: Spec::DEFAULT.rows, wg: Spec::DEFAULT.wg, ..self },
             Kernel::MatmulSmallM => Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, 4), ..self },
             Kernel::Gemv | Kernel::GemvSubgroup => {
                 Spec { tile: MatmulTile::DEFAULT, rows: self.rows.clamp(1, gemv::GEMV_ROWS as u32), ..self }
@@ -681,7 +708,7 @@ impl Spec {
     /// are not part of it (every product of a tuning key has the same ones).
     pub fn label(self, kernel: Kernel) -> String {
         match kernel {
-            Kernel::Matmul => format!(
+            Kernel::Matmul | Kernel::MatmulF16x2 => format!(
                 "{}x{}/bk{} ({}x{} inv)",
                 self.tile.bm(),
                 self.tile.bn(),
@@ -795,6 +822,7 @@ pub fn module(kernel: Kernel, storage: ElementStorage) -> WgslModule {
 /// The module of `kernel` in `storage` specialised by `spec` (see [`Spec`]).
 pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslModule {
     let spec = spec.normalised(kernel);
+    let storage = kernel.only_storage().unwrap_or(storage);
     let tile = spec.tile;
     let (body, entry_point, overrides, workgroup_bytes): (&str, &'static str, Vec<(&'static str, f64)>, u32) =
         match kernel {
@@ -809,6 +837,11 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
                 ];
                 o.extend(spec.switches.overrides());
                 (MATMUL, "matmul", o, tile.workgroup_bytes())
+            }
+            Kernel::MatmulF16x2 => {
+                let mut o = f16x2::tile_overrides(tile);
+                o.extend(spec.switches.overrides());
+                (MATMUL_F16X2, "matmul_f16x2", o, f16x2::workgroup_bytes(tile))
             }
             Kernel::MatmulSmallM => {
                 let mut o = vec![("WG_N", f64::from(spec.wg)), ("SM_ROWS", f64::from(spec.rows))];
@@ -860,13 +893,14 @@ pub fn module_with(kernel: Kernel, storage: ElementStorage, spec: Spec) -> WgslM
             source.push_str(&qmatmul::text(kernel, kernel_text));
         }
         Kernel::MatmulCoop(size) => source.push_str(&coopmat::text(size, kernel_text)),
+        Kernel::MatmulF16x2 => source.push_str(f16x2::text(kernel_text)),
         _ => source.push_str(kernel_text),
     }
     source.push_str(&generated_block(kernel, storage));
     source.push('\n');
     let name = if typed { format!("{}_{}", kernel.name(), storage.name()) } else { kernel.name().to_string() };
     let workgroup_size = match kernel {
-        Kernel::Matmul => [tile.wg_x, tile.wg_y, 1],
+        Kernel::Matmul | Kernel::MatmulF16x2 => [tile.wg_x, tile.wg_y, 1],
         Kernel::MatmulSmallM
         | Kernel::DepthwiseConv2d
         | Kernel::Gemv
@@ -1252,8 +1286,9 @@ mod tests {
     #[test]
     fn every_module_is_composed_once() {
         let all = all_modules();
-        // 26 kernels in every storage, the two cooperative ones in native f16, the copy.
-        assert_eq!(all.len(), 26 * 4 + 2 + 1);
+        // 26 kernels in every storage, the two cooperative ones and the f16x2 one in native f16,
+        // the copy.
+        assert_eq!(all.len(), 26 * 4 + 3 + 1);
         let mut names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();

@@ -664,8 +664,16 @@ impl WgpuBackend {
         }
         let (kernel, candidates) = cat::matmul_candidates(desc.m);
         let kernel = if kernel == Kernel::Gemv && self.subgroups { Kernel::GemvSubgroup } else { kernel };
+        // Precision::F16 on native f16 storage above the GEMV rows: the vec2<f16> kernel, with
+        // the tiled kernel's candidates (elsewhere the f32 kernels, inside the same bound).
+        let kernel = if cat::f16x2::applies(desc, storage) { Kernel::MatmulF16x2 } else { kernel };
         let run = |spec: Spec| self.launch_matmul(op, desc, dtype, storage, kernel, spec, [a, b, out], bias, c);
-        let (spec, report) = self.choose(kernel, storage, &candidates, || matmul_key_tail(desc), &run, request)?;
+        // The f16 kernel's winners are kept apart from the f32 kernel's for the same shapes.
+        let key_tail = || {
+            let tail = matmul_key_tail(desc);
+            if kernel == Kernel::MatmulF16x2 { format!("{tail}|f16x2") } else { tail }
+        };
+        let (spec, report) = self.choose(kernel, storage, &candidates, key_tail, &run, request)?;
         run(spec)?;
         Ok(report)
     }

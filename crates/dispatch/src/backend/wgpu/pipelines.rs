@@ -125,6 +125,7 @@ impl WgpuBackend {
         let (pipeline, layout) = pipeline;
         let name = match kernel {
             Kernel::Matmul
+            | Kernel::MatmulF16x2
             | Kernel::MatmulSmallM
             | Kernel::Gemv
             | Kernel::GemvSubgroup

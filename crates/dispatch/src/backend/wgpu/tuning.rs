@@ -26,6 +26,7 @@ impl WgpuBackend {
         let s = spec.normalised(kernel);
         let (wg, bytes) = match kernel {
             Kernel::Matmul => ([s.tile.wg_x, s.tile.wg_y, 1], s.tile.workgroup_bytes()),
+            Kernel::MatmulF16x2 => ([s.tile.wg_x, s.tile.wg_y, 1], cat::f16x2::workgroup_bytes(s.tile)),
             Kernel::Gemv | Kernel::GemvSubgroup => ([s.wg, 1, 1], cat::gemv::workgroup_bytes(s.wg)),
             _ => ([s.wg, 1, 1], 0),
         };
@@ -40,7 +41,7 @@ impl WgpuBackend {
     /// fewer than 256 invocations (GL, some mobile GPUs), the 128-invocation short tile.
     pub(super) fn default_spec(&self, kernel: Kernel, candidates: &[Spec]) -> Spec {
         let first = candidates.first().copied().unwrap_or(Spec::DEFAULT);
-        if kernel == Kernel::Matmul && !self.spec_fits(kernel, first) {
+        if matches!(kernel, Kernel::Matmul | Kernel::MatmulF16x2) && !self.spec_fits(kernel, first) {
             return Spec { tile: MatmulTile::SHORT, ..first };
         }
         first

@@ -75,13 +75,13 @@ pub fn gemv_kernel(dtype: DType, precision: Precision, m: usize, trans_b: bool) 
     let t = (trans_b as usize) * 2 + (m > 4) as usize;
     let pick = |names: [&'static str; 4]| Some(k(Module::Gemv, names[t]));
     match (dtype, precision) {
-        (DType::F32, Precision::Highest) => {
+        (DType::F32, Precision::Highest | Precision::F16) => {
             pick(["gemv_f32_kn_m4", "gemv_f32_kn_m16", "gemv_f32_nk_m4", "gemv_f32_nk_m16"])
         }
         (DType::F32, _) => {
             pick(["gemv_f32_bf16_kn_m4", "gemv_f32_bf16_kn_m16", "gemv_f32_bf16_nk_m4", "gemv_f32_bf16_nk_m16"])
         }
-        (DType::F16, Precision::Highest) => {
+        (DType::F16, Precision::Highest | Precision::F16) => {
             pick(["gemv_f16_kn_m4", "gemv_f16_kn_m16", "gemv_f16_nk_m4", "gemv_f16_nk_m16"])
         }
         (DType::F16, _) => {

@@ -13,6 +13,7 @@ mod conv;
 mod coop;
 mod device;
 mod elementwise;
+mod f16x2;
 mod gemv;
 mod limits;
 mod matmul;
