@@ -13,24 +13,9 @@
 
 #[cfg(test)]
 mod tests {
+    use crate::sfu::{ex2, rcp};
     use tilekit_kernels::Activation;
     use tilekit_kernels::activation::{silu_error_bound, silu_f32};
-
-    /// Flushes a subnormal to a zero of its sign, as the `.ftz` instructions do with their
-    /// inputs and results.
-    fn ftz(x: f32) -> f32 {
-        if x != 0.0 && x.abs() < f32::MIN_POSITIVE { 0.0f32.copysign(x) } else { x }
-    }
-
-    /// `ex2.approx.ftz.f32` at relative error `s · 2^-22` (s in −1..=1).
-    fn ex2(y: f32, s: f64) -> f32 {
-        ftz((f64::from(ftz(y)).exp2() * (1.0 + s * 2f64.powi(-22))) as f32)
-    }
-
-    /// `rcp.approx.ftz.f32` at relative error `s · 2^-23`.
-    fn rcp(d: f32, s: f64) -> f32 {
-        ftz(((1.0 / f64::from(ftz(d))) * (1.0 + s * 2f64.powi(-23))) as f32)
-    }
 
     /// The kernel's formula, operation for operation (`fminf(NaN, 88)` is 88, as `f32::min`).
     fn silu_fast(x: f32, s_ex2: f64, s_rcp: f64) -> f32 {

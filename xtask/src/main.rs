@@ -12,6 +12,8 @@ mod npy;
 mod ptx;
 mod run;
 mod sass;
+#[cfg(test)]
+mod sfu;
 mod testing;
 mod tune;
 mod util;
