@@ -9,10 +9,12 @@
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
 //!   and each load of `B` from L1 serves two rows;
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
-//!   register tiles of 4 rows of `A` × 2 rows of `B` (2 × 4 and 1 × 4 for the last rows), eight 8-lane accumulators that stay in
-//!   registers over the whole of `K` (6 loads per 8 vector multiply-adds), summed pairwise at
-//!   the end. A pair of rows of `B` is read from memory once and from cache by the other row
-//!   groups of `A` right after.
+//!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
+//!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
+//!   group in turn, with 4 × 3 eight-lane accumulators in registers (7 loads per 12 vector
+//!   multiply-adds; 4 columns a tile at M ≤ 2). The tile's chunk of `B` (12 KiB) is read from
+//!   memory once, in page-long runs and in storage order, and from L1 by the other groups;
+//!   the partial sums carry across chunks in an 8-lane buffer and are summed pairwise at the end.
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
 //! the output.
@@ -42,6 +44,8 @@ pub(super) struct Block<'a> {
     /// `op(A)` as a dense `m × k` array with row stride `lda`.
     a: &'a [f32],
     lda: usize,
+    /// `A` packed by [`pack_groups`] (`B` stored `N × K` only; empty otherwise).
+    apack: &'a [f32],
     /// `B` from this batch's first element.
     b: &'a [f32],
     /// Elements between consecutive stored rows of `B`.
@@ -109,38 +113,144 @@ multiversion! {
 /// Lanes of one accumulator of the `N × K` kernel (one AVX2 vector).
 const DOT_LANES: usize = 8;
 
-/// `R × C` dot products of rows `a[i]` (stride `lda`) with rows `b[j]` (stride `ldb`) over
-/// `k`: `R·C` accumulators of [`DOT_LANES`] lanes stay in registers (8 vectors at 4 × 2), so
-/// each step of 8 elements costs `R + C` loads for `R·C` multiply-adds; the lanes are summed
-/// pairwise at the end, then the tail.
+/// Rows of `A` per register tile of the `N × K` kernel.
+const GROUP: usize = 4;
+
+/// K elements per chunk of the `N × K` kernel: a tile's rows of `B` over one chunk (3 × 4 KiB)
+/// stay in L1 while the row groups of `A` pass over them, and each row of `B` is read from
+/// memory in page-long runs.
+pub(super) const KC: usize = 1024;
+
+/// `A`'s rows for the `N × K` kernel, packed so that a register tile reads one contiguous
+/// stream: rows in groups of [`GROUP`] (the last group 1–3 rows), and within a group, step by
+/// step of [`DOT_LANES`] columns, the group's rows side by side. Only the first
+/// `k − k mod DOT_LANES` columns; the tail is read from `A` itself.
+fn pack_groups(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
+    let full = k - k % DOT_LANES;
+    let mut out = scratch(m * full)?;
+    let mut at = 0;
+    for g0 in (0..m).step_by(GROUP) {
+        let r = GROUP.min(m - g0);
+        for q in (0..full).step_by(DOT_LANES) {
+            for i in g0..g0 + r {
+                out[at..at + DOT_LANES].copy_from_slice(&a[i * lda + q..][..DOT_LANES]);
+                at += DOT_LANES;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One `R × C` register tile over one K chunk of `kl` columns (a multiple of [`DOT_LANES`]):
+/// `ap` is the row group's packed steps over the chunk (`R` vectors a step), `b` the tile's
+/// first row of `B` at the chunk (rows `ldb` apart). The `R·C` 8-lane partial sums come from
+/// `part` (row `i`, column `j` at `part[i * pstride + j]`), stay in registers for the chunk
+/// (each step: `C` loads of `B` and `R` of `A` for `R·C` multiply-adds), and go back.
 #[inline(always)]
-fn dot_tile<const FMA: bool, const R: usize, const C: usize>(
-    a: &[f32],
-    lda: usize,
+#[allow(clippy::too_many_arguments)]
+fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
+    ap: &[f32],
     b: &[f32],
     ldb: usize,
-    k: usize,
-) -> [[f32; C]; R] {
-    let full = k - k % DOT_LANES;
-    let (a, b) = (&a[..(R - 1) * lda + k], &b[..(C - 1) * ldb + k]);
+    kl: usize,
+    part: &mut [[f32; DOT_LANES]],
+    pstride: usize,
+) {
+    // Each row of B cut to exactly `kl` once: with `q + DOT_LANES <= kl` as the loop condition
+    // their bounds checks fold into the loop's own.
+    let br: [&[f32]; C] = std::array::from_fn(|j| &b[j * ldb..][..kl]);
     let mut acc = [[[0.0f32; DOT_LANES]; C]; R];
+    for (i, acc) in acc.iter_mut().enumerate() {
+        acc.copy_from_slice(&part[i * pstride..][..C]);
+    }
     let mut q = 0;
-    while q < full {
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let ar = &a[i * lda + q..][..DOT_LANES];
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let br = &b[j * ldb + q..][..DOT_LANES];
+    for step in ap[..kl * R].chunks_exact(R * DOT_LANES) {
+        if q + DOT_LANES > kl {
+            break;
+        }
+        // The C vectors of B are loaded once into locals (registers) and serve all R rows.
+        let mut bv = [[0.0f32; DOT_LANES]; C];
+        for (v, br) in bv.iter_mut().zip(&br) {
+            v.copy_from_slice(&br[q..q + DOT_LANES]);
+        }
+        for (acc, av) in acc.iter_mut().zip(step.chunks_exact(DOT_LANES)) {
+            for (acc, bv) in acc.iter_mut().zip(&bv) {
                 for l in 0..DOT_LANES {
-                    acc[l] = madd::<FMA>(ar[l], br[l], acc[l]);
+                    acc[l] = madd::<FMA>(av[l], bv[l], acc[l]);
                 }
             }
         }
         q += DOT_LANES;
     }
-    let mut out = [[0.0f32; C]; R];
-    for i in 0..R {
-        for j in 0..C {
-            let mut v = acc[i][j];
+    for (i, acc) in acc.iter().enumerate() {
+        part[i * pstride..][..C].copy_from_slice(acc);
+    }
+}
+
+/// Columns `jj..jj + C` of the block over the chunk at `q0` (`kl` long), for every row group.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn chunk_cols<const FMA: bool, const C: usize>(
+    p: &Block,
+    j0: usize,
+    jj: usize,
+    nb: usize,
+    q0: usize,
+    kl: usize,
+    part: &mut [[f32; DOT_LANES]],
+) {
+    let (m, full) = (p.m, p.k - p.k % DOT_LANES);
+    let b = &p.b[(j0 + jj) * p.ldb + q0..];
+    for g0 in (0..m).step_by(GROUP) {
+        let r = GROUP.min(m - g0);
+        // The group's packed steps start at g0 · full; its chunk at q0 · r further on.
+        let ap = &p.apack[g0 * full + q0 * r..];
+        let part = &mut part[g0 * nb + jj..];
+        match r {
+            4 => chunk_tile::<FMA, 4, C>(ap, b, p.ldb, kl, part, nb),
+            3 => chunk_tile::<FMA, 3, C>(ap, b, p.ldb, kl, part, nb),
+            2 => chunk_tile::<FMA, 2, C>(ap, b, p.ldb, kl, part, nb),
+            _ => chunk_tile::<FMA, 1, C>(ap, b, p.ldb, kl, part, nb),
+        }
+    }
+}
+
+/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`, K chunk by K chunk. Within a
+/// chunk each tile of 3 rows of `B` (4 with at most 2 rows of `A`) meets every row group of
+/// `A` back to back: its chunk of `B`, read from memory in page-long runs by the first group,
+/// is in L1 for the others, and the rows of `B` are visited in storage order, so `B` streams
+/// from memory once. `A` (packed, at most 16 rows) stays in L2. The 8-lane partial sums
+/// carry from chunk to chunk in `part`; they are summed pairwise at the end, then the K tail.
+#[inline(always)]
+fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    let (m, k) = (p.m, p.k);
+    let full = k - k % DOT_LANES;
+    let mut part = [[0.0f32; DOT_LANES]; 16 * NB_COLS];
+    let part = &mut part[..m * nb];
+    let wide = m <= 2;
+    let mut q0 = 0;
+    while q0 < full {
+        let kl = KC.min(full - q0);
+        let mut jj = 0;
+        if wide {
+            while jj + 4 <= nb {
+                chunk_cols::<FMA, 4>(p, j0, jj, nb, q0, kl, part);
+                jj += 4;
+            }
+        }
+        while jj + 3 <= nb {
+            chunk_cols::<FMA, 3>(p, j0, jj, nb, q0, kl, part);
+            jj += 3;
+        }
+        while jj < nb {
+            chunk_cols::<FMA, 1>(p, j0, jj, nb, q0, kl, part);
+            jj += 1;
+        }
+        q0 += kl;
+    }
+    for i in 0..m {
+        for j in 0..nb {
+            let mut v = part[i * nb + j];
             let mut w = DOT_LANES / 2;
             while w > 0 {
                 for l in 0..w {
@@ -148,61 +258,13 @@ fn dot_tile<const FMA: bool, const R: usize, const C: usize>(
                 }
                 w /= 2;
             }
+            let (ar, br) = (&p.a[i * p.lda..], &p.b[(j0 + j) * p.ldb..]);
             let mut t = v[0];
             for q in full..k {
-                t = madd::<FMA>(a[i * lda + q], b[j * ldb + q], t);
+                t = madd::<FMA>(ar[q], br[q], t);
             }
-            out[i][j] = t;
+            acc[i * nb + j] = t;
         }
-    }
-    out
-}
-
-/// Rows `i0..i0 + R` of the block's output, columns `C` at a time (then one by one).
-#[inline(always)]
-fn cols_rows<const FMA: bool, const R: usize, const C: usize>(
-    p: &Block,
-    i0: usize,
-    j0: usize,
-    nb: usize,
-    acc: &mut [f32],
-) {
-    let a = &p.a[i0 * p.lda..];
-    let mut jj = 0;
-    while jj + C <= nb {
-        let t = dot_tile::<FMA, R, C>(a, p.lda, &p.b[(j0 + jj) * p.ldb..], p.ldb, p.k);
-        for (i, r) in t.iter().enumerate() {
-            acc[(i0 + i) * nb + jj..][..C].copy_from_slice(r);
-        }
-        jj += C;
-    }
-    while jj < nb {
-        let t = dot_tile::<FMA, R, 1>(a, p.lda, &p.b[(j0 + jj) * p.ldb..], p.ldb, p.k);
-        for (i, r) in t.iter().enumerate() {
-            acc[(i0 + i) * nb + jj] = r[0];
-        }
-        jj += 1;
-    }
-}
-
-/// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`: register tiles of 4 rows of A
-/// × 2 rows of B ([`dot_tile`]). The block's 64 rows of B (1 MiB at K = 4096) are read from
-/// memory once; each pair of them meets the row groups of A back to back, so its later passes
-/// come from L1/L2, and A (at most 16 rows) stays in L2.
-#[inline(always)]
-fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
-    let m = p.m;
-    let mut i0 = 0;
-    while i0 + 4 <= m {
-        cols_rows::<FMA, 4, 2>(p, i0, j0, nb, acc);
-        i0 += 4;
-    }
-    // The last 1–3 rows: more columns per tile keep 6–8 independent accumulators.
-    match m - i0 {
-        3 => cols_rows::<FMA, 3, 2>(p, i0, j0, nb, acc),
-        2 => cols_rows::<FMA, 2, 4>(p, i0, j0, nb, acc),
-        1 => cols_rows::<FMA, 1, 4>(p, i0, j0, nb, acc),
-        _ => {}
     }
 }
 
@@ -238,7 +300,9 @@ impl MatmulOperands<'_> {
         };
         let lda = if g.a_cs == 1 { g.a_rs } else { k };
         let by_rows = g.b_cs == 1;
-        let block = Block { a: &a, lda, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
+        let apack = if by_rows { Vec::new() } else { pack_groups(&a, lda, m, k)? };
+        let block =
+            Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
         // runs of each row of B for the prefetchers), but at least two blocks per thread.
         let threads = rayon::current_num_threads().max(1);
