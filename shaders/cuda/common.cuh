@@ -121,35 +121,12 @@ __device__ __forceinline__ u16 f32_to_bf16_bits(float x) { return from_f32<bf16>
 template <typename T> __device__ __forceinline__ T load_elem(const T* p) { return *p; }
 
 // ---------------------------------------------------------------------------------------------
-// Activations: `Activation::apply_f32` (crates/kernels/src/activation.rs), except that GELU-tanh
-// and SiLU use the SFU's `ex2.approx`/`rcp.approx` (proven inside `gelu_error_bound` and
-// `silu_error_bound` by the host models in xtask/src/fast_gelu.rs and fast_silu.rs). `expf` is the accurate libdevice form (the kernels are not built
-// with fast math). The erf form keeps `expf`: with `ex2.approx` its error near x = 0 would pass
-// the bound's 5e-7 relative there (the host model measured up to 1.7 times the bound).
-
-// erfc(z) for z >= 0 by the Chebyshev fit of Numerical Recipes §6.2 (fractional error below
-// 1.2e-7); z is clamped to 10, where erfc is below f32's smallest normal number.
-__device__ __forceinline__ float erfc_nonneg(float z) {
-    z = fminf(z, 10.0f);
-    float t = 1.0f / (1.0f + 0.5f * z);
-    // The coefficients exactly as `erfc_nonneg_f32` spells them, so both round to the same f32.
-    float p = -1.2655122f +
-              t * (1.0000237f +
-                   t * (0.37409196f +
-                        t * (0.09678418f +
-                             t * (-0.18628806f +
-                                  t * (0.27886807f +
-                                       t * (-1.13520398f +
-                                            t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
-    return t * expf(p - z * z);
-}
-
-__device__ __forceinline__ float gelu_erf(float x) {
-    float z = fabsf(x) * 0.70710678118654752f;
-    float e = erfc_nonneg(z);
-    // 1 + erf(x/√2) is 2 − erfc(z) for x >= 0 and erfc(z) for x < 0: no cancellation.
-    return x >= 0.0f ? 0.5f * x * (2.0f - e) : 0.5f * x * e;
-}
+// Activations: `Activation::apply_f32` (crates/kernels/src/activation.rs), except that GELU (erf
+// form), GELU-tanh and SiLU use the SFU's `ex2.approx`/`rcp.approx` (proven inside
+// `gelu_error_bound` and `silu_error_bound` by the host models in xtask/src/fast_gelu_erf.rs,
+// fast_gelu.rs and fast_silu.rs). No activation uses `expf` or an IEEE division. The kernels
+// are not built with fast math (NVRTC's defaults, no `-ftz`), so the plain f32 operations below
+// are IEEE and keep subnormals.
 
 // 2^x and 1/x on the special-function unit: `ex2.approx.ftz.f32` (relative error at most
 // 2^-22, the 2 ulp of exp2f, which is this instruction) and `rcp.approx.ftz.f32` (1 ulp). The
@@ -167,6 +144,48 @@ __device__ __forceinline__ float rcp_approx(float x) {
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
+}
+// max(x, y) that returns NaN if either is NaN (`max.NaN`, sm_80+; `fmaxf` returns the other).
+__device__ __forceinline__ float fmax_nan(float x, float y) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+
+// GELU, erf form, x·Φ(x) with Φ the normal CDF. With a = min(|x|, 13.3) and q = Φ(−a):
+// gelu(x) = x − a·q for x ≥ 0 and x·q for x < 0, that is max(x, 0) + min(x, −a)·q, one FFMA
+// (the 1 − q of the positive side never rounds on its own, and the negative tail keeps its
+// relative accuracy: no cancellation). q = 2^y with y = log2 Φ(−a) ≈ −1 + N(a)/D(a), a rational
+// function of type (5, 3) (N(0) = 0, D(0) = 1): one `rcp.approx` and one `ex2.approx`. Both
+// polynomials are evaluated by Horner for a ≥ 0 only, where N's coefficients are all negative and
+// D's all positive, so no step cancels. The coefficients are a weighted minimax fit of log2 Φ(−a)
+// on [0, 13.3] (weight 1/(5e-7·(1 + a²) − 3.6e-7), the bound left after the SFU's and the
+// roundings' share, up to a = 11.7 where |gelu| falls below 1e-30; loose beyond), by linearised
+// LP iterations in f64 against mpmath values, then rounded to f32: xtask/src/fast_gelu_erf_fit.py
+// (numpy, scipy, mpmath; run by hand, not by the build). Of total degree 7, types (4, 3) and
+// (5, 2) miss that weighted tolerance by 2.6 times; a single polynomial in a needed degree 13–14
+// and then lost it to cancellation in f32 near a = 11 (log Φ(−a) is singular at the zeros of
+// Φ(−a), a ≈ −1.9 ± 2.8i, close to the interval). 13.3 is past
+// 2^y = 2^-132: there `ex2.approx.ftz` flushes q to 0 and the floor makes it 2^-149, so
+// min(x, −a)·q is at most 2^128·2^-149 ≈ 4.8e-7 for every finite x (inside the 1e-6 absolute
+// bound) and gelu(−Inf) = −Inf·2^-149 = −Inf, as the scalar form; +Inf gives +Inf (a = 13.3, so
+// no Inf·0), and NaN gives NaN through `max.NaN`. Every operation is an `__f*_rn` (no
+// contraction), so the host model in xtask (`fast_gelu_erf.rs`) computes the same roundings with
+// the two SFU instructions at their worst errors; no branch per element.
+__device__ __forceinline__ float gelu_erf(float x) {
+    const float a = fminf(fabsf(x), 13.3f);
+    float n = __fmaf_rn(-0.00908084959f, a, -0.0996252596f);
+    n = __fmaf_rn(n, a, -0.464242965f);
+    n = __fmaf_rn(n, a, -1.09575653f);
+    n = __fmaf_rn(n, a, -1.15110338f);
+    n = __fmul_rn(n, a);
+    float d = __fmaf_rn(0.0125988815f, a, 0.137181506f);
+    d = __fmaf_rn(d, a, 0.552969098f);
+    d = __fmaf_rn(d, a, 1.0f);
+    const float y = __fmaf_rn(n, rcp_approx(d), -1.0f);
+    // 2^-149, the smallest subnormal (the kernels keep subnormals: no -ftz).
+    const float q = fmaxf(ex2_approx(y), 1.40129846e-45f);
+    return __fmaf_rn(fminf(x, -a), q, fmax_nan(x, 0.0f));
 }
 
 // GELU, tanh form, as x · sigmoid(2u) with e = exp(−2u) = 2^(−2u·log2 e) from `ex2.approx` and

@@ -1,12 +1,13 @@
 //! tilekit's task runner (`cargo xtask ...`; the alias lives in `.cargo/config.toml`).
 //!
-//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`, and the host models of the fast GELU and SiLU, `fast_gelu` and `fast_silu`),
+//! One module per subcommand: `testing` (`cargo xtask test`), `bench`, `run`, `ptx` (with its SASS audit, `sass`, and the host models of the fast GELU (erf and tanh forms) and SiLU, `fast_gelu_erf`, `fast_gelu` and `fast_silu`),
 //! `device_check` and `tune`. Errors reach `main` as `anyhow` chains and leave as one line on stderr with
 //! a non-zero exit status.
 
 mod bench;
 mod device_check;
 mod fast_gelu;
+mod fast_gelu_erf;
 mod fast_silu;
 mod npy;
 mod ptx;

@@ -1,8 +1,8 @@
 //! Host models of the GPU's approximate special-function instructions at their documented worst
 //! errors, for the proofs that the CUDA activation forms stay inside their bounds
-//! (`fast_gelu.rs`, `fast_silu.rs`): `ex2.approx.ftz.f32` within a relative 2^-22 of 2^y (the
-//! CUDA programming guide's 2 ulp for `exp2f`), `rcp.approx.ftz.f32` within 1 ulp (2^-23
-//! relative, PTX ISA), both flushing subnormal inputs and results to zero (`.ftz`).
+//! (`fast_gelu_erf.rs`, `fast_gelu.rs`, `fast_silu.rs`): `ex2.approx.ftz.f32` within a relative
+//! 2^-22 of 2^y (the CUDA programming guide's 2 ulp for `exp2f`), `rcp.approx.ftz.f32` within
+//! 1 ulp (2^-23 relative, PTX ISA), both flushing subnormal inputs and results to zero (`.ftz`).
 
 /// Flushes a subnormal to a zero of its sign, as the `.ftz` instructions do with their inputs
 /// and results.

@@ -4,11 +4,12 @@
 //! - [`Activation::apply_f64`] is the reference: `f64`, `libm::erf`, written for obviousness.
 //! - [`Activation::apply_f32`] is the kernel formula in `f32`, exactly as the WGSL kernels
 //!   write it (`shaders/wgsl/common.wgsl`). The CPU backend runs it with a vectorisable `exp`
-//!   (`backend/cpu/activation.rs`); the CUDA kernels run GELU-tanh and SiLU on the GPU's
-//!   approximate `ex2`/`rcp` instructions (`shaders/cuda/common.cuh`). Those forms are not
+//!   (`backend/cpu/activation.rs`); the CUDA kernels run both GELUs and SiLU on the GPU's
+//!   approximate `ex2`/`rcp` instructions (`shaders/cuda/common.cuh`; the erf form there is a
+//!   rational fit of log2 Φ(−|x|), not this module's erfc fit). Those forms are not
 //!   bit-identical to this one; each is proven inside the same bound (the CPU's by a sweep test,
-//!   CUDA's by host models of the instructions at their worst errors: xtask's `fast_gelu` and
-//!   `fast_silu`).
+//!   CUDA's by host models of the instructions at their worst errors: xtask's `fast_gelu_erf`,
+//!   `fast_gelu` and `fast_silu`).
 //!
 //! # Accuracy of the `f32` forms
 //! - `gelu` (erf form) evaluates `erfc` with the Chebyshev fit of Numerical Recipes §6.2
