@@ -7,6 +7,9 @@
 //! dynamic shared memory: the launch passes [`SMEM_BYTES`] and, once per function, raises the
 //! function's `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to it
 //! ([`super::Kernel::dynamic_smem_bytes`]).
+//!
+//! The tests (`simt/tests.rs`) read the `SG_*` constants from the kernel source and replay the
+//! kernel's loaders, stage ring, shared-memory banks and block swizzle on the host.
 
 use super::{Kernel, Module, k};
 
@@ -49,3 +52,5 @@ pub const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 const _: () = assert!(SMEM_BYTES > DEFAULT_SMEM_LIMIT);
 const _: () = assert!(2 * (SMEM_BYTES + 1024) <= 164 * 1024);
 
+#[cfg(test)]
+mod tests;
