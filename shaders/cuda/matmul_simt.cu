@@ -3,97 +3,150 @@
 //
 // `matmul_f32` follows the cuBLAS-class SIMT SGEMM design (as in CUTLASS's SIMT kernels and
 // siboehm/SGEMM_CUDA):
-// - a 128×128 block tile with an 8-deep K slice, 256 threads (8 warps as 4 along M × 2 along
+// - a 128×128 block tile with a 16-deep K slice, 256 threads (8 warps as 4 along M × 2 along
 //   N, each warp 32×64), and an 8×8 register tile per thread split into 2×2 sub-tiles of 4×4,
 //   so a warp's shared-memory reads are 4 (A) and 8 (B) distinct float4s: one wavefront each;
-// - shared memory double-buffered and filled with `cp.async` (sm_80+): the next K slice
-//   streams in while the current one is multiplied; 16-byte copies where the operand is
-//   contiguous along the tile's fast dimension and aligned, 4-byte copies (with zero fill
-//   past the edges) otherwise, including the transposing copies of `A` (M×K) and `Bᵀ` (N×K);
+// - a 3-stage shared-memory ring: two K slices stream in while the third is multiplied, one
+//   barrier per slice (`cp.async.wait_group 1`, then `__syncthreads`, then the refill of the
+//   stage everybody finished reading in the previous slice);
+// - op(A) with A stored M×K (K contiguous) goes through registers: 16-byte global loads along
+//   K, issued before the current slice is multiplied and written to shared memory after it as
+//   4 scalar stores each (the register transpose; `cp.async` cannot transpose). Every other
+//   operand layout is copied by `cp.async`: 16 bytes where the operand is contiguous along the
+//   tile's fast dimension and aligned, 4 bytes (with zero fill past the edges) otherwise,
+//   including the transposing copies of Bᵀ (N×K);
 // - both tiles are stored K-major (`[k][m]`, `[k][n]`), padded by 4 floats per row: the pad
 //   keeps rows 16-byte aligned for the float4 reads and shifts consecutive rows by 4 banks;
 // - the fused epilogue (alpha, bias, beta·C, activation) with float4 stores where the output
 //   view is aligned, the accumulators kept in registers throughout (no dynamic index);
 // - blocks remapped to bands of 8 tile rows (`swizzled_tile`) for L2 reuse.
+//
+// The thread-to-element maps of the loaders, the stage ring's ordering and the banks of every
+// shared access are replayed on the host by `crates/kernels/src/catalogue/cuda/simt.rs`,
+// whose tests also read the `SG_*` constants below from this file.
 #include "common.cuh"
 
-// Block tile 128×128×8: 8×8 outputs for each of 256 threads; two 8-deep slices of A and B
-// (2·2·8·132·4 B = 16.5 KiB) leave room for two blocks per SM on every sm_80+ part.
+// Block tile 128×128×16: 8×8 outputs for each of 256 threads; three 16-deep slices of A and B
+// (3·2·16·132·4 B = 49.5 KiB): over the 48 KiB of static shared memory, so the ring is dynamic
+// shared memory and the host raises the kernel's limit (`simt::SMEM_BYTES` in the catalogue).
+// Two blocks per SM still fit on sm_80 (164 KiB) and sm_90 (228 KiB).
 #define SG_BM 128
 #define SG_BN 128
-#define SG_BK 8
+#define SG_BK 16
 #define SG_PAD 4
+#define SG_STAGES 3
 #define SG_THREADS 256
 
 struct SgemmTiles {
-    float a[2][SG_BK][SG_BM + SG_PAD];
-    float b[2][SG_BK][SG_BN + SG_PAD];
+    float a[SG_STAGES][SG_BK][SG_BM + SG_PAD];
+    float b[SG_STAGES][SG_BK][SG_BN + SG_PAD];
 };
 
-// The main loop's tiles and the epilogue's accumulator slab share one shared-memory block
-// (33 KiB: two blocks per SM still fit on every sm_80+ part).
+// The main loop's ring and the epilogue's accumulator slab share the dynamic shared memory.
 union SgemmSmem {
     SgemmTiles t;
     float slab[EPI_ROWS * EPI_STRIDE];
 };
+#define SG_SMEM_BYTES 50688
+static_assert(sizeof(SgemmSmem) == SG_SMEM_BYTES, "the host launches matmul_f32 with SG_SMEM_BYTES");
 
-// Queues the copy of the K slice starting at k0 of A (rows m0..) and B (columns n0..) into
-// buffer `buf`. Indices are recomputed from the parameter block (constant memory) on every
-// slice instead of being kept in registers: registers are the scarce resource at 8×8 outputs
-// per thread, and the extra integer work hides under the FMAs.
-__device__ __forceinline__ void sgemm_load_tile(const MatmulParams& p, SgemmTiles& t, int buf, const float* A,
-                                                const float* B, int m0, int n0, int k0, int tid) {
-    if (!(p.flags & MM_TRANS_A)) {
-        // A is M×K, K contiguous: each thread copies 4 consecutive k of one row, transposing
-        // them into the K-major tile.
-        int row = tid >> 1, ks = (tid & 1) * 4;
-        int gm = m0 + row;
-        const float* s = A + (i64)gm * p.a_ld + k0 + ks;
-        for (int i = 0; i < 4; i++) {
-            bool ok = gm < p.m && k0 + ks + i < p.k;
-            cp_async4(&t.a[buf][ks + i][row], ok ? s + i : A, ok);
-        }
-    } else {
-        // A is stored K×M, M contiguous: each thread copies 4 consecutive m of one k.
-        int kr = tid >> 5, ms = (tid & 31) * 4;
-        int gk = k0 + kr, gm = m0 + ms;
-        const float* s = A + (i64)gk * p.a_ld + gm;
-        if ((p.flags & MM_A_VEC) && gk < p.k && gm + 3 < p.m) {
-            cp_async16(&t.a[buf][kr][ms], s, true);
+// Indices are recomputed from the parameter block (constant memory) on every slice instead of
+// being kept in registers: registers are the scarce resource at 8×8 outputs per thread, and
+// the extra integer work hides under the FMAs.
+
+// The register-transpose loads of A stored M×K: thread t owns row t/2 of the tile and the
+// float4s of K at quads (t % 2) + 2j, j = 0, 1. A warp thus covers 16 rows × 2 adjacent quads
+// (32 contiguous bytes of each row); in shared memory the two quads' rows are 16 banks apart
+// (4 rows × 4 banks of pad), so each of the 4 scalar stores per float4 hits 32 distinct banks.
+__device__ __forceinline__ void sgemm_ldg_a(const MatmulParams& p, const float* A, int m0, int k0, int tid,
+                                            float4 (&r)[2]) {
+    const int row = tid >> 1, gm = m0 + row;
+    const float* s = A + (i64)gm * p.a_ld + k0;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int kq = ((tid & 1) + 2 * j) * 4, gk = k0 + kq;
+        if ((p.flags & MM_A_VEC) && gm < p.m && gk + 3 < p.k) {
+            r[j] = *(const float4*)(s + kq);
         } else {
-            for (int i = 0; i < 4; i++) {
-                bool ok = gk < p.k && gm + i < p.m;
-                cp_async4(&t.a[buf][kr][ms + i], ok ? s + i : A, ok);
-            }
-        }
-    }
-    if (!(p.flags & MM_TRANS_B)) {
-        // B is K×N, N contiguous.
-        int kr = tid >> 5, ns = (tid & 31) * 4;
-        int gk = k0 + kr, gn = n0 + ns;
-        const float* s = B + (i64)gk * p.b_ld + gn;
-        if ((p.flags & MM_B_VEC) && gk < p.k && gn + 3 < p.n) {
-            cp_async16(&t.b[buf][kr][ns], s, true);
-        } else {
-            for (int i = 0; i < 4; i++) {
-                bool ok = gk < p.k && gn + i < p.n;
-                cp_async4(&t.b[buf][kr][ns + i], ok ? s + i : B, ok);
-            }
-        }
-    } else {
-        // B is stored N×K, K contiguous: transposed into the K-major tile like A.
-        int col = tid >> 1, ks = (tid & 1) * 4;
-        int gn = n0 + col;
-        const float* s = B + (i64)gn * p.b_ld + k0 + ks;
-        for (int i = 0; i < 4; i++) {
-            bool ok = gn < p.n && k0 + ks + i < p.k;
-            cp_async4(&t.b[buf][ks + i][col], ok ? s + i : B, ok);
+            float e[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) e[i] = (gm < p.m && gk + i < p.k) ? s[kq + i] : 0.0f;
+            r[j] = make_float4(e[0], e[1], e[2], e[3]);
         }
     }
 }
 
+__device__ __forceinline__ void sgemm_sts_a(SgemmTiles& t, int stage, int tid, const float4 (&r)[2]) {
+    const int row = tid >> 1;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int kq = ((tid & 1) + 2 * j) * 4;
+        t.a[stage][kq + 0][row] = r[j].x;
+        t.a[stage][kq + 1][row] = r[j].y;
+        t.a[stage][kq + 2][row] = r[j].z;
+        t.a[stage][kq + 3][row] = r[j].w;
+    }
+}
+
+// Queues the copy of a K-major slice from an operand contiguous along the tile's fast
+// dimension (A stored K×M, B stored K×N): thread t copies 4 consecutive elements of slice rows
+// t/32 and t/32 + 8, 16 bytes at once where `vec` and the vector lies inside the matrix.
+__device__ __forceinline__ void sgemm_cp_rows(float (*dst)[SG_BM + SG_PAD], const float* X, i64 ld, int k0, int c0,
+                                              int kmax, int cmax, bool vec, int tid) {
+    const int cs = (tid & 31) * 4, gc = c0 + cs;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int kr = (tid >> 5) + 8 * j, gk = k0 + kr;
+        const float* s = X + (i64)gk * ld + gc;
+        if (vec && gk < kmax && gc + 3 < cmax) {
+            cp_async16(&dst[kr][cs], s, true);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const bool ok = gk < kmax && gc + i < cmax;
+                cp_async4(&dst[kr][cs + i], ok ? s + i : X, ok);
+            }
+        }
+    }
+}
+
+// Queues the transposing copy of B stored N×K: the register transpose's map (column t/2,
+// quads (t % 2) + 2j of K) with one 4-byte copy per element.
+__device__ __forceinline__ void sgemm_cp_bt(const MatmulParams& p, float (*dst)[SG_BN + SG_PAD], const float* B,
+                                            int n0, int k0, int tid) {
+    const int col = tid >> 1, gn = n0 + col;
+    const float* s = B + (i64)gn * p.b_ld + k0;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int kq = ((tid & 1) + 2 * j) * 4;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const bool ok = gn < p.n && k0 + kq + i < p.k;
+            cp_async4(&dst[kq + i][col], ok ? s + kq + i : B, ok);
+        }
+    }
+}
+
+// Starts the fetch of slice `kt` into `stage`: B's and (A stored K×M) A's `cp.async` copies,
+// or (A stored M×K) A's global loads into `ra`, which `sgemm_sts_a` stores later.
+__device__ __forceinline__ void sgemm_fetch(const MatmulParams& p, SgemmTiles& t, int stage, const float* A,
+                                            const float* B, int m0, int n0, int kt, int tid, float4 (&ra)[2]) {
+    const int k0 = kt * SG_BK;
+    if (!(p.flags & MM_TRANS_A)) {
+        sgemm_ldg_a(p, A, m0, k0, tid, ra);
+    } else {
+        sgemm_cp_rows(t.a[stage], A, p.a_ld, k0, m0, p.k, p.m, p.flags & MM_A_VEC, tid);
+    }
+    if (!(p.flags & MM_TRANS_B)) {
+        sgemm_cp_rows(t.b[stage], B, p.b_ld, k0, n0, p.k, p.n, p.flags & MM_B_VEC, tid);
+    } else {
+        sgemm_cp_bt(p, t.b[stage], B, n0, k0, tid);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const MatmulParams p) {
-    __shared__ __align__(16) SgemmSmem smem;
+    extern __shared__ __align__(16) unsigned char sg_dyn[];
+    SgemmSmem& smem = *reinterpret_cast<SgemmSmem*>(sg_dyn);
     SgemmTiles& t = smem.t;
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
@@ -104,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
     const int2 tile = swizzled_tile<TILE_BAND>();
     const int m0 = tile.x * SG_BM, n0 = tile.y * SG_BN;
     const int ktiles = (p.k + SG_BK - 1) / SG_BK;
+    const bool a_regs = !(p.flags & MM_TRANS_A);
     // One batch per grid layer; the host splits batches beyond the grid's 65535 layers into
     // several launches by moving the operand offsets.
     const i64 bt = blockIdx.z;
@@ -115,27 +169,36 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
         for (int i = 0; i < 8; i++)
 #pragma unroll
             for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+        float4 ra[2];
 
-        if (ktiles > 0) {
-            sgemm_load_tile(p, t, 0, A, B, m0, n0, 0, tid);
+        // Prologue: slices 0 .. STAGES-2 into stages 0 .. STAGES-2, one commit group each
+        // (empty past the last slice, so the group count below stays exact).
+#pragma unroll
+        for (int s = 0; s < SG_STAGES - 1; s++) {
+            if (s < ktiles) {
+                sgemm_fetch(p, t, s, A, B, m0, n0, s, tid, ra);
+                if (a_regs) sgemm_sts_a(t, s, tid, ra);
+            }
             cp_async_commit();
         }
         for (int kt = 0; kt < ktiles; kt++) {
-            const int buf = kt & 1;
-            if (kt + 1 < ktiles) {
-                sgemm_load_tile(p, t, buf ^ 1, A, B, m0, n0, (kt + 1) * SG_BK, tid);
-                cp_async_commit();
-                cp_async_wait_1();
-            } else {
-                cp_async_wait_all();
-            }
+            const int stage = kt % SG_STAGES;
+            // Groups committed so far: slices 0 .. kt+1. Waiting until at most STAGES-2 are in
+            // flight completes this thread's copies of slice kt; the barrier makes everybody's
+            // visible, and it also means everybody has finished multiplying slice kt-1, whose
+            // stage the fetch below refills.
+            cp_async_wait<SG_STAGES - 2>();
             __syncthreads();
+            const int next = kt + SG_STAGES - 1, next_stage = next % SG_STAGES;
+            const bool fetch = next < ktiles;
+            if (fetch) sgemm_fetch(p, t, next_stage, A, B, m0, n0, next, tid, ra);
+            cp_async_commit();
 #pragma unroll
             for (int kk = 0; kk < SG_BK; kk++) {
-                float4 a0 = *(const float4*)&t.a[buf][kk][r0];
-                float4 a1 = *(const float4*)&t.a[buf][kk][r0 + 16];
-                float4 b0 = *(const float4*)&t.b[buf][kk][c0];
-                float4 b1 = *(const float4*)&t.b[buf][kk][c0 + 32];
+                float4 a0 = *(const float4*)&t.a[stage][kk][r0];
+                float4 a1 = *(const float4*)&t.a[stage][kk][r0 + 16];
+                float4 b0 = *(const float4*)&t.b[stage][kk][c0];
+                float4 b1 = *(const float4*)&t.b[stage][kk][c0 + 32];
                 float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
                 float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -143,9 +206,14 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS, 2) matmul_f32(const Mat
 #pragma unroll
                     for (int j = 0; j < 8; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
-            // The next iteration refills this buffer's twin; nobody may still be reading it.
-            __syncthreads();
+            // A's registers of slice `next` go to its stage now: nobody reads that stage
+            // until the barrier of iteration `next`, and nobody has read it since this
+            // iteration's barrier.
+            if (fetch && a_regs) sgemm_sts_a(t, next_stage, tid, ra);
         }
+        // Only empty groups can be in flight here; the first barrier below ends every read of
+        // the ring before the slab (the same memory) is written.
+        cp_async_wait_all();
 
         // Two passes of 64 rows: pass q parks accumulator rows i = 4q..4q+3 of every thread, which
         // are block rows w·32 + 16q + (0..15) for w = 0..3; slab row lr holds block row

@@ -11,7 +11,8 @@
 //!
 //! # Entry points
 //! Named `<op>_<dtype>[_variant]`:
-//! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`);
+//! - `matmul_f32` — SIMT, f32 storage and products (`shaders/cuda/matmul_simt.cu`); its
+//!   3-stage ring is dynamic shared memory ([`Kernel::dynamic_smem_bytes`], [`simt`]);
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
 //!   they take [`splitk::SplitKParams`], and under one wave of blocks K is split across blocks
@@ -31,13 +32,14 @@
 //! - `activation_<dtype>_<act>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
 //!
 //! Every kernel takes one parameter block by value, mirrored in `shaders/cuda/common.cuh`, and
-//! runs 256-thread blocks.
+//! runs 256-thread blocks; all but `matmul_f32` use static shared memory only.
 
 use crate::{Activation, DType, Layout, Precision};
 
 pub mod block;
 pub mod gemv;
 pub mod quant;
+pub mod simt;
 pub mod splitk;
 
 /// PTX ISA version of the shipped PTX (set by the pinned NVRTC, 12.4).
@@ -131,6 +133,20 @@ pub struct Kernel {
     pub entry: &'static str,
 }
 
+impl Kernel {
+    /// Bytes of dynamic shared memory a launch of this kernel passes (0 for all but
+    /// `matmul_f32`, whose ring is over the 48 KiB static limit: see [`simt`]). Above
+    /// [`simt::DEFAULT_SMEM_LIMIT`] the function's limit must be raised before its first launch.
+    pub fn dynamic_smem_bytes(self) -> u32 {
+        entry_dynamic_smem_bytes(self.entry)
+    }
+}
+
+/// [`Kernel::dynamic_smem_bytes`] by entry-point name (entry points are unique across modules).
+pub fn entry_dynamic_smem_bytes(entry: &str) -> u32 {
+    if entry == simt::MATMUL_F32.entry { simt::SMEM_BYTES } else { 0 }
+}
+
 const fn k(module: Module, entry: &'static str) -> Kernel {
     Kernel { module, entry }
 }
@@ -155,7 +171,7 @@ pub fn matmul_kernel(dtype: DType, precision: Precision, trans_a: bool, trans_b:
     let t = (trans_a as usize) * 2 + trans_b as usize;
     let pick = |names: [&'static str; 4]| k(M, names[t]);
     match (dtype, precision) {
-        (DType::F32, Precision::Highest | Precision::F16) => k(Module::MatmulSimt, "matmul_f32"),
+        (DType::F32, Precision::Highest | Precision::F16) => simt::MATMUL_F32,
         (DType::F32, _) => {
             pick(["matmul_f32_bf16_nn", "matmul_f32_bf16_nt", "matmul_f32_bf16_tn", "matmul_f32_bf16_tt"])
         }

@@ -164,6 +164,12 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (129, 131, 1031),
         (64, 70, 4096),
         (200, 384, 777),
+        // matmul_f32's 3-stage ring of 16-deep slices (`catalogue::cuda::simt`): K of 3 and 2
+        // slices with a partial last one (K not a multiple of 16, nor of 4), and 9 tile rows
+        // (the block swizzle's last band is one row).
+        (130, 131, 47),
+        (65, 260, 18),
+        (1100, 140, 50),
         // The GEMV kernels (M <= 16): K split across blocks (few columns, long K), both
         // register-tile heights, K = 1, and N over many blocks without a split.
         (16, 17, 1031),
@@ -256,9 +262,11 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         ck.record(format!("matmul batch={batch} {dtype} {precision:?}"), run(gpu), run(&ck.cpu.clone()), dtype, rule);
 
         // Split K with batches, bias, C and SiLU through `matmul_into` views: aligned, and
-        // misaligned (no vector flags) with padded rows.
+        // misaligned (no vector flags) with padded rows; then A aligned with rows padded to 52
+        // while K = 47, so matmul_f32's 16-byte loads of A meet the K edge inside the row (B at
+        // an odd offset).
         for &(batch, m, n, k, off, pad) in
-            &[(3usize, 70usize, 90usize, 1100usize, 0usize, 0usize), (2, 67, 45, 600, 1, 3)]
+            &[(3usize, 70usize, 90usize, 1100usize, 0usize, 0usize), (2, 67, 45, 600, 1, 3), (2, 130, 136, 47, 4, 5)]
         {
             let (lda, ldb, ldo) = (k + pad, n + pad, n + pad + 1);
             let mut desc = MatmulDesc::new(m, n, k);
@@ -287,7 +295,7 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
                 Ok(ot.to_f32_vec()?)
             };
             ck.record(
-                format!("matmul_into split-K batch={batch} {m}x{n}x{k} offset={off} pad={pad} {dtype} {precision:?}"),
+                format!("matmul_into views batch={batch} {m}x{n}x{k} offset={off} pad={pad} {dtype} {precision:?}"),
                 run(gpu),
                 run(&ck.cpu.clone()),
                 dtype,

@@ -5,6 +5,7 @@ use super::driver::map_err;
 use super::{CudaBackend, CudaStorage, lock};
 use crate::backend::BackendOps;
 use crate::{Error, Result};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use tilekit_kernels::catalogue::cuda::{self as cat, Kernel, Module};
@@ -63,6 +64,16 @@ impl CudaBackend {
         let module = self.module(kernel.module)?;
         let f =
             module.load_function(kernel.entry).map_err(|e| map_err(&format!("loading kernel {}", kernel.entry), e))?;
+        // A kernel whose dynamic shared memory passes the default 48 KiB (matmul_f32's 3-stage
+        // ring) must raise its function's limit before its first launch; every supported GPU
+        // (sm_80+) allows at least 99 KiB per block.
+        let smem = kernel.dynamic_smem_bytes();
+        if smem > cat::simt::DEFAULT_SMEM_LIMIT {
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(|e| {
+                    map_err(&format!("raising the shared memory limit of {} to {smem} bytes", kernel.entry), e)
+                })?;
+        }
         lock(&self.functions).insert(kernel.entry, f.clone());
         Ok(f)
     }
@@ -100,7 +111,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.function(kernel)?;
         let arg = KernelArg(params);
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: kernel.dynamic_smem_bytes() };
         let mut builder = self.stream.launch_builder(&f);
         builder.arg(&arg);
         // SAFETY: the kernel takes exactly one parameter block of this type by value (checked
