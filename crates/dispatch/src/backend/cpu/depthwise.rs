@@ -11,8 +11,11 @@
 //!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
 //!   three taps fused where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed per task into a stack buffer
-//!   laid out `[tap][channel]`; for each pixel the taps inside the input are listed once and
-//!   every 16-channel block is accumulated in registers over them ([`nhwc_pixel`]).
+//!   laid out `[tap][channel]`. With multiplier 1 and whole 16-channel blocks, the pixels of
+//!   a row whose every tap is inside the input go 4 at a time ([`nhwc_pixels`]): each tap's
+//!   weight vectors are loaded once for the 4 pixels and the 4 × 16 sums stay in registers
+//!   (10 loads per 8 vector multiply-adds, against 4 per 2). The other pixels list their taps
+//!   inside the input once and accumulate each 16-channel block over them ([`nhwc_pixel`]).
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through a stack buffer. No call allocates.
@@ -542,7 +545,35 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     let d = p.d;
     let (h, w, c, m) = (d.height, d.width, d.channels, d.multiplier);
     let nb = p.nb;
-    for ox in 0..p.ow {
+    // Multiplier 1 with whole channel blocks: the pixels whose every tap is inside the row,
+    // PX at a time ([`nhwc_pixels`]); the others (and the rest) one by one below.
+    let (mut lo, mut hi) = (0, 0);
+    if m == 1 && nb.is_multiple_of(CB) && d.kernel_h * d.kernel_w <= MAX_TAPS {
+        let reach = (d.kernel_w - 1) * d.dilation_w;
+        lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
+        // The last pixel whose rightmost tap lands at w − 1 or before.
+        hi = if w + d.pad_left > reach { ((w + d.pad_left - reach - 1) / d.stride_w + 1).min(p.ow) } else { 0 };
+        let mut rows = [0usize; 2 * MAX_TAPS];
+        let mut nr = 0;
+        for ky in 0..d.kernel_h {
+            let py = p.oy * d.stride_h + ky * d.dilation_h;
+            if py >= d.pad_top && py - d.pad_top < h {
+                rows[nr] = ky * d.kernel_w * nb;
+                rows[nr + 1] = (p.n * h + py - d.pad_top) * w;
+                nr += 2;
+            }
+        }
+        let mut ox = lo;
+        while ox + PX <= hi {
+            nhwc_pixels::<FMA>(p, ox, &rows[..nr], acc, stride);
+            for j in ox..ox + PX {
+                apply_isa::<FMA>(d.activation, &mut acc[j * stride..][..nb]);
+            }
+            ox += PX;
+        }
+        hi = ox;
+    }
+    for ox in (0..p.ow).filter(|&ox| ox < lo || ox >= hi) {
         let a = &mut acc[ox * stride..][..nb];
         if m == 1 && d.kernel_h * d.kernel_w <= MAX_TAPS {
             nhwc_pixel::<FMA>(p, ox, a);
@@ -582,6 +613,47 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).
 const CB: usize = 16;
+
+/// Output pixels per register tile of [`nhwc_pixels`].
+const PX: usize = 4;
+
+/// Output pixels `ox..ox + PX` of the row, every tap inside the input (multiplier 1, whole
+/// `CB`-channel blocks), bias included: each channel block's `PX × CB` sums stay in registers
+/// over all taps, and each tap's weights are loaded once for the `PX` pixels (`2 + 2·PX`
+/// loads per `2·PX` vector multiply-adds, against 4 per 2 one pixel at a time). `rows` holds
+/// (weight offset of the kernel row, first input pixel of the input row) for each kernel row
+/// inside the input.
+#[inline(always)]
+fn nhwc_pixels<const FMA: bool>(p: &PixArgs, ox: usize, rows: &[usize], acc: &mut [f32], stride: usize) {
+    let d = p.d;
+    let (c, nb) = (d.channels, p.nb);
+    let step = d.stride_w * c;
+    for c0 in (0..nb).step_by(CB) {
+        let mut v = [[0.0f32; CB]; PX];
+        if let Some(b) = p.bias {
+            for v in v.iter_mut() {
+                v.copy_from_slice(&b[c0..c0 + CB]);
+            }
+        }
+        for r in rows.chunks_exact(2) {
+            let (wrow, xrow) = (r[0], r[1]);
+            for kx in 0..d.kernel_w {
+                let wv: &[f32; CB] = p.wt[wrow + kx * nb + c0..][..CB].try_into().expect("CB lanes");
+                let x0 = (xrow + ox * d.stride_w + kx * d.dilation_w - d.pad_left) * c + p.cb0 + c0;
+                let xs = &p.x[x0..][..(PX - 1) * step + CB];
+                for (j, v) in v.iter_mut().enumerate() {
+                    let xv: &[f32; CB] = xs[j * step..][..CB].try_into().expect("CB lanes");
+                    for ((v, &wv), &xv) in v.iter_mut().zip(wv).zip(xv) {
+                        *v = madd::<FMA>(wv, xv, *v);
+                    }
+                }
+            }
+        }
+        for (j, v) in v.iter().enumerate() {
+            acc[(ox + j) * stride + c0..][..CB].copy_from_slice(v);
+        }
+    }
+}
 
 /// One output pixel's channel block (multiplier 1) into `a`, bias included: the taps inside
 /// the input are listed once, then each `CB`-channel block is accumulated in registers over

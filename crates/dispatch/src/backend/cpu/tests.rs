@@ -334,6 +334,38 @@ fn depthwise_band_limits_are_exact() {
     }
 }
 
+/// The NHWC pixel tiles (multiplier 1, whole 16-channel blocks): rows whose interior holds
+/// no tile, one, several and leftover pixels, with every stride, dilation, kernel width and
+/// left/right padding mix that moves the interior's ends; multiplier 2 and a channel count
+/// off the block take the one-pixel path beside them.
+#[test]
+fn depthwise_nhwc_pixel_tiles_are_exact() {
+    let mut seed = 8000;
+    for &c in &[16, 48, 24] {
+        for &w in &[1, 3, 4, 6, 9, 13, 21] {
+            for &(kw, sw, dw, pl, pr) in
+                &[(3, 1, 1, 1, 1), (3, 2, 1, 1, 0), (5, 1, 2, 0, 4), (1, 3, 1, 0, 0), (3, 1, 3, 3, 2), (7, 2, 1, 3, 3)]
+            {
+                let d = Conv2dDesc::new(Layout::Nhwc, [1, c, 3, w], [3, kw])
+                    .stride_w(sw)
+                    .dilation_w(dw)
+                    .pad_top(1)
+                    .pad_bottom(1)
+                    .pad_left(pl)
+                    .pad_right(pr)
+                    .multiplier(if c == 48 && w == 9 { 2 } else { 1 })
+                    .has_bias(seed % 2 == 0)
+                    .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+                if d.out_w().is_none_or(|v| v == 0) {
+                    continue;
+                }
+                check_conv(&d, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
 /// MobileNetV2-like layers big enough to split across threads, both layouts, f16 outputs
 /// through the row buffers.
 #[test]
