@@ -91,7 +91,8 @@ impl Conv<'_> {
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
                     // The band buffers, once per task (zeroing 64 KiB per plane would cost
-                    // more than a small plane's convolution).
+                    // more than a small plane's convolution). Zeroed here, which is what keeps
+                    // the band's padding columns zero for every plane (`Band::phase`).
                     let mut bufs = [[0.0f32; BUF]; 2];
                     for (i, p) in dst.chunks_mut(plane).enumerate() {
                         self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut bufs);
@@ -278,7 +279,14 @@ struct Band {
     in_rows: usize,
     /// Per tap (`ky·kw + kx`): its offset in the band buffer from a chunk's first element.
     offs: [usize; MAX_TAPS],
+    /// Per phase: the columns `lo..hi` of its row that come from the input (the rest are
+    /// padding). The same for every row and plane of the layer, so the padding columns are
+    /// never written: the task's buffer starts zeroed and stays zero there.
+    phase: [(usize, usize); MAX_STRIDE],
 }
+
+/// The widest horizontal stride the band kernel takes.
+const MAX_STRIDE: usize = 8;
 
 impl Band {
     /// The band geometry, or `None` where the layer is outside what it covers (more than
@@ -287,7 +295,7 @@ impl Band {
         let (kh, kw) = (d.kernel_h, d.kernel_w);
         let (s, sh) = (d.stride_w, d.stride_h);
         let (oh, ow) = (d.out_h()?, d.out_w()?);
-        if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || s == 0 || sh == 0 || ow == 0 || oh == 0 {
+        if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || s == 0 || s > MAX_STRIDE || sh == 0 || ow == 0 || oh == 0 {
             return None;
         }
         let chunks = ow.div_ceil(V);
@@ -310,7 +318,11 @@ impl Band {
                 offs[ky * kw + kx] = ky * d.dilation_h * rs + p * wq + q;
             }
         }
-        Some(Band { d: *d, ow, chunks, wq, rs, rows, in_rows: in_rows(rows), offs })
+        let mut phase = [(0, 0); MAX_STRIDE];
+        for (p, r) in phase.iter_mut().enumerate().take(s) {
+            *r = tap_range(wq, d.width, s, d.pad_left, p);
+        }
+        Some(Band { d: *d, ow, chunks, wq, rs, rows, in_rows: in_rows(rows), offs, phase })
     }
 }
 
@@ -339,10 +351,8 @@ fn nchw_band_inner<const FMA: bool>(
             continue;
         }
         let src = &xp[(pr - d.pad_top) * w..][..w];
-        for (p, dst) in row.chunks_exact_mut(g.wq).enumerate() {
-            let (lo, hi) = tap_range(g.wq, w, s, d.pad_left, p);
-            dst[..lo].fill(0.0);
-            dst[hi..].fill(0.0);
+        for (p, (dst, &(lo, hi))) in row.chunks_exact_mut(g.wq).zip(&g.phase[..s]).enumerate() {
+            // Columns outside lo..hi are padding: zero since the buffer was made (see `phase`).
             if lo < hi {
                 let first = lo * s + p - d.pad_left;
                 let n = hi - lo;
