@@ -1,6 +1,7 @@
 //! Vectorised activations: GELU (erf and tanh forms), SiLU, ReLU, ReLU6, with an optional bias.
 //!
-//! The formulas are [`Activation::apply_f32`]'s, step for step, with two changes that keep
+//! GELU's erf form is the CUDA kernels' rational form ([`gelu_erf`]). The others are
+//! [`Activation::apply_f32`]'s formulas, step for step, with two changes that keep
 //! them inside [`Activation::error_bound`] while
 //! letting LLVM vectorise them: `exp` is a branch-free Cephes-style polynomial (range
 //! reduction by `ln 2` in two parts, degree-6 polynomial, the power of two applied in two
@@ -50,26 +51,62 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     y * s1 * s2
 }
 
-/// GELU, erf form: `apply_f32`'s Numerical Recipes `erfc` with the vectorisable `exp`.
+/// `2^y` in f32 for `y ≤ 127` (larger `y` is clamped there); below −150 the result is 0.
+/// Relative error below 2^-22 (2 ulp) over the normal range; subnormal results are rounded
+/// once, not flushed.
 #[inline(always)]
-#[allow(clippy::excessive_precision)] // The coefficients as Numerical Recipes prints them.
+#[allow(clippy::excessive_precision)]
+fn exp2<const FMA: bool>(y: f32) -> f32 {
+    let y = fmin(fmax(y, -150.0), 127.0);
+    // Round to nearest by adding 1.5·2^23: the integer lands in the mantissa's low bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let t = y + MAGIC;
+    let n = t.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let f = y - (t - MAGIC);
+    // Cephes exp2f's minimax polynomial for 2^f − 1 over |f| ≤ 1/2.
+    let mut p = 1.535_336_188_319_500e-4;
+    p = madd::<FMA>(p, f, 1.339_887_440_266_574e-3);
+    p = madd::<FMA>(p, f, 9.618_437_357_674_640e-3);
+    p = madd::<FMA>(p, f, 5.550_332_471_162_809e-2);
+    p = madd::<FMA>(p, f, 2.402_264_791_363_012e-1);
+    p = madd::<FMA>(p, f, 6.931_472_028_550_421e-1);
+    let v = madd::<FMA>(p, f, 1.0);
+    // 2^n as two normal powers of two, so the product rounds once into the subnormal range.
+    let n1 = n >> 1;
+    let n2 = n - n1;
+    let s1 = f32::from_bits(((n1 + 127) as u32) << 23);
+    let s2 = f32::from_bits(((n2 + 127) as u32) << 23);
+    v * s1 * s2
+}
+
+/// GELU, erf form, as `x·Φ(x)` with `Φ(−a)` (a = |x|) from a (5, 3) rational fit of
+/// `log2 Φ(−a)`: the form of the CUDA kernels (`gelu_erf` in `shaders/cuda/common.cuh`,
+/// coefficients from `xtask/src/fast_gelu_erf_fit.py`, proven there with the GPU's
+/// approximate `2^x` and reciprocal), here with an exact division and [`exp2`]. No
+/// cancellation: `x − a·Φ(−a)` for x ≥ 0 and `x·Φ(−a)` for x < 0, one fused multiply-add.
+/// Where Φ(−a) is below the normal range it is held at 2^-149 (the results are then x, or
+/// below 5e-7 in magnitude); NaN stays NaN, ±Inf gives ±Inf and ±0 keeps its sign.
+#[inline(always)]
+#[allow(clippy::excessive_precision)]
 pub(crate) fn gelu_erf<const FMA: bool>(x: f32) -> f32 {
-    // A NaN x gives z = 10 here and NaN from the final product.
-    let z = fmin(x.abs() * std::f32::consts::FRAC_1_SQRT_2, 10.0);
-    let t = 1.0 / madd::<FMA>(0.5, z, 1.0);
-    let mut p = 0.170_872_77;
-    p = madd::<FMA>(t, p, -0.822_152_23);
-    p = madd::<FMA>(t, p, 1.488_515_87);
-    p = madd::<FMA>(t, p, -1.135_203_98);
-    p = madd::<FMA>(t, p, 0.278_868_07);
-    p = madd::<FMA>(t, p, -0.186_288_06);
-    p = madd::<FMA>(t, p, 0.096_784_18);
-    p = madd::<FMA>(t, p, 0.374_091_96);
-    p = madd::<FMA>(t, p, 1.000_023_7);
-    p = madd::<FMA>(t, p, -1.265_512_2);
-    let e = t * exp::<FMA>(madd::<FMA>(-z, z, p));
-    let h = 0.5 * x;
-    if x >= 0.0 { h * (2.0 - e) } else { h * e }
+    // A NaN x gives a = 13.3 here (`fmin` takes the second operand) and NaN from the last step.
+    let a = fmin(x.abs(), 13.3);
+    let mut n = madd::<FMA>(-0.009_080_849_59, a, -0.099_625_259_6);
+    n = madd::<FMA>(n, a, -0.464_242_965);
+    n = madd::<FMA>(n, a, -1.095_756_53);
+    n = madd::<FMA>(n, a, -1.151_103_38);
+    n *= a;
+    let mut d = madd::<FMA>(0.012_598_881_5, a, 0.137_181_506);
+    d = madd::<FMA>(d, a, 0.552_969_098);
+    d = madd::<FMA>(d, a, 1.0);
+    // As the CUDA form's flushing `ex2.approx.ftz` and floor: Φ(−a) below the normal range
+    // (a > 13.0, results below 2e-37 in magnitude for |x| < 13.3) is held at 2^-149, so that
+    // x·Φ(−a) stays below 5e-7 for every finite x < 0.
+    let e = exp2::<FMA>(n / d - 1.0);
+    let q = if e < f32::MIN_POSITIVE { f32::from_bits(1) } else { e };
+    // max(x, 0) keeping NaN and −0.
+    let pos = if x >= 0.0 || x.is_nan() { x } else { 0.0 };
+    madd::<FMA>(fmin(x, -a), q, pos)
 }
 
 /// GELU, tanh form: `x · sigmoid(2u)` as in `apply_f32`.
