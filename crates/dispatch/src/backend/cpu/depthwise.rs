@@ -38,6 +38,7 @@ const TASK_WORK: usize = 1 << 16;
 /// f32 elements of the stack buffers (32 KiB): a row piece of a half-precision output, or
 /// the transposed weights of an NHWC channel block.
 const BUF: usize = 8192;
+const _: () = assert!(BUF.is_power_of_two(), "the band kernel masks offsets with BUF − 1");
 
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
 pub(super) struct Conv<'d> {
@@ -93,7 +94,7 @@ impl Conv<'_> {
                     // The band buffers, once per task (zeroing 64 KiB per plane would cost
                     // more than a small plane's convolution). Zeroed here, which is what keeps
                     // the band's padding columns zero for every plane (`Band::phase`).
-                    let mut bufs = [[0.0f32; BUF]; 2];
+                    let mut bufs = [[0.0f32; BUF + V]; 2];
                     for (i, p) in dst.chunks_mut(plane).enumerate() {
                         self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut bufs);
                     }
@@ -128,7 +129,7 @@ impl Conv<'_> {
         plane: usize,
         ow: usize,
         dst: &mut [E],
-        bufs: &mut [[f32; BUF]; 2],
+        bufs: &mut [[f32; BUF + V]; 2],
     ) {
         let d = &self.d;
         let occ = d.out_channels();
@@ -381,13 +382,19 @@ fn nchw_band_inner<const FMA: bool>(
     let offs = &g.offs[..taps];
     let rows = out.len() / g.ow;
     let row_step = sh * g.rs;
+    // Every window read below starts inside the band's BUF elements (`Band::new`); masking
+    // its start with BUF − 1 (a power of two) changes nothing and lets the compiler see that
+    // the V elements from there are inside the BUF + V array: no bounds check per tap.
+    let win: &[f32; BUF + V] = (&buf[..BUF + V]).try_into().expect("band buffer of BUF + V");
     for r0 in (0..rows).step_by(RB) {
         for c in 0..g.chunks {
             let mut acc = [[bias; V]; RB];
             let base = r0 * row_step + c * V;
             for (&wv, &off) in wk.iter().zip(offs) {
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let x: &[f32; V] = buf[base + r * row_step + off..][..V].try_into().expect("V lanes");
+                    debug_assert!(base + r * row_step + off + V <= BUF, "band window past the buffer");
+                    let i = (base + r * row_step + off) & (BUF - 1);
+                    let x: &[f32; V] = win[i..i + V].try_into().expect("V lanes");
                     for (a, &x) in a.iter_mut().zip(x) {
                         *a = madd::<FMA>(wv, x, *a);
                     }
