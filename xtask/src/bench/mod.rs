@@ -586,7 +586,11 @@ fn time_copy(
 ) -> Result<(Stats, f64)> {
     // A copy reads and writes each element, so half the op's traffic in elements.
     let len = ((case.bytes(dtype) / 2.0 / dtype.size_bytes() as f64).round() as usize).max(1);
-    let src = dev.zeros(&[len], dtype)?;
+    // The source holds data, not zeros: a CPU buffer that was only ever zeroed may still be
+    // unmapped pages (calloc), and copying from those depended on how the allocator served it
+    // (1 572 865 f32: 4.6 GB/s from zeros, 54 GB/s from the same length filled), so the roof of
+    // rows of nearly equal size differed up to 8×.
+    let src = dev.tensor_from_f32(&[len], dtype, &vec![1.0f32; len])?;
     let dst = dev.zeros(&[len], dtype)?;
     let flush = || {
         if let Some(f) = flusher.as_mut() {
