@@ -4,7 +4,8 @@
 // - `matmul_f16_f16_*`, `matmul_bf16_bf16_*`: 16-bit storage multiplied as stored (the
 //   products of two f16 or two bf16 values are exact in f32, so this is the `Highest` policy);
 // - `matmul_f32_bf16_*`, `matmul_f16_bf16_*`: the bf16-compute policy (`Precision::Bf16`):
-//   inputs rounded to bf16 (nearest even) on their way into shared memory;
+//   inputs rounded to bf16 (nearest even) before they are multiplied: f32 on the way into
+//   shared memory, f16 as its fragments are read out of it;
 // - `<ta><tb>` is `n` (as stored) or `t` (transposed) for A and B. The shared-memory tile of an
 //   operand keeps the operand's own contiguous dimension contiguous, so every global load and
 //   every shared store is a 16-byte vector whatever the transposes; the fragments are then read
@@ -14,16 +15,19 @@
 // 16-deep step, 4 `ldmatrix.x4` for A, 2 for B and 16 MMAs; 64 f32 accumulators per thread.
 // The pipelined variants remap blocks to bands of tile rows for L2 reuse (`swizzled_tile`);
 // the staged ones keep the launch order (the remap's registers push them into spills).
-// - Storage multiplied as stored (`matmul_f16_f16_*`, `matmul_bf16_bf16_*`): a 4-stage
+// - 16-bit storage (`matmul_f16_f16_*`, `matmul_bf16_bf16_*`, `matmul_f16_bf16_*`): a 4-stage
 //   `cp.async` pipeline of 16-deep K slices (48 KiB of shared memory): global memory goes
 //   straight to shared memory in 16-byte copies (no register staging), three slices in flight
 //   while the fourth is multiplied, one barrier per slice. Rows are padded by 8 elements: with
 //   48- or 272-byte row strides the 8 row addresses of an `ldmatrix` land on 8 distinct 16-byte
-//   bank groups, so fragment reads are conflict-free.
-// - Rounding policies (`matmul_f32_bf16_*`, `matmul_f16_bf16_*`): the inputs are converted on
-//   their way into shared memory, which `cp.async` cannot do, so shared memory is
-//   double-buffered through registers (32-deep slices; the next slice is loaded into registers
-//   before the current one is multiplied and stored after it); 80- or 272-byte row strides.
+//   bank groups, so fragment reads are conflict-free. Shared memory holds the stored f16 bits
+//   for `matmul_f16_bf16_*` too; each fragment register (two f16) is rounded to bf16x2 after
+//   its `ldmatrix` (`f16x2_to_bf16x2`), bit for bit the rounding the staged path did on the way
+//   in (f16 -> f32 is exact, then the same `cvt.rn` to bf16 of the same f32).
+// - f32 inputs rounded to bf16 (`matmul_f32_bf16_*`): the inputs are converted on their way
+//   into shared memory, which `cp.async` cannot do, so shared memory is double-buffered through
+//   registers (32-deep slices; the next slice is loaded into registers before the current one
+//   is multiplied and stored after it); 80- or 272-byte row strides.
 #include "common.cuh"
 
 #define TC_BM 128
@@ -78,6 +82,37 @@ template <typename TIn, bool BF> __device__ __forceinline__ void store8(u16* dst
     *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Eight 16-bit inputs stored as they are (the pipeline's fallback for vectors the copies cannot
+// take: shared memory holds what `cp.async` would have put there).
+template <typename TIn> __device__ __forceinline__ void store8_raw(u16* dst, const Vec8<TIn>& x) {
+    static_assert(sizeof(TIn) == 2, "the pipeline stages 16-bit inputs");
+    u32 w[4];
+    for (int i = 0; i < 4; i++) w[i] = (u32)x.v[2 * i].bits | ((u32)x.v[2 * i + 1].bits << 16);
+    *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Rounds one fragment register of two f16 (low half: the lower K or M/N index, as `ldmatrix`
+// packs them) to two bf16, nearest even, in the same halves. f16 -> f32 is exact (every f16,
+// subnormals included, is a normal f32 or zero; no `.ftz`), so the one rounding is that of the
+// f16 value itself, by `cvt.rn.bf16x2.f32`: the packed form of the `cvt.rn.bf16.f32` that
+// `mma_bits<f16, true>` applies to the same f32 (`from_f32<bf16>`), NaN included. Its operand
+// order: `a` goes to the upper half, `b` to the lower.
+__device__ __forceinline__ u32 f16x2_to_bf16x2(u32 x) {
+    u32 r;
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .f32 flo, fhi;\n\t"
+        "mov.b32 {lo, hi}, %1;\n\t"
+        "cvt.f32.f16 flo, lo;\n\t"
+        "cvt.f32.f16 fhi, hi;\n\t"
+        "cvt.rn.bf16x2.f32 %0, fhi, flo;\n\t}"
+        : "=r"(r)
+        : "r"(x));
+    return r;
+}
+
+// Whether shared memory holds f16 that the MMAs take as bf16 (rounded per fragment register).
+template <typename TIn, bool BF> struct CvtF16 { static constexpr bool V = false; };
+template <> struct CvtF16<f16, true> { static constexpr bool V = true; };
+
 // One operand's tile geometry. `KC`: K is the contiguous dimension (A as M×K, B as N×K), the
 // tile is 128 rows × 32 (+pad) and fragments are read with plain `ldmatrix`; otherwise the
 // tile is 32 rows of K × 128 (+pad) and fragments are read with `ldmatrix.trans`.
@@ -121,9 +156,10 @@ __device__ __forceinline__ void store_operand(u16* tile, const Vec8<TIn> (&st)[2
 // Queues this thread's 16-byte piece of the 16-deep slice at k0 of one operand (a 128 × 16
 // or 16 × 128 tile is 256 vectors: one per thread) with `cp.async`. A vector past the edges is
 // zero-filled by the copy; a vector cut by an edge, or an operand whose view is not 16-byte
-// aligned, goes through registers element by element (plain shared store, made visible by the
-// barrier that also publishes the copies).
-template <typename TIn, bool BF, bool KC>
+// aligned, goes through registers element by element (plain shared store of the stored bits,
+// made visible by the barrier that also publishes the copies). Zero bits are +0 in f16 and
+// bf16 alike.
+template <typename TIn, bool KC>
 __device__ __forceinline__ void cp_operand(u16* tile, const TIn* base, i64 ld, int extent, int kdim, int outer,
                                            int k0, bool vec, int tid) {
     using S = TileShape<TC_BKP, KC>;
@@ -136,7 +172,7 @@ __device__ __forceinline__ void cp_operand(u16* tile, const TIn* base, i64 ld, i
     } else if (vec && col + 7 < cols) {
         cp_async16(dst, base + (i64)row * ld + col, true);
     } else {
-        store8<TIn, BF>(dst, load8<TIn>(base, ld, rows, cols, row, col, false));
+        store8_raw<TIn>(dst, load8<TIn>(base, ld, rows, cols, row, col, false));
     }
 }
 
@@ -166,8 +202,9 @@ template <bool BF> __device__ __forceinline__ void mma16816(float (&d)[4], const
 }
 
 // One 16-deep step of a warp's 64×32 tile: fragments from the A tile `ta` and the B tile `tb`
-// (K offset `ks` inside them), 16 MMAs.
-template <bool BF, bool A_KC, bool B_KC, int SA, int SB>
+// (K offset `ks` inside them), 16 MMAs. `CVT`: the tiles hold f16, rounded to bf16 per fragment
+// register before the MMAs.
+template <bool BF, bool A_KC, bool B_KC, int SA, int SB, bool CVT = false>
 __device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, const u16* tb, int ks, int wm, int wn,
                                          int lane) {
     // Lane roles in `ldmatrix.x4`: lanes 8j..8j+7 give the row addresses of matrix j.
@@ -199,14 +236,24 @@ __device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, c
         bf[2 * np + 1][0] = r[2];
         bf[2 * np + 1][1] = r[3];
     }
+    if (CVT) {
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) af[mt][i] = f16x2_to_bf16x2(af[mt][i]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) bf[nt][i] = f16x2_to_bf16x2(bf[nt][i]);
+    }
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) mma16816<BF>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
 }
 
-// Inputs multiplied as stored: the 4-stage cp.async pipeline. Stage s of the ring holds the A
-// and B tiles of slice kt ≡ s (mod 4).
+// 16-bit inputs: the 4-stage cp.async pipeline. Stage s of the ring holds the A and B tiles of
+// slice kt ≡ s (mod 4), as stored; f16 taken as bf16 is rounded as its fragments are read.
 template <typename TIn, bool BF, bool A_KC, bool B_KC>
 __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
                                                   const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid,
@@ -217,8 +264,8 @@ __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* sm
     auto sb = [&](int st) { return smem + st * 2 * TC_TILEP + TC_TILEP; };
     auto issue = [&](int kt) {
         const int st = kt % TC_STAGES;
-        cp_operand<TIn, BF, A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
-        cp_operand<TIn, BF, B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
+        cp_operand<TIn, A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
+        cp_operand<TIn, B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
     };
     // Prologue: the first three slices in flight, one commit group each (empty past the end,
     // so the group count the waits rely on stays the same).
@@ -235,13 +282,13 @@ __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* sm
         if (kt + TC_STAGES - 1 < ktiles) issue(kt + TC_STAGES - 1);
         cp_async_commit();
         const int st = kt % TC_STAGES;
-        mma_step<BF, A_KC, B_KC, TileShape<TC_BKP, A_KC>::STRIDE, TileShape<TC_BKP, B_KC>::STRIDE>(
-            acc, sa(st), sb(st), 0, wm, wn, lane);
+        mma_step<BF, A_KC, B_KC, TileShape<TC_BKP, A_KC>::STRIDE, TileShape<TC_BKP, B_KC>::STRIDE,
+                 CvtF16<TIn, BF>::V>(acc, sa(st), sb(st), 0, wm, wn, lane);
     }
     cp_async_wait_all();
 }
 
-// Inputs rounded on the way in: the register-staged double buffer.
+// f32 inputs rounded on the way in: the register-staged double buffer.
 template <typename TIn, bool BF, bool A_KC, bool B_KC>
 __device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
                                                 const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid, int wm,
@@ -308,7 +355,7 @@ __device__ __forceinline__ void splitk_park_slab(const SplitKParams& g, const fl
     }
 }
 
-// `PIPE`: the cp.async pipeline (inputs multiplied as stored), else the staged double buffer.
+// `PIPE`: the cp.async pipeline (16-bit inputs), else the staged double buffer (f32 inputs).
 template <typename TIn, bool BF, bool TA, bool TB, bool PIPE>
 __device__ __forceinline__ void matmul_mma(const SplitKParams& sp) {
     const MatmulParams& p = sp.mm;
@@ -344,7 +391,8 @@ __device__ __forceinline__ void matmul_mma(const SplitKParams& sp) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    if (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
+    // `if constexpr`: the pipeline's raw stores exist for 16-bit inputs only.
+    if constexpr (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
     else mainloop_staged<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
 
     // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1). The two
@@ -429,7 +477,7 @@ template <typename T> __device__ __forceinline__ void splitk_reduce(const SplitK
 
 TC_ENTRY(matmul_f16_f16, f16, false, 2, 2, true)
 TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, 2, true)
-TC_ENTRY(matmul_f16_bf16, f16, true, 2, 2, false)
+TC_ENTRY(matmul_f16_bf16, f16, true, 2, 2, true)
 TC_ENTRY(matmul_f32_bf16, float, true, 2, 1, false)
 
 extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_f32(const SplitKParams g) { splitk_reduce<float>(g); }
