@@ -38,6 +38,7 @@ use crate::{Activation, DType, Layout, Precision};
 
 pub mod block;
 pub mod gemv;
+pub mod mma;
 pub mod quant;
 pub mod simt;
 pub mod splitk;
