@@ -35,15 +35,27 @@ fn the_constants_are_the_kernels() {
     assert_eq!(define(SRC, "TC_THREADS"), THREADS);
     assert_eq!(THREADS as u32, super::super::THREADS);
     assert_eq!((BM, BN), (super::super::MATMUL_TILE_M, super::super::MATMUL_TILE_N));
-    // Which kernels run the pipeline (`PIPE`, the last argument) and which stage through
-    // registers.
-    for (entry, pipe) in [
-        ("TC_ENTRY(matmul_f16_f16, f16, false, 2, 2, true)", true),
-        ("TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, 2, true)", true),
-        ("TC_ENTRY(matmul_f16_bf16, f16, true, 2, 2, true)", true),
-        ("TC_ENTRY(matmul_f32_bf16, float, true, 2, 1, false)", false),
+    assert_eq!(define(SRC, "TC_STAGES32"), F32_STAGES);
+    assert_eq!(define(SRC, "TC_PAD32_KC"), F32_PAD_KC);
+    assert_eq!(define(SRC, "TC_PAD32_MN"), F32_PAD_MN);
+    assert_eq!(define(SRC, "TC_SMEM32_BYTES"), F32_SMEM_BYTES as usize);
+    assert_eq!(F32_SMEM_BYTES, 73728);
+    // The entry points (storage, bf16 compute), all at two blocks per SM.
+    for entry in [
+        "TC_ENTRY(matmul_f16_f16, f16, false)",
+        "TC_ENTRY(matmul_bf16_bf16, bf16, true)",
+        "TC_ENTRY(matmul_f16_bf16, f16, true)",
+        "TC_ENTRY(matmul_f32_bf16, float, true)",
+        "__launch_bounds__(TC_THREADS, 2) NAME##_tt",
     ] {
-        assert!(SRC.contains(entry), "the kernel no longer declares {entry:?} (pipeline: {pipe})");
+        assert!(SRC.contains(entry), "the kernel no longer declares {entry:?}");
+    }
+    // Launches pass the f32 ring as dynamic shared memory, and only for the f32 kernels.
+    for t in ["nn", "nt", "tn", "tt"] {
+        for (storage, bytes) in [("f32_bf16", F32_SMEM_BYTES), ("f16_bf16", 0), ("f16_f16", 0), ("bf16_bf16", 0)] {
+            let entry = format!("matmul_{storage}_{t}");
+            assert_eq!(super::super::entry_dynamic_smem_bytes(&entry), bytes, "{entry}");
+        }
     }
     // The ring's schedule and the loader's map as the models below read them.
     for anchor in [
@@ -61,6 +73,18 @@ fn the_constants_are_the_kernels() {
         "ldmatrix_x4_trans(r, tb + (ks + lr + (lj & 1) * 8) * SB + nb + (lj >> 1) * 8);",
         "for (int i = 0; i < 4; i++) af[mt][i] = f16x2_to_bf16x2(af[mt][i]);",
         "for (int i = 0; i < 2; i++) bf[nt][i] = f16x2_to_bf16x2(bf[nt][i]);",
+        // The f32 ring, loader and fragment reads (`f32_ring_schedule`, `LOADER32`, `frag32`).
+        "cp_async_wait<TC_STAGES32 - 2>();\n        __syncthreads();\n        if (kt + TC_STAGES32 - 1 < ktiles) issue(kt + TC_STAGES32 - 1);",
+        "const int st = kt % TC_STAGES32;",
+        "const int v = tid + i * TC_THREADS;\n        const int r = v / S::VECS_PER_ROW, c = (v % S::VECS_PER_ROW) * 4;",
+        "} else if (vec && col + 3 < cols) {",
+        "const float2 x = *(const float2*)(t + i * S + kk);\n        return f32x2_to_bf16x2(x.x, x.y);",
+        "return f32x2_to_bf16x2(t[kk * S + i], t[(kk + 1) * S + i]);",
+        "af[0] = frag32<A_KC, SA>(ta, m, t2);\n        af[1] = frag32<A_KC, SA>(ta, m + 8, t2);\n        af[2] = frag32<A_KC, SA>(ta, m, t2 + 8);\n        af[3] = frag32<A_KC, SA>(ta, m + 8, t2 + 8);",
+        "bf[nt][0] = frag32<B_KC, SB>(tb, n, t2);\n        bf[nt][1] = frag32<B_KC, SB>(tb, n, t2 + 8);",
+        "const int g = lane >> 2, t2 = (lane & 3) * 2;",
+        "const int m = wm + mt * 16 + g;",
+        "const int n = wn + nt * 8 + g;",
     ] {
         assert!(SRC.contains(anchor), "the kernel no longer reads {anchor:?}");
     }
@@ -75,7 +99,16 @@ fn the_constants_are_the_kernels() {
         assert!(!body.contains("cvt.rn.bf16.f32"), "matmul_f16_bf16_{t} rounds on the way in");
         let same = ptx_entry(&format!("matmul_f16_f16_{t}"));
         assert_eq!(same.matches("cvt.rn.bf16x2.f32").count(), 0);
+        // The f32 kernels: the same 24 conversions (from f32 read with 64- or 32-bit shared
+        // loads, no `ldmatrix`), the ring in dynamic shared memory, no static array.
+        let f32 = ptx_entry(&format!("matmul_f32_bf16_{t}"));
+        assert_eq!(f32.matches("cvt.rn.bf16x2.f32").count(), 24, "matmul_f32_bf16_{t}");
+        assert_eq!(f32.matches("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32").count(), 16);
+        assert!(f32.contains("cp.async.cg.shared.global"), "matmul_f32_bf16_{t}");
+        assert!(!f32.contains("ldmatrix") && !f32.contains("cvt.rn.bf16.f32"), "matmul_f32_bf16_{t}");
+        assert!(!f32.contains(".shared .align"), "matmul_f32_bf16_{t} declares static shared memory");
     }
+    assert!(super::super::Module::MatmulMma.ptx().contains(".extern .shared .align 16 .b8 tc_dyn[];"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,8 +226,7 @@ fn a_swapped_conversion_is_caught() {
 // The loaders: `cp_operand` over edge shapes, transposes, views and batches.
 
 /// One operand as the kernel sees it: stored `rows × cols` per batch at
-/// `off + b·bs + r·ld + c`, and whether the launch sets its `MM_*_VEC` flag (16-byte loads:
-/// offset, ld and batch stride multiples of 8 elements).
+/// `off + b·bs + r·ld + c` (in elements).
 #[derive(Clone, Copy, Debug)]
 struct View {
     off: usize,
@@ -203,12 +235,14 @@ struct View {
 }
 
 impl View {
-    fn vec(self) -> bool {
-        self.off.is_multiple_of(8) && self.ld.is_multiple_of(8) && self.bs.is_multiple_of(8)
+    /// Whether the launch sets the operand's `MM_*_VEC` flag (`matmul_params`): offset, ld and
+    /// batch stride multiples of one 16-byte vector of `w` elements.
+    fn vec(self, w: usize) -> bool {
+        self.off.is_multiple_of(w) && self.ld.is_multiple_of(w) && self.bs.is_multiple_of(w)
     }
 }
 
-/// One cell of a stage's tile after `cp_operand` ran on all 256 threads: the stored bits of
+/// One cell of a stage's tile after the loader ran on all 256 threads: the stored bits of
 /// an element (by its index in the operand's buffer), zero bits, or nothing.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Cell {
@@ -217,13 +251,24 @@ enum Cell {
     Elem(usize),
 }
 
-/// The map `cp_operand` applies (transliterated; `vpr` is `S::VECS_PER_ROW`): thread `tid`
-/// writes 8 consecutive cells of tile row `r` from column `c`.
-fn thread_cells(vpr: usize, tid: usize) -> (usize, usize) {
-    (tid / vpr, (tid % vpr) * 8)
+/// A loader's geometry: `w` elements per 16-byte vector, `per_thread` vectors a thread.
+/// `cp_operand` (16-bit): 8 and 1; `cp_operand32` (f32): 4 and 2.
+#[derive(Clone, Copy, Debug)]
+struct Loader {
+    w: usize,
+    per_thread: usize,
 }
 
-/// One operand's slice as `cp_operand` sees it: `kc` (K contiguous), the operand's extent
+const LOADER16: Loader = Loader { w: 8, per_thread: 1 };
+const LOADER32: Loader = Loader { w: 4, per_thread: 2 };
+
+/// The map both loaders apply (transliterated; `vpr` is `S::VECS_PER_ROW`, the tile's
+/// columns over `w`): vector `v` covers `w` consecutive cells of tile row `r` from column `c`.
+fn vector_cells(ld: Loader, vpr: usize, v: usize) -> (usize, usize) {
+    (v / vpr, (v % vpr) * ld.w)
+}
+
+/// One operand's slice as a loader sees it: `kc` (K contiguous), the operand's extent
 /// along M or N and its K, the tile's first row or column `outer`, the slice's `k0`, the view
 /// and the batch `bt`.
 #[derive(Clone, Copy, Debug)]
@@ -237,36 +282,38 @@ struct Slice {
     bt: usize,
 }
 
-/// Replays `cp_operand` on all 256 threads for one slice: returns the tile (the logical rows ×
+/// Replays a loader on all 256 threads for one slice: returns the tile (the logical rows ×
 /// columns, padding left out) and the number of 16-byte copies, and checks that no cell is
 /// written twice and that every copy is 16-byte aligned.
-fn replay_loader(sl: Slice, vpr: usize) -> (Vec<Cell>, usize) {
+fn replay_loader(ld: Loader, sl: Slice, vpr: usize) -> (Vec<Cell>, usize) {
     let Slice { kc, extent, kdim, outer, k0, v, bt } = sl;
     let (trows, tcols) = if kc { (BM, BKP) } else { (BKP, BM) };
     let mut tile = vec![Cell::Unwritten; trows * tcols];
     let mut copies = 0;
     let base = v.off + bt * v.bs;
     for tid in 0..THREADS {
-        let (r, c) = thread_cells(vpr, tid);
-        let (row, col) = if kc { (outer + r, k0 + c) } else { (k0 + r, outer + c) };
-        let (rows, cols) = if kc { (extent, kdim) } else { (kdim, extent) };
-        let mut put = |i: usize, cell: Cell| {
-            let at = r * tcols + c + i;
-            assert!(r < trows && c + i < tcols, "thread {tid} writes outside the tile");
-            assert_eq!(tile[at], Cell::Unwritten, "cell {r},{} written twice", c + i);
-            tile[at] = cell;
-        };
-        if row >= rows || col >= cols {
-            (0..8).for_each(|i| put(i, Cell::Zero));
-        } else if v.vec() && col + 7 < cols {
-            let e = base + row * v.ld + col;
-            assert!(e.is_multiple_of(8), "16-byte copy from element {e}");
-            copies += 1;
-            (0..8).for_each(|i| put(i, Cell::Elem(e + i)));
-        } else {
-            for i in 0..8 {
-                let ok = row < rows && col + i < cols;
-                put(i, if ok { Cell::Elem(base + row * v.ld + col + i) } else { Cell::Zero });
+        for i in 0..ld.per_thread {
+            let (r, c) = vector_cells(ld, vpr, tid + i * THREADS);
+            let (row, col) = if kc { (outer + r, k0 + c) } else { (k0 + r, outer + c) };
+            let (rows, cols) = if kc { (extent, kdim) } else { (kdim, extent) };
+            let mut put = |j: usize, cell: Cell| {
+                assert!(r < trows && c + j < tcols, "thread {tid} writes outside the tile");
+                let at = r * tcols + c + j;
+                assert_eq!(tile[at], Cell::Unwritten, "cell {r},{} written twice", c + j);
+                tile[at] = cell;
+            };
+            if row >= rows || col >= cols {
+                (0..ld.w).for_each(|j| put(j, Cell::Zero));
+            } else if v.vec(ld.w) && col + ld.w - 1 < cols {
+                let e = base + row * v.ld + col;
+                assert!(e.is_multiple_of(ld.w), "16-byte copy from element {e}");
+                copies += 1;
+                (0..ld.w).for_each(|j| put(j, Cell::Elem(e + j)));
+            } else {
+                for j in 0..ld.w {
+                    let ok = row < rows && col + j < cols;
+                    put(j, if ok { Cell::Elem(base + row * v.ld + col + j) } else { Cell::Zero });
+                }
             }
         }
     }
@@ -289,31 +336,32 @@ fn check_tile(tile: &[Cell], sl: Slice) {
     }
 }
 
-/// The shapes: 1, primes, non-multiples of 8, 16 and 128, and exact tiles.
-const EXTENTS: [usize; 7] = [1, 7, 16, 17, 127, 128, 131];
-const KS: [usize; 7] = [1, 5, 8, 15, 16, 33, 48];
+/// The shapes: 1, primes, non-multiples of 4, 8, 16 and 128, and exact tiles.
+const EXTENTS: [usize; 8] = [1, 6, 7, 16, 17, 127, 128, 131];
+const KS: [usize; 8] = [1, 5, 6, 8, 15, 16, 33, 48];
 
-#[test]
-fn the_loaders_cover_every_tile_cell_once() {
+/// Replays `ld` over every shape, transpose, view and batch; returns the 16-byte copies.
+fn loader_coverage(ld: Loader) -> usize {
     let mut copies = 0;
     for kc in [true, false] {
-        let vpr = if kc { BKP / 8 } else { BM / 8 };
+        let vpr = if kc { BKP / ld.w } else { BM / ld.w };
         for &extent in &EXTENTS {
             for &kdim in &KS {
                 let (rows, cols) = if kc { (extent, kdim) } else { (kdim, extent) };
-                // Aligned, padded (ld rounded up to 8) and unaligned (offset 3) views; two
-                // batches.
+                // Aligned, padded (ld rounded up to 8) and unaligned (offset 3, or 2 for f32
+                // storage's half-vector) views; two batches.
                 let padded = cols.next_multiple_of(8);
                 for v in [
                     View { off: 0, ld: cols, bs: rows * cols },
                     View { off: 8, ld: padded, bs: rows * padded + 8 },
                     View { off: 3, ld: padded, bs: rows * padded },
+                    View { off: 2, ld: padded, bs: rows * padded },
                 ] {
                     for bt in 0..2 {
                         for outer in (0..extent).step_by(BM) {
                             for k0 in (0..kdim).step_by(BKP) {
                                 let sl = Slice { kc, extent, kdim, outer, k0, v, bt };
-                                let (tile, n) = replay_loader(sl, vpr);
+                                let (tile, n) = replay_loader(ld, sl, vpr);
                                 check_tile(&tile, sl);
                                 copies += n;
                             }
@@ -323,21 +371,31 @@ fn the_loaders_cover_every_tile_cell_once() {
             }
         }
     }
-    // The vector path is taken (the test is not vacuous about alignment).
+    copies
+}
+
+#[test]
+fn the_loaders_cover_every_tile_cell_once() {
+    // The vector paths are taken (the test is not vacuous about alignment).
+    let copies = loader_coverage(LOADER16);
     assert!(copies > 1000, "{copies}");
+    let copies = loader_coverage(LOADER32);
+    assert!(copies > 2000, "{copies}");
 }
 
 #[test]
 fn a_broken_loader_map_is_caught() {
     // Rows of the K-contiguous tile computed with the other shape's vectors per row: threads
     // collide or leave cells unwritten.
-    let broken = std::panic::catch_unwind(|| {
-        let v = View { off: 0, ld: 16, bs: 128 * 16 };
-        let sl = Slice { kc: true, extent: 128, kdim: 16, outer: 0, k0: 0, v, bt: 0 };
-        let (tile, _) = replay_loader(sl, BM / 8);
-        check_tile(&tile, sl);
-    });
-    assert!(broken.is_err());
+    for (ld, wrong_vpr) in [(LOADER16, BM / 8), (LOADER32, BM / 4)] {
+        let broken = std::panic::catch_unwind(|| {
+            let v = View { off: 0, ld: 16, bs: 128 * 16 };
+            let sl = Slice { kc: true, extent: 128, kdim: 16, outer: 0, k0: 0, v, bt: 0 };
+            let (tile, _) = replay_loader(ld, sl, wrong_vpr);
+            check_tile(&tile, sl);
+        });
+        assert!(broken.is_err());
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,6 +458,12 @@ fn the_ring_waits_before_it_reads_and_refills_after() {
     assert!(early.contains("before its copies completed"), "{early}");
     let refill = ring_schedule(8, STAGES, STAGES - 1, STAGES).expect_err("an early refill");
     assert!(refill.contains("refilled"), "{refill}");
+    // The f32 ring: three stages, two slices ahead, `cp_async_wait<TC_STAGES32 - 2>`.
+    for ktiles in 1..40 {
+        ring_schedule(ktiles, F32_STAGES, F32_STAGES - 2, F32_STAGES - 1)
+            .unwrap_or_else(|e| panic!("f32, ktiles {ktiles}: {e}"));
+    }
+    assert!(ring_schedule(8, F32_STAGES, F32_STAGES - 2, F32_STAGES).is_err());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,5 +630,188 @@ fn fragment_reads_are_conflict_free() {
     for a in [true, false] {
         assert_eq!(ldmatrix_conflicts(a, true, 0, 0), 2);
         assert_eq!(ldmatrix_conflicts(a, false, 0, 0), 8);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The f32 ring's fragment reads: `frag32` and `mma_step32`, and their banks.
+
+/// `f32x2_to_bf16x2(lo, hi)`: `asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo))`,
+/// `%1` to the upper half. Returns which argument (0: `lo`, 1: `hi`) lands in the upper half,
+/// read from the source.
+fn f32_conversion_upper(src: &str) -> usize {
+    let body = &src[src.find("u32 f32x2_to_bf16x2(float lo, float hi)").expect("f32x2_to_bf16x2")..];
+    let body = &body[..body.find("\n}\n").expect("its end")];
+    assert!(body.contains(r#"asm("cvt.rn.bf16x2.f32 %0, %1, %2;""#), "{body}");
+    let inputs = &body[body.find(r#": "=r"(r) :"#).expect("the operands")..];
+    let (hi, lo) = (inputs.find(r#""f"(hi)"#).expect("hi"), inputs.find(r#""f"(lo)"#).expect("lo"));
+    // `%1` is the first input: the upper half.
+    if hi < lo { 1 } else { 0 }
+}
+
+/// The kernel's f32 pair rounding as the source's operand order makes it.
+fn f32x2_to_bf16x2(lo: f32, hi: f32, upper: usize) -> u32 {
+    let (u, l) = if upper == 1 { (hi, lo) } else { (lo, hi) };
+    cvt_rn_bf16(l) as u32 | (cvt_rn_bf16(u) as u32) << 16
+}
+
+#[test]
+fn f32_pairs_round_like_the_staged_kernel() {
+    let upper = f32_conversion_upper(SRC);
+    assert_eq!(upper, 1, "the higher K index must go to the upper half");
+    // The register-staged kernel stored `f32_to_bf16_bits(x)` per element, packed low-first:
+    // the same `cvt.rn.bf16.f32` per value. Ties, subnormals, infinities, NaN, bf16 overflow.
+    let xs = [
+        0.0f32,
+        -0.0,
+        1.0,
+        1.0 + 2f32.powi(-8),
+        1.0 + 3.0 * 2f32.powi(-8),
+        -1.0 - 2f32.powi(-8),
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1.0 / 3.0,
+        -65504.0,
+    ];
+    for &lo in &xs {
+        for &hi in &xs {
+            let staged = cvt_rn_bf16(lo) as u32 | (cvt_rn_bf16(hi) as u32) << 16;
+            assert_eq!(f32x2_to_bf16x2(lo, hi, upper), staged, "{lo} {hi}");
+        }
+    }
+    let swapped = SRC.replace(r#": "f"(hi), "f"(lo));"#, r#": "f"(lo), "f"(hi));"#);
+    assert_ne!(swapped, SRC);
+    assert_eq!(f32_conversion_upper(&swapped), 0);
+    assert_ne!(f32x2_to_bf16x2(1.0, 2.0, 0), f32x2_to_bf16x2(1.0, 2.0, 1));
+}
+
+/// The two tile cells (float indices) `frag32<KC, S>(t, i, kk)` reads: K offsets kk and kk + 1
+/// of outer index i.
+fn frag32_cells(kc: bool, stride: usize, i: usize, kk: usize) -> [usize; 2] {
+    if kc { [i * stride + kk, i * stride + kk + 1] } else { [kk * stride + i, (kk + 1) * stride + i] }
+}
+
+/// One warp's fragment reads of a step (`mma_step32`): per fragment register, (the outer
+/// index and K of its low half, the cells read). `a`: A's four per 16-row block, else B's two
+/// per 8 columns.
+fn step32_reads(a: bool, kc: bool, stride: usize, warp: usize, lane: usize) -> Vec<((usize, usize), [usize; 2])> {
+    let (wm, wn) = ((warp >> 2) * 64, (warp & 3) * 32);
+    let (g, t2) = (lane >> 2, (lane & 3) * 2);
+    let mut out = Vec::new();
+    if a {
+        for mt in 0..4 {
+            let m = wm + mt * 16 + g;
+            for (i, kk) in [(m, t2), (m + 8, t2), (m, t2 + 8), (m + 8, t2 + 8)] {
+                out.push(((i, kk), frag32_cells(kc, stride, i, kk)));
+            }
+        }
+    } else {
+        for nt in 0..4 {
+            let n = wn + nt * 8 + g;
+            for (i, kk) in [(n, t2), (n, t2 + 8)] {
+                out.push(((i, kk), frag32_cells(kc, stride, i, kk)));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn f32_fragments_are_the_mma_operands() {
+    // The loader's layout (cell (r, c) of the logical tile at r·stride + c, outer index and K
+    // as `check_tile` places them) composed with `frag32`: each register's halves are the
+    // m16n8k16 operand's elements (A: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8),
+    // a3 (g + 8, 2t + 8); B: b0 (2t, g), b1 (2t + 8, g)), K in the low half first.
+    for a in [true, false] {
+        for kc in [true, false] {
+            let stride = f32_stride(kc);
+            let cell_of = |i: usize, k: usize| if kc { i * stride + k } else { k * stride + i };
+            for warp in 0..8 {
+                let (wm, wn) = ((warp >> 2) * 64, (warp & 3) * 32);
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    let want: Vec<(usize, usize)> = if a {
+                        (0..4)
+                            .flat_map(|mt| {
+                                let m = wm + mt * 16;
+                                [(m + g, 2 * t), (m + g + 8, 2 * t), (m + g, 2 * t + 8), (m + g + 8, 2 * t + 8)]
+                            })
+                            .collect()
+                    } else {
+                        (0..4).flat_map(|nt| [(wn + nt * 8 + g, 2 * t), (wn + nt * 8 + g, 2 * t + 8)]).collect()
+                    };
+                    let got = step32_reads(a, kc, stride, warp, lane);
+                    assert_eq!(got.len(), want.len());
+                    for (((i, k), cells), &(wi, wk)) in got.iter().zip(&want) {
+                        assert_eq!((*i, *k), (wi, wk), "a {a} kc {kc} warp {warp} lane {lane}");
+                        assert_eq!(*cells, [cell_of(wi, wk), cell_of(wi, wk + 1)], "a {a} kc {kc} lane {lane}");
+                        // Inside the logical tile, never the padding.
+                        assert!(wk + 1 < BKP && wi < BM);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The worst bank-conflict degree of one step's f32 fragment reads of a tile at float
+/// `stage_base`: K-contiguous tiles are read with 64-bit loads (two phases of 16 lanes; a
+/// phase is conflict-free when its distinct 8-byte words cover distinct bank pairs), the others
+/// with 32-bit loads (32 lanes, distinct words on distinct banks). Each instruction is one
+/// fragment register (and, for 32-bit, one of its two halves) across the warp.
+fn f32_conflicts(a: bool, kc: bool, stride: usize, stage_base: usize) -> usize {
+    let mut worst = 1;
+    for warp in 0..8 {
+        let reads: Vec<_> = (0..32).map(|l| step32_reads(a, kc, stride, warp, l)).collect();
+        let registers = reads[0].len();
+        for reg in 0..registers {
+            let halves: &[usize] = if kc { &[0] } else { &[0, 1] };
+            for &h in halves {
+                // Lanes per phase: 16 for 64-bit loads, 32 for 32-bit ones.
+                let per_phase = if kc { 16 } else { 32 };
+                for phase in reads.chunks(per_phase) {
+                    let mut words: Vec<usize> = phase.iter().map(|r| stage_base + r[reg].1[h]).collect();
+                    if kc {
+                        assert!(words.iter().all(|w| w.is_multiple_of(2)), "64-bit reads are 8-byte aligned");
+                    }
+                    words.sort_unstable();
+                    words.dedup();
+                    let mut banks = [0usize; 32];
+                    for w in words {
+                        banks[w % 32] += 1;
+                        if kc {
+                            banks[(w + 1) % 32] += 1;
+                        }
+                    }
+                    worst = worst.max(*banks.iter().max().expect("32 banks"));
+                }
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn f32_fragment_reads_are_conflict_free() {
+    for st in 0..F32_STAGES {
+        for op in 0..2 {
+            // Stage `st` of A, then of B (`sa(st)`, `sb(st)` of `mainloop_f32`).
+            let base = (st * 2 + op) * F32_TILE;
+            for kc in [true, false] {
+                assert_eq!(f32_conflicts(op == 0, kc, f32_stride(kc), base), 1, "operand {op}, kc {kc}, stage {st}");
+            }
+        }
+    }
+    // The padding is what makes them so: unpadded, the 64-bit reads are 2-way (rows 16 words
+    // apart) and the 32-bit ones 4-way (K rows 128 words apart); half the K-contiguous padding
+    // (20-word rows) still overlaps rows 0 and 3 of a half-warp.
+    for a in [true, false] {
+        assert_eq!(f32_conflicts(a, true, BKP, 0), 2);
+        assert_eq!(f32_conflicts(a, false, BM, 0), 4);
+        assert_eq!(f32_conflicts(a, true, BKP + 4, 0), 2);
     }
 }
