@@ -4,7 +4,7 @@
 // - `matmul_f16_f16_*`, `matmul_bf16_bf16_*`: 16-bit storage multiplied as stored (the
 //   products of two f16 or two bf16 values are exact in f32, so this is the `Highest` policy);
 // - `matmul_f32_bf16_*`, `matmul_f16_bf16_*`: the bf16-compute policy (`Precision::Bf16`):
-//   inputs rounded to bf16 (nearest even) on their way into shared memory;
+//   inputs rounded to bf16 (nearest even) as their fragments are read out of shared memory;
 // - `<ta><tb>` is `n` (as stored) or `t` (transposed) for A and B. The shared-memory tile of an
 //   operand keeps the operand's own contiguous dimension contiguous, so every global load and
 //   every shared store is a 16-byte vector whatever the transposes; the fragments are then read
@@ -12,40 +12,45 @@
 //
 // Design: 128×128 block tile, 256 threads as 2 (M) × 4 (N) warps of 64×32; per warp and
 // 16-deep step, 4 `ldmatrix.x4` for A, 2 for B and 16 MMAs; 64 f32 accumulators per thread.
-// The pipelined variants remap blocks to bands of tile rows for L2 reuse (`swizzled_tile`);
-// the staged ones keep the launch order (the remap's registers push them into spills).
-// - Storage multiplied as stored (`matmul_f16_f16_*`, `matmul_bf16_bf16_*`): a 4-stage
+// Blocks are remapped to bands of tile rows for L2 reuse (`swizzled_tile`). Every variant is a
+// `cp.async` pipeline of 16-deep K slices (no register staging), ≤ 128 registers, so two blocks
+// per SM on sm_80 and sm_90.
+// - 16-bit storage (`matmul_f16_f16_*`, `matmul_bf16_bf16_*`, `matmul_f16_bf16_*`): a 4-stage
 //   `cp.async` pipeline of 16-deep K slices (48 KiB of shared memory): global memory goes
 //   straight to shared memory in 16-byte copies (no register staging), three slices in flight
 //   while the fourth is multiplied, one barrier per slice. Rows are padded by 8 elements: with
 //   48- or 272-byte row strides the 8 row addresses of an `ldmatrix` land on 8 distinct 16-byte
-//   bank groups, so fragment reads are conflict-free.
-// - Rounding policies (`matmul_f32_bf16_*`, `matmul_f16_bf16_*`): the inputs are converted on
-//   their way into shared memory, which `cp.async` cannot do, so shared memory is
-//   double-buffered through registers (32-deep slices; the next slice is loaded into registers
-//   before the current one is multiplied and stored after it); 80- or 272-byte row strides.
+//   bank groups, so fragment reads are conflict-free. Shared memory holds the stored f16 bits
+//   for `matmul_f16_bf16_*` too; each fragment register (two f16) is rounded to bf16x2 after
+//   its `ldmatrix` (`f16x2_to_bf16x2`), bit for bit the rounding these kernels used to do on the
+//   way into shared memory (f16 -> f32 is exact, then the same `cvt.rn` to bf16 of that f32).
+// - f32 inputs rounded to bf16 (`matmul_f32_bf16_*`): a 3-stage ring of raw f32 tiles
+//   (72 KiB of dynamic shared memory); `ldmatrix` reads 16-bit elements only, so each fragment
+//   register is read in the m16n8k16 layout with one 64-bit load (K-contiguous tiles) or two
+//   32-bit loads (M/N-contiguous tiles) and rounded with `cvt.rn.bf16x2.f32`; 96- or 528-byte
+//   row strides keep those reads conflict-free.
 #include "common.cuh"
 
 #define TC_BM 128
 #define TC_BN 128
 #define TC_THREADS 256
 #define TC_PAD 8
-// The register-staged kernel: 32-deep slices, two buffers.
-#define TC_BK 32
-// The cp.async pipeline: 16-deep slices, four stages (4 × 12 KiB: the 48 KiB of static shared
-// memory, and two blocks per SM on sm_80 and sm_90 with ≤ 128 registers).
+// The 16-bit cp.async pipeline: 16-deep slices, four stages (4 × 12 KiB: the 48 KiB of static
+// shared memory, and two blocks per SM on sm_80 and sm_90 with ≤ 128 registers).
 #define TC_BKP 16
 #define TC_STAGES 4
+// The f32 ring (`matmul_f32_bf16_*`): 16-deep slices of raw f32, three stages (3 × 24 KiB =
+// 72 KiB of dynamic shared memory: two blocks per SM on sm_80 and sm_90), rows padded by 8
+// floats when K is contiguous (96-byte stride: the 64-bit fragment reads of a half-warp land on
+// 16 distinct bank pairs) and by 4 otherwise (528-byte stride: the 32-bit reads of a warp on 32
+// distinct banks). Twin: `catalogue::cuda::mma` (F32_*).
+#define TC_STAGES32 3
+#define TC_PAD32_KC 8
+#define TC_PAD32_MN 4
+#define TC_SMEM32_BYTES 73728
 
-// The 16-bit pattern the tensor cores multiply: the stored value, or its bf16 rounding.
-template <typename TIn, bool BF> __device__ __forceinline__ u16 mma_bits(TIn x);
-template <> __device__ __forceinline__ u16 mma_bits<f16, false>(f16 x) { return x.bits; }
-template <> __device__ __forceinline__ u16 mma_bits<bf16, true>(bf16 x) { return x.bits; }
-template <> __device__ __forceinline__ u16 mma_bits<f16, true>(f16 x) { return f32_to_bf16_bits(to_f32(x)); }
-template <> __device__ __forceinline__ u16 mma_bits<float, true>(float x) { return f32_to_bf16_bits(x); }
-
-// Eight consecutive input elements staged in registers between their global load and their
-// shared store.
+// Eight consecutive 16-bit input elements in registers (the pipeline's fallback for vectors the
+// copies cannot take).
 template <typename TIn> struct __align__(16) Vec8 { TIn v[8]; };
 
 // Loads eight consecutive elements (along the operand's contiguous dimension) at `row`,
@@ -57,12 +62,7 @@ __device__ __forceinline__ Vec8<TIn> load8(const TIn* base, i64 ld, int rows, in
     const TIn* s = base + (i64)row * ld + col;
     if (vec && row < rows && col + 7 < cols) {
         const uint4* q = (const uint4*)s;
-        if (sizeof(TIn) == 2) {
-            *(uint4*)r.v = q[0];
-        } else {
-            *(uint4*)&r.v[0] = q[0];
-            *(uint4*)&r.v[4] = q[1];
-        }
+        *(uint4*)r.v = q[0];
     } else {
         for (int i = 0; i < 8; i++) {
             bool ok = row < rows && col + i < cols;
@@ -72,15 +72,41 @@ __device__ __forceinline__ Vec8<TIn> load8(const TIn* base, i64 ld, int rows, in
     return r;
 }
 
-template <typename TIn, bool BF> __device__ __forceinline__ void store8(u16* dst, const Vec8<TIn>& x) {
+// Eight 16-bit inputs stored as they are (the pipeline's fallback for vectors the copies cannot
+// take: shared memory holds what `cp.async` would have put there).
+template <typename TIn> __device__ __forceinline__ void store8_raw(u16* dst, const Vec8<TIn>& x) {
+    static_assert(sizeof(TIn) == 2, "the pipeline stages 16-bit inputs");
     u32 w[4];
-    for (int i = 0; i < 4; i++) w[i] = (u32)mma_bits<TIn, BF>(x.v[2 * i]) | ((u32)mma_bits<TIn, BF>(x.v[2 * i + 1]) << 16);
+    for (int i = 0; i < 4; i++) w[i] = (u32)x.v[2 * i].bits | ((u32)x.v[2 * i + 1].bits << 16);
     *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Rounds one fragment register of two f16 (low half: the lower K or M/N index, as `ldmatrix`
+// packs them) to two bf16, nearest even, in the same halves. f16 -> f32 is exact (every f16,
+// subnormals included, is a normal f32 or zero; no `.ftz`), so the one rounding is that of the
+// f16 value itself, by `cvt.rn.bf16x2.f32`: the packed form of the `cvt.rn.bf16.f32` that
+// the f16-input kernels applied on the way into shared memory before they moved to the
+// pipeline (`f32_to_bf16_bits(to_f32(x))`, i.e. `from_f32<bf16>`), NaN included. Its operand
+// order: `a` goes to the upper half, `b` to the lower.
+__device__ __forceinline__ u32 f16x2_to_bf16x2(u32 x) {
+    u32 r;
+    asm("{\n\t.reg .b16 lo, hi;\n\t.reg .f32 flo, fhi;\n\t"
+        "mov.b32 {lo, hi}, %1;\n\t"
+        "cvt.f32.f16 flo, lo;\n\t"
+        "cvt.f32.f16 fhi, hi;\n\t"
+        "cvt.rn.bf16x2.f32 %0, fhi, flo;\n\t}"
+        : "=r"(r)
+        : "r"(x));
+    return r;
+}
+
+// Whether shared memory holds f16 that the MMAs take as bf16 (rounded per fragment register).
+template <typename TIn, bool BF> struct CvtF16 { static constexpr bool V = false; };
+template <> struct CvtF16<f16, true> { static constexpr bool V = true; };
+
 // One operand's tile geometry. `KC`: K is the contiguous dimension (A as M×K, B as N×K), the
-// tile is 128 rows × 32 (+pad) and fragments are read with plain `ldmatrix`; otherwise the
-// tile is 32 rows of K × 128 (+pad) and fragments are read with `ldmatrix.trans`.
+// tile is 128 rows × BK (+pad) and fragments are read with plain `ldmatrix`; otherwise the
+// tile is BK rows of K × 128 (+pad) and fragments are read with `ldmatrix.trans`.
 template <int BK, bool KC> struct TileShape {
     static constexpr int ROWS = KC ? TC_BM : BK;
     static constexpr int COLS = KC ? BK : TC_BM;
@@ -93,37 +119,15 @@ template <int BK> struct TileSize {
     static constexpr int A = TC_BM * (BK + TC_PAD), B = BK * (TC_BM + TC_PAD);
     static constexpr int N = A > B ? A : B;
 };
-#define TC_TILE TileSize<TC_BK>::N
 #define TC_TILEP TileSize<TC_BKP>::N
-
-// Loads this thread's two vectors of the slice at k0. `outer` is the tile's first row or
-// column along M (or N); `extent` the operand's M (or N).
-template <typename TIn, bool KC>
-__device__ __forceinline__ void load_operand(Vec8<TIn> (&st)[2], const TIn* base, i64 ld, int extent, int kdim,
-                                             int outer, int k0, bool vec, int tid) {
-    for (int i = 0; i < 2; i++) {
-        int v = tid + i * TC_THREADS;
-        int r = v / TileShape<TC_BK, KC>::VECS_PER_ROW, c = (v % TileShape<TC_BK, KC>::VECS_PER_ROW) * 8;
-        if (KC) st[i] = load8<TIn>(base, ld, extent, kdim, outer + r, k0 + c, vec);
-        else st[i] = load8<TIn>(base, ld, kdim, extent, k0 + r, outer + c, vec);
-    }
-}
-
-template <typename TIn, bool BF, bool KC>
-__device__ __forceinline__ void store_operand(u16* tile, const Vec8<TIn> (&st)[2], int tid) {
-    for (int i = 0; i < 2; i++) {
-        int v = tid + i * TC_THREADS;
-        int r = v / TileShape<TC_BK, KC>::VECS_PER_ROW, c = (v % TileShape<TC_BK, KC>::VECS_PER_ROW) * 8;
-        store8<TIn, BF>(tile + r * TileShape<TC_BK, KC>::STRIDE + c, st[i]);
-    }
-}
 
 // Queues this thread's 16-byte piece of the 16-deep slice at k0 of one operand (a 128 × 16
 // or 16 × 128 tile is 256 vectors: one per thread) with `cp.async`. A vector past the edges is
 // zero-filled by the copy; a vector cut by an edge, or an operand whose view is not 16-byte
-// aligned, goes through registers element by element (plain shared store, made visible by the
-// barrier that also publishes the copies).
-template <typename TIn, bool BF, bool KC>
+// aligned, goes through registers element by element (plain shared store of the stored bits,
+// made visible by the barrier that also publishes the copies). Zero bits are +0 in f16 and
+// bf16 alike.
+template <typename TIn, bool KC>
 __device__ __forceinline__ void cp_operand(u16* tile, const TIn* base, i64 ld, int extent, int kdim, int outer,
                                            int k0, bool vec, int tid) {
     using S = TileShape<TC_BKP, KC>;
@@ -136,7 +140,7 @@ __device__ __forceinline__ void cp_operand(u16* tile, const TIn* base, i64 ld, i
     } else if (vec && col + 7 < cols) {
         cp_async16(dst, base + (i64)row * ld + col, true);
     } else {
-        store8<TIn, BF>(dst, load8<TIn>(base, ld, rows, cols, row, col, false));
+        store8_raw<TIn>(dst, load8<TIn>(base, ld, rows, cols, row, col, false));
     }
 }
 
@@ -166,8 +170,9 @@ template <bool BF> __device__ __forceinline__ void mma16816(float (&d)[4], const
 }
 
 // One 16-deep step of a warp's 64×32 tile: fragments from the A tile `ta` and the B tile `tb`
-// (K offset `ks` inside them), 16 MMAs.
-template <bool BF, bool A_KC, bool B_KC, int SA, int SB>
+// (K offset `ks` inside them), 16 MMAs. `CVT`: the tiles hold f16, rounded to bf16 per fragment
+// register before the MMAs.
+template <bool BF, bool A_KC, bool B_KC, int SA, int SB, bool CVT = false>
 __device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, const u16* tb, int ks, int wm, int wn,
                                          int lane) {
     // Lane roles in `ldmatrix.x4`: lanes 8j..8j+7 give the row addresses of matrix j.
@@ -199,14 +204,24 @@ __device__ __forceinline__ void mma_step(float (&acc)[4][4][4], const u16* ta, c
         bf[2 * np + 1][0] = r[2];
         bf[2 * np + 1][1] = r[3];
     }
+    if (CVT) {
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) af[mt][i] = f16x2_to_bf16x2(af[mt][i]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) bf[nt][i] = f16x2_to_bf16x2(bf[nt][i]);
+    }
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) mma16816<BF>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
 }
 
-// Inputs multiplied as stored: the 4-stage cp.async pipeline. Stage s of the ring holds the A
-// and B tiles of slice kt ≡ s (mod 4).
+// 16-bit inputs: the 4-stage cp.async pipeline. Stage s of the ring holds the A and B tiles of
+// slice kt ≡ s (mod 4), as stored; f16 taken as bf16 is rounded as its fragments are read.
 template <typename TIn, bool BF, bool A_KC, bool B_KC>
 __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
                                                   const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid,
@@ -217,8 +232,8 @@ __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* sm
     auto sb = [&](int st) { return smem + st * 2 * TC_TILEP + TC_TILEP; };
     auto issue = [&](int kt) {
         const int st = kt % TC_STAGES;
-        cp_operand<TIn, BF, A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
-        cp_operand<TIn, BF, B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
+        cp_operand<TIn, A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
+        cp_operand<TIn, B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
     };
     // Prologue: the first three slices in flight, one commit group each (empty past the end,
     // so the group count the waits rely on stays the same).
@@ -235,48 +250,134 @@ __device__ __forceinline__ void mainloop_cp_async(float (&acc)[4][4][4], u16* sm
         if (kt + TC_STAGES - 1 < ktiles) issue(kt + TC_STAGES - 1);
         cp_async_commit();
         const int st = kt % TC_STAGES;
-        mma_step<BF, A_KC, B_KC, TileShape<TC_BKP, A_KC>::STRIDE, TileShape<TC_BKP, B_KC>::STRIDE>(
-            acc, sa(st), sb(st), 0, wm, wn, lane);
+        mma_step<BF, A_KC, B_KC, TileShape<TC_BKP, A_KC>::STRIDE, TileShape<TC_BKP, B_KC>::STRIDE,
+                 CvtF16<TIn, BF>::V>(acc, sa(st), sb(st), 0, wm, wn, lane);
     }
     cp_async_wait_all();
 }
 
-// Inputs rounded on the way in: the register-staged double buffer.
-template <typename TIn, bool BF, bool A_KC, bool B_KC>
-__device__ __forceinline__ void mainloop_staged(float (&acc)[4][4][4], u16* smem, const MatmulParams& p,
-                                                const TIn* A, const TIn* B, int kdim, int m0, int n0, int tid, int wm,
-                                                int wn, int lane) {
-    u16(*sa)[TC_TILE] = (u16(*)[TC_TILE])smem;
-    u16(*sb)[TC_TILE] = (u16(*)[TC_TILE])(smem + 2 * TC_TILE);
-    const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
-    const int ktiles = (kdim + TC_BK - 1) / TC_BK;
-    Vec8<TIn> sta[2], stb[2];
-    if (ktiles > 0) {
-        load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, kdim, m0, 0, avec, tid);
-        load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, kdim, n0, 0, bvec, tid);
-        store_operand<TIn, BF, A_KC>(sa[0], sta, tid);
-        store_operand<TIn, BF, B_KC>(sb[0], stb, tid);
-    }
-    __syncthreads();
-    for (int kt = 0; kt < ktiles; kt++) {
-        const int buf = kt & 1;
-        const bool more = kt + 1 < ktiles;
-        if (more) {
-            load_operand<TIn, A_KC>(sta, A, p.a_ld, p.m, kdim, m0, (kt + 1) * TC_BK, avec, tid);
-            load_operand<TIn, B_KC>(stb, B, p.b_ld, p.n, kdim, n0, (kt + 1) * TC_BK, bvec, tid);
-        }
+// f32 inputs: one operand tile of the f32 ring. K-contiguous: 128 rows × (16 + 8) floats;
+// otherwise 16 rows of K × (128 + 4).
+template <bool KC> struct Tile32 {
+    static constexpr int ROWS = KC ? TC_BM : TC_BKP;
+    static constexpr int COLS = KC ? TC_BKP : TC_BM;
+    static constexpr int STRIDE = COLS + (KC ? TC_PAD32_KC : TC_PAD32_MN);
+    static constexpr int VECS_PER_ROW = COLS / 4;
+};
+// Floats of one operand's stage: the larger shape (128 × 24 = 3072 against 16 × 132 = 2112).
+#define TC_TILE32 (TC_BM * (TC_BKP + TC_PAD32_KC))
+static_assert(TC_TILE32 >= TC_BKP * (TC_BM + TC_PAD32_MN), "the K-contiguous tile is the larger");
+static_assert(TC_STAGES32 * 2 * TC_TILE32 * 4 == TC_SMEM32_BYTES, "the f32 ring is the dynamic shared memory");
+
+// Queues this thread's two 16-byte pieces (4 floats each) of the f32 slice at k0 of one operand
+// (128 × 16 floats = 512 vectors). As `cp_operand`: zero-filled past the edges, element by
+// element (guarded loads, zero fill, one 16-byte shared store) where a vector is cut by an edge
+// or the view is not 16-byte aligned.
+template <bool KC>
+__device__ __forceinline__ void cp_operand32(float* tile, const float* base, i64 ld, int extent, int kdim, int outer,
+                                             int k0, bool vec, int tid) {
+    using S = Tile32<KC>;
 #pragma unroll
-        for (int ks = 0; ks < TC_BK; ks += 16)
-            mma_step<BF, A_KC, B_KC, TileShape<TC_BK, A_KC>::STRIDE, TileShape<TC_BK, B_KC>::STRIDE>(
-                acc, sa[buf], sb[buf], ks, wm, wn, lane);
-        if (more) {
-            // The other buffer was last read in the previous iteration, before its closing
-            // barrier.
-            store_operand<TIn, BF, A_KC>(sa[buf ^ 1], sta, tid);
-            store_operand<TIn, BF, B_KC>(sb[buf ^ 1], stb, tid);
+    for (int i = 0; i < 2; i++) {
+        const int v = tid + i * TC_THREADS;
+        const int r = v / S::VECS_PER_ROW, c = (v % S::VECS_PER_ROW) * 4;
+        float* dst = tile + r * S::STRIDE + c;
+        const int row = KC ? outer + r : k0 + r, col = KC ? k0 + c : outer + c;
+        const int rows = KC ? extent : kdim, cols = KC ? kdim : extent;
+        if (row >= rows || col >= cols) {
+            cp_async16(dst, base, false);
+        } else if (vec && col + 3 < cols) {
+            cp_async16(dst, base + (i64)row * ld + col, true);
+        } else {
+            const float* src = base + (i64)row * ld + col;
+            float x[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) x[j] = col + j < cols ? src[j] : 0.0f;
+            *(float4*)dst = make_float4(x[0], x[1], x[2], x[3]);
         }
-        __syncthreads();
     }
+}
+
+// Two f32 rounded to bf16 (nearest even, NaN stays NaN: `cvt.rn.bf16.f32`'s packed form) in one
+// register: `lo` in the low half (the lower K index), as the MMA fragments want them.
+__device__ __forceinline__ u32 f32x2_to_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// One fragment register: the two f32 at K offsets kk and kk + 1 of outer index i, read from a
+// tile of stride S (`KC`: one 64-bit load; else two 32-bit loads, K rows apart), rounded.
+template <bool KC, int S> __device__ __forceinline__ u32 frag32(const float* t, int i, int kk) {
+    if (KC) {
+        const float2 x = *(const float2*)(t + i * S + kk);
+        return f32x2_to_bf16x2(x.x, x.y);
+    } else {
+        return f32x2_to_bf16x2(t[kk * S + i], t[(kk + 1) * S + i]);
+    }
+}
+
+// One 16-deep step of a warp's 64×32 tile out of the f32 ring: the m16n8k16 fragments read
+// directly in their register layout (A: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8),
+// a3 (g + 8, 2t + 8), each two consecutive K; B: b0 (k 2t, n g), b1 (k 2t + 8, n g)), rounded
+// to bf16 as they are read, 16 MMAs.
+template <bool A_KC, bool B_KC>
+__device__ __forceinline__ void mma_step32(float (&acc)[4][4][4], const float* ta, const float* tb, int wm, int wn,
+                                           int lane) {
+    constexpr int SA = Tile32<A_KC>::STRIDE, SB = Tile32<B_KC>::STRIDE;
+    const int g = lane >> 2, t2 = (lane & 3) * 2;
+    u32 bf[4][2];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        const int n = wn + nt * 8 + g;
+        bf[nt][0] = frag32<B_KC, SB>(tb, n, t2);
+        bf[nt][1] = frag32<B_KC, SB>(tb, n, t2 + 8);
+    }
+    // A one 16-row block at a time: 4 fragment registers live instead of 16 (the f32 reads
+    // and their conversions take the registers the 16-bit path's `ldmatrix` does not need).
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++) {
+        const int m = wm + mt * 16 + g;
+        u32 af[4];
+        af[0] = frag32<A_KC, SA>(ta, m, t2);
+        af[1] = frag32<A_KC, SA>(ta, m + 8, t2);
+        af[2] = frag32<A_KC, SA>(ta, m, t2 + 8);
+        af[3] = frag32<A_KC, SA>(ta, m + 8, t2 + 8);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) mma16816<true>(acc[mt][nt], af, bf[nt][0], bf[nt][1]);
+    }
+}
+
+// f32 inputs: the 3-stage cp.async ring of raw f32 (`smem`: the 72 KiB of dynamic shared
+// memory). Stage s holds slice kt ≡ s (mod 3); the same wait/barrier order as the 16-bit
+// pipeline, two slices in flight while the third is multiplied.
+template <bool A_KC, bool B_KC>
+__device__ __forceinline__ void mainloop_f32(float (&acc)[4][4][4], float* smem, const MatmulParams& p,
+                                             const float* A, const float* B, int kdim, int m0, int n0, int tid,
+                                             int wm, int wn, int lane) {
+    const bool avec = p.flags & MM_A_VEC, bvec = p.flags & MM_B_VEC;
+    const int ktiles = (kdim + TC_BKP - 1) / TC_BKP;
+    auto sa = [&](int st) { return smem + st * 2 * TC_TILE32; };
+    auto sb = [&](int st) { return smem + st * 2 * TC_TILE32 + TC_TILE32; };
+    auto issue = [&](int kt) {
+        const int st = kt % TC_STAGES32;
+        cp_operand32<A_KC>(sa(st), A, p.a_ld, p.m, kdim, m0, kt * TC_BKP, avec, tid);
+        cp_operand32<B_KC>(sb(st), B, p.b_ld, p.n, kdim, n0, kt * TC_BKP, bvec, tid);
+    };
+#pragma unroll
+    for (int kt = 0; kt < TC_STAGES32 - 1; kt++) {
+        if (kt < ktiles) issue(kt);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_async_wait<TC_STAGES32 - 2>();
+        __syncthreads();
+        if (kt + TC_STAGES32 - 1 < ktiles) issue(kt + TC_STAGES32 - 1);
+        cp_async_commit();
+        const int st = kt % TC_STAGES32;
+        mma_step32<A_KC, B_KC>(acc, sa(st), sb(st), wm, wn, lane);
+    }
+    cp_async_wait_all();
 }
 
 // The tensor-core kernels' parameter block: the matmul's, then the split-K workspace. Twin:
@@ -308,22 +409,30 @@ __device__ __forceinline__ void splitk_park_slab(const SplitKParams& g, const fl
     }
 }
 
-// `PIPE`: the cp.async pipeline (inputs multiplied as stored), else the staged double buffer.
-template <typename TIn, bool BF, bool TA, bool TB, bool PIPE>
+template <typename TIn, bool BF, bool TA, bool TB>
 __device__ __forceinline__ void matmul_mma(const SplitKParams& sp) {
     const MatmulParams& p = sp.mm;
     // A is K-contiguous unless transposed; B is K-contiguous only when transposed.
     constexpr bool A_KC = !TA;
     constexpr bool B_KC = TB;
-    // The tiles (48 KiB of pipeline stages or 40 KiB of double buffers), reused by the
-    // epilogue's 33 KiB slab.
-    constexpr int SMEM = PIPE ? TC_STAGES * 2 * TC_TILEP : 4 * TC_TILE;
-    static_assert(SMEM * 2 >= EPI_BYTES, "the epilogue slab fits in the tiles");
-    __shared__ __align__(16) u16 smem[SMEM];
+    // The tiles (48 KiB of 16-bit stages, 72 KiB of f32 ones), reused by the epilogue's 33 KiB
+    // slab.
+    constexpr int SMEM = TC_STAGES * 2 * TC_TILEP;
+    static_assert(SMEM * 2 >= EPI_BYTES && TC_SMEM32_BYTES >= EPI_BYTES, "the epilogue slab fits in the tiles");
+    constexpr bool F32 = sizeof(TIn) == 4;
+    u16* smem;
+    if constexpr (F32) {
+        // The f32 ring: dynamic shared memory (`Kernel::dynamic_smem_bytes`).
+        extern __shared__ __align__(16) u16 tc_dyn[];
+        smem = tc_dyn;
+    } else {
+        __shared__ __align__(16) u16 tc_static[SMEM];
+        smem = tc_static;
+    }
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    const int2 tile = PIPE ? swizzled_tile<TILE_BAND>() : make_int2(blockIdx.y, blockIdx.x);
+    const int2 tile = swizzled_tile<TILE_BAND>();
     const int m0 = tile.x * TC_BM, n0 = tile.y * TC_BN;
     // Grid layer z is split z % splits of batch z / splits; the host splits larger batches
     // into several launches. Split s multiplies K range [s·k_chunk, min((s + 1)·k_chunk, K)):
@@ -344,8 +453,9 @@ __device__ __forceinline__ void matmul_mma(const SplitKParams& sp) {
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
-    if (PIPE) mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
-    else mainloop_staged<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
+    // `if constexpr`: the pipeline's raw stores exist for 16-bit inputs only.
+    if constexpr (F32) mainloop_f32<A_KC, B_KC>(acc, (float*)smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
+    else mainloop_cp_async<TIn, BF, A_KC, B_KC>(acc, smem, p, A, B, kdim, m0, n0, tid, wm, wn, lane);
 
     // Accumulator layout of m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at (g + 8, 2t..2t+1). The two
     // rows of warps park their 64×128 halves in the slab in turn.
@@ -410,27 +520,27 @@ template <typename T> __device__ __forceinline__ void splitk_reduce(const SplitK
 }
 
 // MINB 2 (at most 128 registers a thread) gives 16 warps per SM to hide the shared-memory and
-// global latencies that one block of 8 cannot. The f32-input variant stages twice the bytes in
-// registers: under that cap `_nn`, `_nt` and `_tn` fit without spills on sm_80 and sm_90, but
-// `_tt` spills 12 bytes on sm_80 (ptxas 12.4), so it alone runs one block per SM (MINB_TT).
-#define TC_ENTRY(NAME, TIN, BF, MINB, MINB_TT, PIPE)                                                                   \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nn(const SplitKParams p) {               \
-        matmul_mma<TIN, BF, false, false, PIPE>(p);                                                                    \
+// global latencies that one block of 8 cannot; every variant fits it without spills on sm_80
+// and sm_90 (the f32 one since its inputs go through the `cp.async` ring rather than
+// registers: staged through registers, `_tt` had spilled).
+#define TC_ENTRY(NAME, TIN, BF)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 2) NAME##_nn(const SplitKParams p) {                  \
+        matmul_mma<TIN, BF, false, false>(p);                                                                          \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_nt(const SplitKParams p) {               \
-        matmul_mma<TIN, BF, false, true, PIPE>(p);                                                                     \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 2) NAME##_nt(const SplitKParams p) {                  \
+        matmul_mma<TIN, BF, false, true>(p);                                                                           \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB) NAME##_tn(const SplitKParams p) {               \
-        matmul_mma<TIN, BF, true, false, PIPE>(p);                                                                     \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 2) NAME##_tn(const SplitKParams p) {                  \
+        matmul_mma<TIN, BF, true, false>(p);                                                                           \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS, MINB_TT) NAME##_tt(const SplitKParams p) {            \
-        matmul_mma<TIN, BF, true, true, PIPE>(p);                                                                      \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS, 2) NAME##_tt(const SplitKParams p) {                  \
+        matmul_mma<TIN, BF, true, true>(p);                                                                            \
     }
 
-TC_ENTRY(matmul_f16_f16, f16, false, 2, 2, true)
-TC_ENTRY(matmul_bf16_bf16, bf16, true, 2, 2, true)
-TC_ENTRY(matmul_f16_bf16, f16, true, 2, 2, false)
-TC_ENTRY(matmul_f32_bf16, float, true, 2, 1, false)
+TC_ENTRY(matmul_f16_f16, f16, false)
+TC_ENTRY(matmul_bf16_bf16, bf16, true)
+TC_ENTRY(matmul_f16_bf16, f16, true)
+TC_ENTRY(matmul_f32_bf16, float, true)
 
 extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_f32(const SplitKParams g) { splitk_reduce<float>(g); }
 extern "C" __global__ void __launch_bounds__(256) matmul_splitk_reduce_f16(const SplitKParams g) { splitk_reduce<f16>(g); }

@@ -16,7 +16,8 @@
 //! - `matmul_<storage>_<compute>_<ta><tb>` — tensor cores, `mma.sync.m16n8k16` with f32
 //!   accumulation (`matmul_mma.cu`); `<compute>` is `f16` or `bf16`, `<ta><tb>` the transposes;
 //!   they take [`splitk::SplitKParams`], and under one wave of blocks K is split across blocks
-//!   with `matmul_splitk_reduce_<storage>` applying the epilogue ([`splitk`]);
+//!   with `matmul_splitk_reduce_<storage>` applying the epilogue ([`splitk`]); the f32-input
+//!   ones' 3-stage ring is dynamic shared memory ([`mma`]);
 //! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and `gemv_finalize_<storage>` — M ≤ 16, B stored
 //!   N × K or K × N (`gemv.cu`): 16-byte loads, K split across warps and, below two waves of
 //!   blocks, across blocks ([`gemv`]);
@@ -32,12 +33,14 @@
 //! - `activation_<dtype>_<act>`, `glu_<dtype>`, `copy_bytes` (`elementwise.cu`).
 //!
 //! Every kernel takes one parameter block by value, mirrored in `shaders/cuda/common.cuh`, and
-//! runs 256-thread blocks; all but `matmul_f32` use static shared memory only.
+//! runs 256-thread blocks; all but `matmul_f32` and `matmul_f32_bf16_*` use static shared
+//! memory only.
 
 use crate::{Activation, DType, Layout, Precision};
 
 pub mod block;
 pub mod gemv;
+pub mod mma;
 pub mod quant;
 pub mod simt;
 pub mod splitk;
@@ -135,7 +138,8 @@ pub struct Kernel {
 
 impl Kernel {
     /// Bytes of dynamic shared memory a launch of this kernel passes (0 for all but
-    /// `matmul_f32`, whose ring is over the 48 KiB static limit: see [`simt`]). Above
+    /// `matmul_f32` and `matmul_f32_bf16_*`, whose rings are over the 48 KiB static limit: see
+    /// [`simt`] and [`mma`]). Above
     /// [`simt::DEFAULT_SMEM_LIMIT`] the function's limit must be raised before its first launch.
     pub fn dynamic_smem_bytes(self) -> u32 {
         entry_dynamic_smem_bytes(self.entry)
@@ -144,7 +148,13 @@ impl Kernel {
 
 /// [`Kernel::dynamic_smem_bytes`] by entry-point name (entry points are unique across modules).
 pub fn entry_dynamic_smem_bytes(entry: &str) -> u32 {
-    if entry == simt::MATMUL_F32.entry { simt::SMEM_BYTES } else { 0 }
+    if entry == simt::MATMUL_F32.entry {
+        simt::SMEM_BYTES
+    } else if entry.starts_with(mma::F32_ENTRY_PREFIX) {
+        mma::F32_SMEM_BYTES
+    } else {
+        0
+    }
 }
 
 const fn k(module: Module, entry: &'static str) -> Kernel {

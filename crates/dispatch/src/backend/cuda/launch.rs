@@ -64,9 +64,10 @@ impl CudaBackend {
         let module = self.module(kernel.module)?;
         let f =
             module.load_function(kernel.entry).map_err(|e| map_err(&format!("loading kernel {}", kernel.entry), e))?;
-        // A kernel whose dynamic shared memory passes the default 48 KiB (matmul_f32's 3-stage
-        // ring) must raise its function's limit before its first launch; every supported GPU
-        // (sm_80+) allows at least 99 KiB per block.
+        // A kernel whose dynamic shared memory passes the default 48 KiB (the 3-stage rings of
+        // matmul_f32 and matmul_f32_bf16_*: 49.5 and 72 KiB) must raise its function's limit
+        // before its first launch; every supported GPU (sm_80+) allows at least 99 KiB per
+        // block.
         let smem = kernel.dynamic_smem_bytes();
         if smem > cat::simt::DEFAULT_SMEM_LIMIT {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)

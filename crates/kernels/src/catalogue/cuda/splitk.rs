@@ -10,15 +10,15 @@ use crate::DType;
 
 /// Streaming multiprocessors a split plan fills: an H100/H200 SXM has 132.
 pub const SPLITK_TARGET_SMS: usize = 132;
-/// The fewest K elements a split gets: 16 of the pipeline's 16-deep slices (8 of the staged
-/// kernels' 32-deep ones), so its prologue and the partial sums' round trip stay small next to
-/// its multiply.
+/// The fewest K elements a split gets: 16 of the pipelines' 16-deep slices, so its prologue
+/// and the partial sums' round trip stay small next to its multiply.
 pub const SPLITK_MIN_CHUNK: usize = 256;
 /// The most splits: the workspace traffic (4 bytes per output per split, written and read
 /// once) grows with them.
 pub const SPLITK_MAX_SPLITS: usize = 16;
-/// K per split is a multiple of this: the staged kernels' slice depth (and twice the
-/// pipeline's), which also keeps every split's operand starts 16-byte aligned.
+/// K per split is a multiple of this: twice the pipelines' slice depth (the slice depth of the
+/// register-staged kernels there were; kept, so plans are unchanged), which also keeps every
+/// split's operand starts 16-byte aligned.
 pub const SPLITK_CHUNK_UNIT: usize = 32;
 
 /// The tensor-core kernels' parameter block (`SplitKParams` in `matmul_mma.cu`): the matmul's,
