@@ -352,7 +352,9 @@ fn nchw_band_inner<const FMA: bool>(
             continue;
         }
         let src = &xp[(pr - d.pad_top) * w..][..w];
-        for (p, (dst, &(lo, hi))) in row.chunks_exact_mut(g.wq).zip(&g.phase[..s]).enumerate() {
+        // Phase rows by index, not `chunks_exact_mut`, whose length is a division per row.
+        for (p, &(lo, hi)) in g.phase[..s].iter().enumerate() {
+            let dst = &mut row[p * g.wq..][..g.wq];
             // Columns outside lo..hi are padding: zero since the buffer was made (see `phase`).
             if lo < hi {
                 let first = lo * s + p - d.pad_left;
