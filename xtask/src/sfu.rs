@@ -19,3 +19,22 @@ pub(crate) fn ex2(y: f32, s: f64) -> f32 {
 pub(crate) fn rcp(d: f32, s: f64) -> f32 {
     ftz(((1.0 / f64::from(ftz(d))) * (1.0 + s * 2f64.powi(-23))) as f32)
 }
+
+/// The error corners the proofs run: each instruction at −max, 0 and +max of its documented
+/// error, as (`ex2` factor, `rcp` factor) of 2^-22 and 2^-23.
+#[cfg(test)]
+pub(crate) const CORNERS: [(f64, f64); 9] =
+    [(-1.0, -1.0), (-1.0, 0.0), (-1.0, 1.0), (0.0, -1.0), (0.0, 0.0), (0.0, 1.0), (1.0, -1.0), (1.0, 0.0), (1.0, 1.0)];
+
+/// Asserts that a model's result `got` at `x`, with the instructions' errors at `corner`, is
+/// within `bound` of the reference `want`; returns the error as a fraction of the bound.
+#[cfg(test)]
+pub(crate) fn within(x: f32, got: f32, want: f64, bound: f64, (s_ex2, s_rcp): (f64, f64)) -> f64 {
+    let err = (f64::from(got) - want).abs();
+    assert!(
+        err <= bound,
+        "x = {x}: {got} against {want}, error {err:e} over the bound {bound:e} \
+         (ex2 error {s_ex2}·2^-22, rcp error {s_rcp}·2^-23)"
+    );
+    err / bound
+}

@@ -575,6 +575,17 @@ pub struct CopyParams {
     pub bytes: i64,
 }
 
+/// The value of `#define NAME <int>` in a CUDA source (the host models' tests check their
+/// constants against the kernels' this way).
+#[cfg(test)]
+pub(crate) fn source_define(src: &str, name: &str) -> usize {
+    let line = src
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+        .unwrap_or_else(|| panic!("no #define {name}"));
+    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,18 +5,10 @@
 //! against what the kernel source says, and each checker is shown to reject a broken plan.
 
 use super::*;
+use crate::catalogue::cuda::source_define as define;
 use half::{bf16, f16};
 
 const SRC: &str = include_str!("../../../../../../shaders/cuda/matmul_mma.cu");
-
-/// The value of `#define NAME <int>` in `src`.
-fn define(src: &str, name: &str) -> usize {
-    let line = src
-        .lines()
-        .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
-        .unwrap_or_else(|| panic!("no #define {name}"));
-    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
-}
 
 /// The body of the PTX entry `name`.
 fn ptx_entry(name: &str) -> &'static str {

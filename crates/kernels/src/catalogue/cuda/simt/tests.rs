@@ -4,21 +4,13 @@
 //! constants the kernel source defines, and each checker is shown to reject a broken plan.
 
 use super::*;
+use crate::catalogue::cuda::source_define as define;
 use std::collections::HashMap;
 
 const SRC: &str = include_str!("../../../../../../shaders/cuda/matmul_simt.cu");
 const COMMON: &str = include_str!("../../../../../../shaders/cuda/common.cuh");
 /// Floats per shared row of either operand's tile.
 const ROW: usize = BM + PAD;
-
-/// The value of `#define NAME <int>` in `src`.
-fn define(src: &str, name: &str) -> usize {
-    let line = src
-        .lines()
-        .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
-        .unwrap_or_else(|| panic!("no #define {name}"));
-    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
-}
 
 #[test]
 fn the_constants_are_the_kernels() {
