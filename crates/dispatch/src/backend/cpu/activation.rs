@@ -4,11 +4,11 @@
 //! [`Activation::apply_f32`]'s formulas, step for step, with two changes that keep
 //! them inside [`Activation::error_bound`] while
 //! letting LLVM vectorise them: `exp` is a branch-free Cephes-style polynomial (range
-//! reduction by `ln 2` in two parts, degree-6 polynomial, the power of two applied in two
-//! halves so results down to the subnormal range come out right, not flushed), and where the
-//! instruction set has a fused multiply-add the polynomials (and `p − z²` of the erf form)
-//! use it, which only removes roundings. The worst error against the f64 reference over a
-//! dense sweep of [−20, 20] is measured by `sweep_stays_inside_the_gelu_bound` below, in every
+//! reduction by `ln 2` in two parts, degree-6 polynomial, one power of two; its argument is
+//! clamped so results stay normal, which only ever replaces corrections far below half an ulp
+//! of the answer), and where the instruction set has a fused multiply-add the polynomials use
+//! it, which only removes roundings. The worst error against the f64 reference over a dense
+//! sweep of [−20, 20] is measured by `sweep_stays_inside_the_documented_bound` below, in every
 //! instruction set this CPU has.
 //!
 //! NaN and ±Inf give what `apply_f32` gives (tested against it on the special values): every
