@@ -572,14 +572,13 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
         // The last pixel whose rightmost tap lands at w − 1 or before.
         hi = if w + d.pad_left > reach { ((w + d.pad_left - reach - 1) / d.stride_w + 1).min(p.ow) } else { 0 };
-        let mut rows = [0usize; 2 * MAX_TAPS];
+        let mut rows = [(0usize, 0usize); MAX_TAPS];
         let mut nr = 0;
         for ky in 0..d.kernel_h {
             let py = p.oy * d.stride_h + ky * d.dilation_h;
             if py >= d.pad_top && py - d.pad_top < h {
-                rows[nr] = ky * d.kernel_w * nb;
-                rows[nr + 1] = (p.n * h + py - d.pad_top) * w;
-                nr += 2;
+                rows[nr] = (ky * d.kernel_w * nb, (p.n * h + py - d.pad_top) * w);
+                nr += 1;
             }
         }
         let mut ox = lo;
@@ -643,7 +642,7 @@ const PX: usize = 4;
 /// (weight offset of the kernel row, first input pixel of the input row) for each kernel row
 /// inside the input.
 #[inline(always)]
-fn nhwc_pixels<const FMA: bool>(p: &PixArgs, ox: usize, rows: &[usize], acc: &mut [f32], stride: usize) {
+fn nhwc_pixels<const FMA: bool>(p: &PixArgs, ox: usize, rows: &[(usize, usize)], acc: &mut [f32], stride: usize) {
     let d = p.d;
     let (c, nb) = (d.channels, p.nb);
     let step = d.stride_w * c;
@@ -654,8 +653,7 @@ fn nhwc_pixels<const FMA: bool>(p: &PixArgs, ox: usize, rows: &[usize], acc: &mu
                 v.copy_from_slice(&b[c0..c0 + CB]);
             }
         }
-        for r in rows.chunks_exact(2) {
-            let (wrow, xrow) = (r[0], r[1]);
+        for &(wrow, xrow) in rows {
             for kx in 0..d.kernel_w {
                 let wv: &[f32; CB] = p.wt[wrow + kx * nb + c0..][..CB].try_into().expect("CB lanes");
                 let x0 = (xrow + ox * d.stride_w + kx * d.dilation_w - d.pad_left) * c + p.cb0 + c0;
