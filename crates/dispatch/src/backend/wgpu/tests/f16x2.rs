@@ -4,16 +4,35 @@
 //! subnormal products, the overflow guard, non-finite inputs, and which kernel runs where.
 
 use super::*;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use tilekit_kernels::tolerance;
 
-/// The native-f16 test device, or a visible skip where it has no `SHADER_F16`.
-fn f16_device(what: &str) -> Option<&'static Device> {
-    let dev = device(false)?;
+/// This module's own native-f16 device, held for the whole test, or a visible skip where the
+/// adapter has no `SHADER_F16`. The tests read back which kernels a profile recorded, and a
+/// profile records every launch on its device: on the shared test device, launches of tests
+/// running in parallel landed in it. A device of its own, used by one test at a time, records
+/// only the test's launches.
+fn f16_device(what: &str) -> Option<(&'static Device, MutexGuard<'static, ()>)> {
+    static DEV: OnceLock<Option<Device>> = OnceLock::new();
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let dev = DEV
+        .get_or_init(|| {
+            let opts = WgpuOptions { allow_software: true, adapter_name: None, ..WgpuOptions::default() };
+            match Device::wgpu(&opts) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    eprintln!("SKIP {what}: no wgpu adapter ({e})");
+                    None
+                }
+            }
+        })
+        .as_ref()?;
     if !backend(dev).native_f16 {
         eprintln!("SKIP {what}: the adapter has no SHADER_F16");
         return None;
     }
-    Some(dev)
+    // A test that panicked while holding the lock leaves nothing behind that the next needs.
+    Some((dev, SERIAL.lock().unwrap_or_else(|e| e.into_inner())))
 }
 
 /// The kernel names of the launches `f` records.
@@ -48,7 +67,10 @@ fn check(
     let ct = c.map(up);
     let out = up(&vec![7.0; o_len]);
     let ran = kernels_run(dev, || dev.matmul_into(d, &at, &bt, biast.as_ref(), ct.as_ref(), &out).unwrap());
-    assert!(ran.iter().all(|k| k.starts_with(want_kernel)), "{d:?}: ran {ran:?}, want {want_kernel}");
+    assert!(
+        !ran.is_empty() && ran.iter().all(|k| k.starts_with(want_kernel)),
+        "{d:?}: ran {ran:?}, want {want_kernel}"
+    );
     let got = out.to_f32_vec().unwrap();
 
     let (aw, bw) = (widen(&at), widen(&bt));
@@ -110,7 +132,7 @@ const KERNEL: &str = "matmul_f16x2_f16";
 
 #[test]
 fn f16x2_edge_shapes_transposes_and_batches() {
-    let Some(dev) = f16_device("f16x2 edge shapes") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 edge shapes") else { return };
     // M > 16 (the kernel's range): primes, tile edges (128, 129), N and K of 1, K of 0, K
     // around the chunk (7, 8, 9) and the slab.
     let shapes = [
@@ -136,7 +158,7 @@ fn f16x2_edge_shapes_transposes_and_batches() {
 
 #[test]
 fn f16x2_epilogue_every_activation_and_strided_views() {
-    let Some(dev) = f16_device("f16x2 epilogue") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 epilogue") else { return };
     for (i, act) in Activation::ALL.into_iter().enumerate() {
         let (m, n, k, batch) = (19, 11, 21, 2);
         let mut d = MatmulDesc::new(m, n, k).batch(batch).precision(Precision::F16);
@@ -177,7 +199,7 @@ fn f16x2_epilogue_every_activation_and_strided_views() {
 /// of 8 sums to at most 32 and a K of 300 to at most 1200 < 2048), so the results must be exact.
 #[test]
 fn f16x2_integer_inputs_are_exact() {
-    let Some(dev) = f16_device("f16x2 integers") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 integers") else { return };
     let ints = |n: usize, seed: u64| -> Vec<f32> { values(n, seed).iter().map(|v| (v * 2.4).round()).collect() };
     for (i, &(m, n, k, ta, tb)) in
         [(17, 9, 16, false, false), (20, 7, 13, true, false), (133, 70, 300, false, true), (29, 5, 11, true, true)]
@@ -202,7 +224,7 @@ fn f16x2_integer_inputs_are_exact() {
 /// 8 and keeps those of the next chunk (8, exact). The f32 kernel gives 2063, stored as 2064.
 #[test]
 fn f16x2_sums_eight_products_in_f16() {
-    let Some(dev) = f16_device("f16x2 chunks") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 chunks") else { return };
     let (m, n, k) = (17, 4, 16);
     let mut a = vec![1.0f32; m * k];
     for r in 0..m {
@@ -221,7 +243,7 @@ fn f16x2_sums_eight_products_in_f16() {
 /// of them sum to 2⁻¹⁷, both subnormal in f16; alpha 2¹⁰ brings the result to 2⁻⁷, exactly.
 #[test]
 fn f16x2_keeps_subnormal_products() {
-    let Some(dev) = f16_device("f16x2 subnormals") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 subnormals") else { return };
     let (m, n, k) = (18, 5, 8);
     let a = vec![2f32.powi(-10); m * k];
     let b = vec![2f32.powi(-10); k * n];
@@ -235,7 +257,7 @@ fn f16x2_keeps_subnormal_products() {
 /// in f32, and the results are the f32 path's (alpha brings them back into f16's range).
 #[test]
 fn f16x2_overflowing_sums_are_recomputed_in_f32() {
-    let Some(dev) = f16_device("f16x2 overflow") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 overflow") else { return };
     let (m, n, k) = (20, 6, 3);
     for (i, (av, bv, alpha)) in [(300.0f32, 300.0f32, 1.0 / 16.0), (256.0, 200.0, 1.0 / 8.0)].into_iter().enumerate() {
         let mut a = values(m * k, 8000 + i as u64);
@@ -262,7 +284,7 @@ fn f16x2_overflowing_sums_are_recomputed_in_f32() {
 /// Inf and NaN inputs give what the f32 path gives (the recomputation reads them as stored).
 #[test]
 fn f16x2_non_finite_inputs_match_the_reference() {
-    let Some(dev) = f16_device("f16x2 non-finite") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 non-finite") else { return };
     let (m, n, k) = (24, 8, 12);
     let mut a = values(m * k, 8200);
     let b = values(k * n, 8201);
@@ -280,7 +302,7 @@ fn f16x2_non_finite_inputs_match_the_reference() {
 /// inside the F16 bound; other storage is refused with a typed error.
 #[test]
 fn f16x2_is_chosen_only_where_it_applies() {
-    let Some(dev) = f16_device("f16x2 selection") else { return };
+    let Some((dev, _serial)) = f16_device("f16x2 selection") else { return };
     let gemv = if backend(dev).subgroups { "gemv_subgroup_f16" } else { "gemv_f16" };
     for m in [1, 16] {
         let d = f16_case(1, m, 9, 20, false, true);
