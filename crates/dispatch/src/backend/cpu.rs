@@ -52,6 +52,7 @@ mod depthwise;
 mod gemv;
 mod glu;
 mod matmul;
+mod pool;
 mod qgroup;
 mod quant;
 mod simd;

@@ -5,7 +5,10 @@
 //!   rows it reaches, zero-padded and split by column into the horizontal stride's phases, so
 //!   every tap of an 8-wide chunk of outputs is one contiguous load at a fixed offset with no
 //!   border test; 4 rows × 8 columns are accumulated in registers over all taps (one broadcast
-//!   weight, four loads and four multiply-adds per tap) and stored once. Short rows (MobileNet's
+//!   weight, four loads and four multiply-adds per tap) and stored once. 3 × 3 kernels with
+//!   vertical stride 1 or 2 ([`band3`], every MobileNet layer) load each input row's three
+//!   shifted vectors once for all the group's output rows that read it (18 loads per 36
+//!   multiply-adds at stride 1) with the nine weights in registers. Short rows (MobileNet's
 //!   7- and 14-wide planes) cost a chunk per row instead of a pass per tap. Layers outside the
 //!   band buffer (more than 64 taps, rows too wide) take the row path: one output row as the
 //!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
@@ -18,15 +21,18 @@
 //!   inside the input once and accumulate each 16-channel block over them ([`nhwc_pixel`]).
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
-//!   lie; other dtypes through a stack buffer. No call allocates.
+//!   lie; other dtypes through a stack buffer (NHWC) or the thread's band buffers (NCHW,
+//!   made once per thread). No call allocates after a thread's first.
 //! - Work is split over (image, channel plane) blocks for NCHW and (image, output row) blocks
-//!   for NHWC, and only when the layer has enough multiply-adds to pay for the hand-off.
+//!   for NHWC, and only when the layer has enough multiply-adds to pay for the hand-off; the
+//!   calling thread works on the blocks from the start, with the pool's threads joining as
+//!   they wake ([`for_each_chunk_mut`]).
 
 use super::activation::apply_isa;
+use super::pool::for_each_chunk_mut;
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal};
 use crate::Result;
-use rayon::prelude::*;
 use tilekit_kernels::{Conv2dDesc, Layout};
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).
@@ -39,6 +45,13 @@ const TASK_WORK: usize = 1 << 16;
 /// the transposed weights of an NHWC channel block.
 const BUF: usize = 8192;
 const _: () = assert!(BUF.is_power_of_two(), "the band kernel masks offsets with BUF − 1");
+
+thread_local! {
+    /// The NCHW band buffer and the half-precision row buffer of this thread's tasks, on the
+    /// heap, made on the thread's first NCHW convolution (64 KiB on the stack of every task
+    /// was a 64 KiB `memset` per task).
+    static BAND_BUFS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
 pub(super) struct Conv<'d> {
@@ -91,19 +104,29 @@ impl Conv<'_> {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
-                    // The band buffers, once per task (zeroing 64 KiB per plane would cost
-                    // more than a small plane's convolution). Zeroed here, which is what keeps
-                    // the band's padding columns zero for every plane (`Band::phase`).
-                    let mut bufs = [[0.0f32; BUF + V]; 2];
-                    for (i, p) in dst.chunks_mut(plane).enumerate() {
-                        self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut bufs);
-                    }
+                    BAND_BUFS.with_borrow_mut(|bufs| {
+                        if bufs.len() < 2 * (BUF + V) {
+                            *bufs = vec![0.0; 2 * (BUF + V)];
+                        }
+                        let (pair, _) = bufs.as_chunks_mut::<{ BUF + V }>();
+                        let bufs: &mut [[f32; BUF + V]; 2] = (&mut pair[..2]).try_into().expect("two band buffers");
+                        // The band buffer's rows, zeroed once per task (not per plane), which
+                        // is what keeps the band's padding columns zero for every plane
+                        // (`Band::phase`). Only the rows the band uses: zeroing the whole
+                        // 32 KiB per task cost as much as a small layer's copies.
+                        if let Some(g) = &band {
+                            bufs[0][..g.in_rows * g.rs].fill(0.0);
+                        }
+                        for (i, p) in dst.chunks_mut(plane).enumerate() {
+                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs);
+                        }
+                    })
                 };
                 if work < PARALLEL_MIN {
                     run(0, out);
                 } else {
                     let per = (TASK_WORK / (plane * taps).max(1)).max(1);
-                    out.par_chunks_mut(per * plane).enumerate().for_each(|(t, dst)| run(t * per, dst));
+                    for_each_chunk_mut(out, per * plane, |t, dst| run(t * per, dst));
                 }
             }
             // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
@@ -114,7 +137,7 @@ impl Conv<'_> {
                     run(0, out);
                 } else {
                     let per = (TASK_WORK / (row * taps).max(1)).max(1);
-                    out.par_chunks_mut(per * row).enumerate().for_each(|(t, dst)| run(t * per, dst));
+                    for_each_chunk_mut(out, per * row, |t, dst| run(t * per, dst));
                 }
             }
         }
@@ -360,7 +383,16 @@ fn nchw_band_inner<const FMA: bool>(
                 let first = lo * s + p - d.pad_left;
                 let n = hi - lo;
                 if s == 1 {
-                    dst[lo..hi].copy_from_slice(&src[first..first + n]);
+                    // V-wide pieces and a scalar tail: a row of a small plane is a few dozen
+                    // elements, and a `memcpy` call per row cost more than the copy.
+                    let (dst, src) = (&mut dst[lo..hi], &src[first..first + n]);
+                    let mut d8 = dst.chunks_exact_mut(V);
+                    let mut s8 = src.chunks_exact(V);
+                    for (o, x) in (&mut d8).zip(&mut s8) {
+                        let x: &[f32; V] = x.try_into().expect("V lanes");
+                        o.copy_from_slice(x);
+                    }
+                    copy_tail(d8.into_remainder(), s8.remainder());
                 } else if s == 2 {
                     // Pairs, so LLVM deinterleaves with vector shuffles (a `step_by` gather
                     // compiled to a scalar loop that cost more than the convolution).
@@ -388,6 +420,13 @@ fn nchw_band_inner<const FMA: bool>(
     // its start with BUF − 1 (a power of two) changes nothing and lets the compiler see that
     // the V elements from there are inside the BUF + V array: no bounds check per tap.
     let win: &[f32; BUF + V] = (&buf[..BUF + V]).try_into().expect("band buffer of BUF + V");
+    if d.kernel_h == 3 && d.kernel_w == 3 && d.dilation_h == 1 {
+        match sh {
+            1 => return band3::<FMA, 1>(g, wk, bias, rows, out, win),
+            2 => return band3::<FMA, 2>(g, wk, bias, rows, out, win),
+            _ => {}
+        }
+    }
     for r0 in (0..rows).step_by(RB) {
         for c in 0..g.chunks {
             let mut acc = [[bias; V]; RB];
@@ -404,11 +443,103 @@ fn nchw_band_inner<const FMA: bool>(
             }
             let (c0, n) = (c * V, V.min(g.ow - c * V));
             for (r, a) in acc.iter().enumerate().take(rows - r0) {
-                out[(r0 + r) * g.ow + c0..][..n].copy_from_slice(&a[..n]);
+                store_chunk(&mut out[(r0 + r) * g.ow + c0..], a, n);
             }
         }
     }
     apply_isa::<FMA>(d.activation, out);
+}
+
+/// `dst[..n] = src[..n]` for `n < V` (`n` = the shorter length), lane by lane over a fixed
+/// `V`: a plain copy loop of a runtime length compiles to a `memcpy` call, which for the few
+/// elements of a short row's tail cost more than the copy.
+#[inline(always)]
+fn copy_tail(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len()).min(V);
+    for l in 0..V {
+        if l < n {
+            dst[l] = src[l];
+        }
+    }
+}
+
+/// Stores the first `n ≤ V` lanes of `a` at the start of `dst` (see [`copy_tail`]).
+#[inline(always)]
+fn store_chunk(dst: &mut [f32], a: &[f32; V], n: usize) {
+    if n == V {
+        dst[..V].copy_from_slice(a);
+    } else {
+        copy_tail(&mut dst[..n], a);
+    }
+}
+
+/// The band kernel for 3 × 3 kernels with vertical dilation 1 and vertical stride `SH`
+/// (MobileNet's layers): the same sums as the general loop, in the same order, but each
+/// input row's three shifted vectors are loaded once and used for every output row of the
+/// group that reads them (18 loads per 36 multiply-adds at `SH` = 1, against 36), and the
+/// nine weights stay in registers across chunks. Ends with the activation, like its caller.
+#[inline(always)]
+fn band3<const FMA: bool, const SH: usize>(
+    g: &Band,
+    wk: &[f32],
+    bias: f32,
+    rows: usize,
+    out: &mut [f32],
+    win: &[f32; BUF + V],
+) {
+    // Input rows a group of RB output rows reads (at most 9: `input_row!` below).
+    let in_rows = (RB - 1) * SH + 3;
+    const { assert!((RB - 1) * SH + 3 <= 9, "band3 unrolls 9 input rows") };
+    let rs = g.rs;
+    // Tap (ky, kx) is at ky·rs + h[kx] (vertical dilation 1).
+    let h = [g.offs[0], g.offs[1], g.offs[2]];
+    let w: &[f32; 9] = wk[..9].try_into().expect("3 × 3 weights");
+    for r0 in (0..rows).step_by(RB) {
+        for c in 0..g.chunks {
+            let mut acc = [[bias; V]; RB];
+            let base = r0 * SH * rs + c * V;
+            // Input row I of the group: its three vectors, then every output row reading it
+            // (I and the rows are constants here, so the loops unroll and `acc` stays in
+            // registers).
+            macro_rules! input_row {
+                ($i:expr) => {
+                    if $i < in_rows {
+                        let x: [&[f32; V]; 3] = std::array::from_fn(|kx| {
+                            debug_assert!(base + $i * rs + h[kx] + V <= BUF, "band window past the buffer");
+                            let j = (base + $i * rs + h[kx]) & (BUF - 1);
+                            win[j..j + V].try_into().expect("V lanes")
+                        });
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            // Output row r reads input row I with kernel row I − r·SH.
+                            if $i >= r * SH && $i - r * SH < 3 {
+                                let ky = $i - r * SH;
+                                for (kx, x) in x.iter().enumerate() {
+                                    let wv = w[ky * 3 + kx];
+                                    for (a, &x) in a.iter_mut().zip(x.iter()) {
+                                        *a = madd::<FMA>(wv, x, *a);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                };
+            }
+            input_row!(0);
+            input_row!(1);
+            input_row!(2);
+            input_row!(3);
+            input_row!(4);
+            input_row!(5);
+            input_row!(6);
+            input_row!(7);
+            input_row!(8);
+            let (c0, n) = (c * V, V.min(g.ow - c * V));
+            for (r, a) in acc.iter().enumerate().take(rows - r0) {
+                store_chunk(&mut out[(r0 + r) * g.ow + c0..], a, n);
+            }
+        }
+    }
+    apply_isa::<FMA>(g.d.activation, out);
 }
 
 multiversion! {

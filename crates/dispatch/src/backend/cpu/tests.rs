@@ -334,6 +334,43 @@ fn depthwise_band_limits_are_exact() {
     }
 }
 
+/// The NCHW 3 × 3 band kernel (`band3`, vertical dilation 1, vertical stride 1 or 2): heights
+/// that leave every remainder of the 4-row groups (and several bands), widths from 1 to past
+/// two chunks, every horizontal stride and dilation it takes through the phase offsets, the
+/// paddings that make the group's first and last input rows padding, multiplier 2; vertical
+/// stride 3 and dilation 2 beside them take the general loop.
+#[test]
+fn depthwise_3x3_band_kernel_is_exact() {
+    let mut seed = 9000;
+    for &(sh, dh) in &[(1, 1), (2, 1), (3, 1), (1, 2)] {
+        for &h in &[1, 2, 3, 5, 6, 8, 11, 14] {
+            for &w in &[1, 7, 8, 9, 14, 17] {
+                for &(sw, dw, pt, pb, pl, pr) in
+                    &[(1, 1, 1, 1, 1, 1), (2, 1, 0, 1, 0, 1), (1, 2, 2, 0, 2, 2), (3, 1, 1, 2, 1, 0)]
+                {
+                    let d = Conv2dDesc::new(Layout::Nchw, [1, 3, h, w], [3, 3])
+                        .stride_h(sh)
+                        .stride_w(sw)
+                        .dilation_h(dh)
+                        .dilation_w(dw)
+                        .pad_top(pt)
+                        .pad_bottom(pb)
+                        .pad_left(pl)
+                        .pad_right(pr)
+                        .multiplier(1 + seed as usize % 2)
+                        .has_bias(seed % 3 != 0)
+                        .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+                    if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
+                        continue;
+                    }
+                    check_conv(&d, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
 /// The NHWC pixel tiles (multiplier 1, whole 16-channel blocks): rows whose interior holds
 /// no tile, one, several and leftover pixels, with every stride, dilation, kernel width and
 /// left/right padding mix that moves the interior's ends; multiplier 2 and a channel count
