@@ -61,6 +61,7 @@ mod tests;
 
 use activation::Act;
 use depthwise::Conv;
+use pool::for_each_chunk_mut;
 use matmul::MatmulOperands;
 
 /// Elements per task of the streaming loops: enough to amortise rayon's per-task cost (~1 µs)
@@ -243,7 +244,7 @@ fn scratch(len: usize) -> Result<Vec<f32>> {
 /// `src` widened to f32, in parallel.
 fn widen<E: Elem>(src: &[E]) -> Result<Vec<f32>> {
     let mut out = scratch(src.len())?;
-    out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| E::widen_into(s, d));
+    for_each_chunk_mut(&mut out, CHUNK, |i, d| E::widen_into(&src[i * CHUNK..][..d.len()], d));
     Ok(out)
 }
 
@@ -616,7 +617,7 @@ impl BackendOps for CpuBackend {
         };
         match (dst.get_mut(..n), bytes.get(..n)) {
             (Some(d), Some(s)) => {
-                d.par_chunks_mut(1 << 16).zip(s.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
+                for_each_chunk_mut(d, 1 << 16, |i, d| d.copy_from_slice(&s[(i << 16)..][..d.len()]));
                 Ok(())
             }
             _ => Err(internal(format!("copy of {len} elements past a buffer's end"))),

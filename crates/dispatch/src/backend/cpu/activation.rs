@@ -15,9 +15,9 @@
 //! clamp below either keeps a NaN or feeds a NaN `x` into the final product or quotient.
 
 use super::simd::{Isa, fmax, fmin, madd, multiversion};
+use super::pool::for_each_chunk_mut;
 use super::{CpuData, Elem, internal, typed};
 use crate::Result;
-use rayon::prelude::*;
 use tilekit_kernels::{Activation, ActivationDesc};
 
 /// `e^x` in f32 over the normal range: `x` is clamped to [−87.33, 88], so below −87.33 the
@@ -235,10 +235,11 @@ impl Act<'_> {
         if len < PARALLEL_MIN {
             chunk(isa, act, x, bias, out, 0);
         } else {
-            out.par_chunks_mut(TASK).enumerate().for_each(|(i, o)| {
+            let f = |i: usize, o: &mut [E]| {
                 let base = i * TASK;
                 chunk(isa, act, x.map(|x| &x[base..base + o.len()]), bias, o, base);
-            });
+            };
+            for_each_chunk_mut(out, TASK, f);
         }
         Ok(())
     }

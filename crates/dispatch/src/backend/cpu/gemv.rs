@@ -21,9 +21,9 @@
 
 use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
 use super::simd::{Isa, madd, multiversion};
+use super::pool::for_each_index;
 use super::{Elem, scratch};
 use crate::Result;
-use rayon::prelude::*;
 use std::borrow::Cow;
 use tilekit_kernels::MatmulDesc;
 
@@ -334,7 +334,7 @@ impl MatmulOperands<'_> {
             // tasks get a raw pointer and build a slice over just their own columns.
             let ptr = SendPtr(dst.as_mut_ptr());
             let len = dst.len();
-            (0..blocks).into_par_iter().for_each(|bi| {
+            for_each_index(blocks, &|bi| {
                 let p = &ptr;
                 run(bi, &mut |i, j0, src| {
                     let start = i * row_step + j0;

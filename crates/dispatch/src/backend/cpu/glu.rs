@@ -6,10 +6,10 @@
 //! Rows are shared out to the thread pool in tasks of about [`TASK`] outputs.
 
 use super::activation::map_in_place;
+use super::pool::for_each_chunk_mut;
 use super::simd::Isa;
 use super::{Elem, internal};
 use crate::Result;
-use rayon::prelude::*;
 use tilekit_kernels::GluDesc;
 
 /// Outputs per pass through the stack buffers (two × 16 KiB of f32, L1).
@@ -37,7 +37,7 @@ pub(super) fn run<E: Elem>(desc: &GluDesc, h: &[E], out: &mut [E]) -> Result<()>
         row((0, out));
     } else {
         let per = (TASK / f).max(1);
-        out.par_chunks_mut(per * f).enumerate().for_each(|(i, o)| row((i * per, o)));
+        for_each_chunk_mut(out, per * f, |i, o| row((i * per, o)));
     }
     Ok(())
 }

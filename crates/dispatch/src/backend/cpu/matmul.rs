@@ -23,6 +23,7 @@
 
 use super::activation::apply_isa;
 use super::simd::{Isa, madd, multiversion};
+use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::{Elem, internal, scratch};
 use crate::Result;
 use rayon::prelude::*;
@@ -267,7 +268,7 @@ impl MatmulOperands<'_> {
                         }
                     };
                     if !small && m * n * k >= PARALLEL_MIN {
-                        o.par_chunks_mut(EPI_ROWS * row_step).enumerate().for_each(rows);
+                        for_each_chunk_mut(o, EPI_ROWS * row_step, |p, r| rows((p, r)));
                     } else {
                         o.chunks_mut(EPI_ROWS * row_step).enumerate().for_each(rows);
                     }
@@ -347,7 +348,7 @@ impl MatmulOperands<'_> {
         // shorter, and the last row of the region only n long).
         let chunk = mr * row_step;
         if parallel {
-            dst.par_chunks_mut(chunk).enumerate().try_for_each(|(p, rows)| panel(p, rows))
+            try_for_each_chunk_mut(dst, chunk, panel)
         } else {
             dst.chunks_mut(chunk).enumerate().try_for_each(|(p, rows)| panel(p, rows))
         }

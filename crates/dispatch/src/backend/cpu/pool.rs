@@ -126,6 +126,30 @@ pub(super) fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: impl 
     });
 }
 
+/// [`for_each_chunk_mut`] for a fallible `f`: the first error is returned (chunks after it
+/// may or may not run).
+pub(super) fn try_for_each_chunk_mut<T: Send, Er: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> Result<(), Er> + Sync,
+) -> Result<(), Er> {
+    let first = Mutex::new(None);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    for_each_chunk_mut(data, chunk, |i, piece| {
+        if failed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = f(i, piece) {
+            failed.store(true, Ordering::Relaxed);
+            first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

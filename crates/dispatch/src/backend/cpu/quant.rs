@@ -18,12 +18,12 @@
 //! rounds once into the output's storage type.
 
 use super::matmul::{Epilogue, SKINNY_M, epilogue_rows};
+use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::qgroup::{Format, G, dequant_rows, with_format};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal, scratch};
 use crate::Result;
 use crate::quant_tensor::PlaneGeometry;
-use rayon::prelude::*;
 use tilekit_kernels::MatmulDesc;
 use tilekit_kernels::quant::GgmlType;
 
@@ -214,7 +214,7 @@ impl QuantOperands<'_> {
                     let cols = n.div_ceil(4 * threads).max(8);
                     let task = |(b, chunk): (usize, &mut [f32])| decode_cols(isa, w, a, m, b * cols, chunk);
                     if parallel {
-                        acc.par_chunks_mut(cols * m).enumerate().for_each(task);
+                        for_each_chunk_mut(&mut acc, cols * m, |b, c| task((b, c)));
                     } else {
                         acc.chunks_mut(cols * m).enumerate().for_each(task);
                     }
@@ -222,7 +222,7 @@ impl QuantOperands<'_> {
                     let cols = panel_cols(k);
                     let task = |(b, chunk): (usize, &mut [f32])| panel(isa, w, a, m, b * cols, chunk);
                     if parallel {
-                        acc.par_chunks_mut(cols * m).enumerate().try_for_each(task)?;
+                        try_for_each_chunk_mut(&mut acc, cols * m, |b, c| task((b, c)))?;
                     } else {
                         acc.chunks_mut(cols * m).enumerate().try_for_each(task)?;
                     }
