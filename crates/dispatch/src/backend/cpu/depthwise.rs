@@ -303,6 +303,9 @@ struct Band {
     in_rows: usize,
     /// Per tap (`ky·kw + kx`): its offset in the band buffer from a chunk's first element.
     offs: [usize; MAX_TAPS],
+    /// Whether a band holds a whole plane (then every plane puts its padding rows in the same
+    /// buffer rows, which stay zero).
+    one_band: bool,
     /// Per phase: the columns `lo..hi` of its row that come from the input (the rest are
     /// padding). The same for every row and plane of the layer, so the padding columns are
     /// never written: the task's buffer starts zeroed and stays zero there.
@@ -346,7 +349,7 @@ impl Band {
         for (p, r) in phase.iter_mut().enumerate().take(s) {
             *r = tap_range(wq, d.width, s, d.pad_left, p);
         }
-        Some(Band { d: *d, ow, chunks, wq, rs, rows, in_rows: in_rows(rows), offs, phase })
+        Some(Band { d: *d, ow, chunks, wq, rs, rows, in_rows: in_rows(rows), one_band: rows >= oh, offs, phase })
     }
 }
 
@@ -371,7 +374,11 @@ fn nchw_band_inner<const FMA: bool>(
         let row = &mut buf[i * g.rs..][..g.rs];
         let pr = pr0 + i;
         if pr < d.pad_top || pr - d.pad_top >= d.height {
-            row.fill(0.0);
+            // A padding row. With one band per plane it is the same buffer row in every plane
+            // and never holds data, so it is still zero from the task's start.
+            if !g.one_band {
+                row.fill(0.0);
+            }
             continue;
         }
         let src = &xp[(pr - d.pad_top) * w..][..w];
