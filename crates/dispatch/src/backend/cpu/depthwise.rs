@@ -494,9 +494,8 @@ fn band3<const FMA: bool, const SH: usize>(
     out: &mut [f32],
     win: &[f32; BUF + V],
 ) {
-    // Input rows a group of RB output rows reads (at most 9: `input_row!` below).
+    // Input rows a group of RB output rows reads.
     let in_rows = (RB - 1) * SH + 3;
-    const { assert!((RB - 1) * SH + 3 <= 9, "band3 unrolls 9 input rows") };
     let rs = g.rs;
     // Tap (ky, kx) is at ky·rs + h[kx] (vertical dilation 1).
     let h = [g.offs[0], g.offs[1], g.offs[2]];
@@ -505,41 +504,27 @@ fn band3<const FMA: bool, const SH: usize>(
         for c in 0..g.chunks {
             let mut acc = [[bias; V]; RB];
             let base = r0 * SH * rs + c * V;
-            // Input row I of the group: its three vectors, then every output row reading it
-            // (I and the rows are constants here, so the loops unroll and `acc` stays in
-            // registers).
-            macro_rules! input_row {
-                ($i:expr) => {
-                    if $i < in_rows {
-                        let x: [&[f32; V]; 3] = std::array::from_fn(|kx| {
-                            debug_assert!(base + $i * rs + h[kx] + V <= BUF, "band window past the buffer");
-                            let j = (base + $i * rs + h[kx]) & (BUF - 1);
-                            win[j..j + V].try_into().expect("V lanes")
-                        });
-                        for (r, a) in acc.iter_mut().enumerate() {
-                            // Output row r reads input row I with kernel row I − r·SH.
-                            if $i >= r * SH && $i - r * SH < 3 {
-                                let ky = $i - r * SH;
-                                for (kx, x) in x.iter().enumerate() {
-                                    let wv = w[ky * 3 + kx];
-                                    for (a, &x) in a.iter_mut().zip(x.iter()) {
-                                        *a = madd::<FMA>(wv, x, *a);
-                                    }
-                                }
+            // Input row i of the group: its three shifted vectors, then every output row that
+            // reads it (with kernel row i − r·SH). A loop over i, not unrolled: fully unrolled,
+            // LLVM split the 8-lane sums into 4-, 2- and 1-lane pieces.
+            for i in 0..in_rows {
+                let x: [&[f32; V]; 3] = std::array::from_fn(|kx| {
+                    debug_assert!(base + i * rs + h[kx] + V <= BUF, "band window past the buffer");
+                    let j = (base + i * rs + h[kx]) & (BUF - 1);
+                    win[j..j + V].try_into().expect("V lanes")
+                });
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let ky = i.wrapping_sub(r * SH);
+                    if ky < 3 {
+                        let wr: &[f32; 3] = w[ky * 3..ky * 3 + 3].try_into().expect("3 weights");
+                        for (&wv, x) in wr.iter().zip(&x) {
+                            for (a, &x) in a.iter_mut().zip(x.iter()) {
+                                *a = madd::<FMA>(wv, x, *a);
                             }
                         }
                     }
-                };
+                }
             }
-            input_row!(0);
-            input_row!(1);
-            input_row!(2);
-            input_row!(3);
-            input_row!(4);
-            input_row!(5);
-            input_row!(6);
-            input_row!(7);
-            input_row!(8);
             let (c0, n) = (c * V, V.min(g.ow - c * V));
             for (r, a) in acc.iter().enumerate().take(rows - r0) {
                 store_chunk(&mut out[(r0 + r) * g.ow + c0..], a, n);
