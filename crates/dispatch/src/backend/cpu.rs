@@ -61,8 +61,8 @@ mod tests;
 
 use activation::Act;
 use depthwise::Conv;
-use pool::for_each_chunk_mut;
 use matmul::MatmulOperands;
+use pool::for_each_chunk_mut;
 
 /// Elements per task of the streaming loops: enough to amortise rayon's per-task cost (~1 µs)
 /// over work of a few ns per element, small enough (16 KiB of f32) to stay in L1.

@@ -14,8 +14,8 @@
 //! NaN and ±Inf give what `apply_f32` gives (tested against it on the special values): every
 //! clamp below either keeps a NaN or feeds a NaN `x` into the final product or quotient.
 
-use super::simd::{Isa, fmax, fmin, madd, multiversion};
 use super::pool::for_each_chunk_mut;
+use super::simd::{Isa, fmax, fmin, madd, multiversion};
 use super::{CpuData, Elem, internal, typed};
 use crate::Result;
 use tilekit_kernels::{Activation, ActivationDesc};

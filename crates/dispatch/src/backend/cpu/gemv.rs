@@ -20,8 +20,8 @@
 //! the output.
 
 use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
-use super::simd::{Isa, madd, multiversion};
 use super::pool::for_each_index;
+use super::simd::{Isa, madd, multiversion};
 use super::{Elem, scratch};
 use crate::Result;
 use std::borrow::Cow;

@@ -2,15 +2,19 @@
 //! products, and the fused epilogue applied to cache-resident output tiles.
 //!
 //! Four paths, chosen per call:
-//! - **Plain f32** (f32 output, no bias, no C, `alpha = 1`, no activation): one `gemm` call
-//!   writes straight into the output view. Nothing else runs, so small sizes cost what `gemm`
-//!   costs (no scratch, no second pass, no thread-pool hand-off of our own).
+//! - **Plain f32** (f32 output, no bias, no C, `alpha = 1`, no activation): `gemm` writes
+//!   straight into the output view (no scratch, no second pass). Below [`SMALL_GEMM`]
+//!   multiply-adds it is one single-threaded call. Above it, with `op(B)` of at most
+//!   [`SHARED_B`] elements, each thread takes one block of rows as a single-threaded call, the
+//!   calling thread among them (see [`super::pool`]); a larger `B` gets one call with `gemm`'s
+//!   own split, so that it is streamed from memory once.
 //! - **Skinny** (`M ≤ 16`, the decode step): [`gemv`]. It streams `B` exactly once in either
 //!   layout, splits `N` across threads when there is enough work, and applies the epilogue to
 //!   each block of columns while it is still in L1/L2.
-//! - **Small f32 outputs with an epilogue** (at most [`CACHED_OUT`] elements, 1 MiB): one
-//!   `gemm` call (multithreaded as the plain path's) into the output, then the epilogue over
-//!   it in tasks of [`EPI_ROWS`] rows while it is still in the cores' L2.
+//! - **Small f32 outputs with an epilogue** (at most [`CACHED_OUT`] elements, 1 MiB): as the
+//!   plain path, each block of rows followed at once by the epilogue on it, in the L2 of the
+//!   core that computed it (with a large `B`: one `gemm` call, then the epilogue in tasks of
+//!   [`EPI_ROWS`] rows while the output is still in the cores' L2).
 //! - **Everything else**: the output is cut into row panels (each `MR × N` block a few hundred
 //!   KiB at most, so it stays in L2); each panel is one single-threaded `gemm` call followed
 //!   at once by the epilogue (alpha, bias, beta·C, activation, rounding to the storage type)
@@ -22,8 +26,8 @@
 //! rounds its result to f16 before the epilogue could see the f32 sum.
 
 use super::activation::apply_isa;
-use super::simd::{Isa, madd, multiversion};
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
+use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal, scratch};
 use crate::Result;
 use rayon::prelude::*;
@@ -51,6 +55,12 @@ const PANEL: usize = 1 << 16;
 /// run its kernels on a few rows only (at 256³ with bias + GELU the panels ran at 0.6× of the
 /// same product without an epilogue).
 const CACHED_OUT: usize = 1 << 18;
+
+/// `op(B)`s of at most this many elements (4 MiB of f32, which the last-level cache holds)
+/// are multiplied by one block of rows per thread instead of one multithreaded `gemm` call:
+/// each block reads all of `B`, so a larger one (a decode-sized weight) is streamed from memory
+/// once per thread (32 × 4096 × 4096 ran 1.3× slower split by rows).
+const SHARED_B: usize = 1 << 20;
 
 /// Output rows per task of the epilogue after a one-call `gemm`.
 const EPI_ROWS: usize = 16;
@@ -256,6 +266,28 @@ impl MatmulOperands<'_> {
             {
                 let par =
                     if small || m * n * k < SMALL_GEMM { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(0) };
+                if !matches!(par, gemm::Parallelism::None) && k * n <= SHARED_B {
+                    // One block of rows per thread, each a single-threaded `gemm` call followed
+                    // by the epilogue on its rows while they are in that core's L2. The
+                    // calling thread takes a block at once (`gemm`'s own split puts it to
+                    // sleep until the pool's threads wake and finish: at 128³ and 256³ the
+                    // median doubled). Each block packs all of B, read from the shared cache.
+                    let threads = rayon::current_num_threads().max(1);
+                    let h = m.div_ceil(threads);
+                    for_each_chunk_mut(o, h * row_step, |p, part| {
+                        let (i0, nrows) = (p * h, h.min(m - p * h));
+                        // SAFETY: `part` holds rows i0..i0 + nrows at stride row_step.
+                        unsafe {
+                            self.gemm_rows(g, i0, nrows, n, k, part.as_mut_ptr(), row_step, gemm::Parallelism::None)
+                        };
+                        if !epi.is_identity() {
+                            for (r, row) in part.chunks_mut(row_step).take(nrows).enumerate() {
+                                epilogue_rows(isa, &epi, i0 + r, 0, n, &mut row[..n]);
+                            }
+                        }
+                    });
+                    return Ok(());
+                }
                 // SAFETY: `o` is this batch's output region: m rows at stride row_step (n
                 // elements each), exclusively borrowed; A and B were checked above.
                 unsafe { self.gemm_rows(g, 0, m, n, k, o.as_mut_ptr(), row_step, par) };
