@@ -50,7 +50,18 @@ thread_local! {
     /// The NCHW band buffer and the half-precision row buffer of this thread's tasks, on the
     /// heap, made on the thread's first NCHW convolution (64 KiB on the stack of every task
     /// was a 64 KiB `memset` per task).
-    static BAND_BUFS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static BAND_BUFS: std::cell::RefCell<BandBufs> = const {
+        std::cell::RefCell::new(BandBufs { data: Vec::new(), zeroed_for: None })
+    };
+}
+
+/// A thread's band buffers, and the layer whose band rows they were last zeroed for.
+struct BandBufs {
+    data: Vec<f32>,
+    /// A band writes only its layer's data columns and rows, so the padding it reads stays
+    /// zero from one call of the layer to the next: the buffers are zeroed again only for
+    /// another layer (or after the row path used the first buffer as scratch).
+    zeroed_for: Option<Conv2dDesc>,
 }
 
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
@@ -104,18 +115,25 @@ impl Conv<'_> {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
-                    BAND_BUFS.with_borrow_mut(|bufs| {
-                        if bufs.len() < 2 * (BUF + V) {
-                            *bufs = vec![0.0; 2 * (BUF + V)];
+                    BAND_BUFS.with_borrow_mut(|BandBufs { data, zeroed_for }| {
+                        if data.len() < 2 * (BUF + V) {
+                            *data = vec![0.0; 2 * (BUF + V)];
+                            *zeroed_for = None;
                         }
-                        let (pair, _) = bufs.as_chunks_mut::<{ BUF + V }>();
+                        let (pair, _) = data.as_chunks_mut::<{ BUF + V }>();
                         let bufs: &mut [[f32; BUF + V]; 2] = (&mut pair[..2]).try_into().expect("two band buffers");
-                        // The band buffer's rows, zeroed once per task (not per plane), which
-                        // is what keeps the band's padding columns zero for every plane
-                        // (`Band::phase`). Only the rows the band uses: zeroing the whole
-                        // 32 KiB per task cost as much as a small layer's copies.
-                        if let Some(g) = &band {
-                            bufs[0][..g.in_rows * g.rs].fill(0.0);
+                        // The band buffer's rows, zeroed for the layer (not per plane, not per
+                        // call: see `BandBufs`), which is what keeps the band's padding
+                        // columns zero for every plane (`Band::phase`). Only the rows the band
+                        // uses: zeroing the whole 32 KiB per task cost as much as a small
+                        // layer's copies.
+                        match &band {
+                            Some(g) if *zeroed_for != Some(*d) => {
+                                bufs[0][..g.in_rows * g.rs].fill(0.0);
+                                *zeroed_for = Some(*d);
+                            }
+                            Some(_) => {}
+                            None => *zeroed_for = None,
                         }
                         for (i, p) in dst.chunks_mut(plane).enumerate() {
                             self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs);
@@ -382,6 +400,10 @@ fn nchw_band_inner<const FMA: bool>(
             continue;
         }
         let src = &xp[(pr - d.pad_top) * w..][..w];
+        if s == 2 {
+            deinterleave2(g, src, row);
+            continue;
+        }
         // Phase rows by index, not `chunks_exact_mut`, whose length is a division per row.
         for (p, &(lo, hi)) in g.phase[..s].iter().enumerate() {
             let dst = &mut row[p * g.wq..][..g.wq];
@@ -400,17 +422,6 @@ fn nchw_band_inner<const FMA: bool>(
                         o.copy_from_slice(x);
                     }
                     copy_tail(d8.into_remainder(), s8.remainder());
-                } else if s == 2 {
-                    // Pairs, so LLVM deinterleaves with vector shuffles (a `step_by` gather
-                    // compiled to a scalar loop that cost more than the convolution).
-                    let src = &src[first..first + 2 * n - 1];
-                    let (pairs, last) = (src.chunks_exact(2), src.len() % 2 == 1);
-                    for (o, pair) in dst[lo..hi].iter_mut().zip(pairs) {
-                        *o = pair[0];
-                    }
-                    if last {
-                        dst[hi - 1] = src[2 * n - 2];
-                    }
                 } else {
                     for (o, &x) in dst[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
                         *o = x;
@@ -455,6 +466,34 @@ fn nchw_band_inner<const FMA: bool>(
         }
     }
     apply_isa::<FMA>(d.activation, out);
+}
+
+/// One input row into the two phase rows of a horizontal stride of 2 (phase `p`, column `t`
+/// holds input column `2t + p − pad_left`), both phases in one pass over the row's pairs, so
+/// LLVM loads each pair once and deinterleaves with vector shuffles (per phase, the pairs'
+/// one used element was a scalar loop that cost more than the convolution). Writes only each
+/// phase's input columns `lo..hi`.
+#[inline(always)]
+fn deinterleave2(g: &Band, src: &[f32], row: &mut [f32]) {
+    let pl = g.d.pad_left;
+    let ((lo0, hi0), (lo1, hi1)) = (g.phase[0], g.phase[1]);
+    let (ph0, ph1) = row[..2 * g.wq].split_at_mut(g.wq);
+    // Columns both phases take: pairs (2t − pl, 2t + 1 − pl) of the input.
+    let (t0, t1) = (lo0.max(lo1), hi0.min(hi1));
+    if t0 >= t1 {
+        // No column in common (rows of one or two elements).
+        (lo0..hi0).for_each(|t| ph0[t] = src[2 * t - pl]);
+        (lo1..hi1).for_each(|t| ph1[t] = src[2 * t + 1 - pl]);
+        return;
+    }
+    let pairs = src[2 * t0 - pl..2 * t1 - pl].chunks_exact(2);
+    for ((a, b), pair) in ph0[t0..t1].iter_mut().zip(&mut ph1[t0..t1]).zip(pairs) {
+        *a = pair[0];
+        *b = pair[1];
+    }
+    // The ends one phase takes and the other does not (at most one column each side).
+    (lo0..t0).chain(t1..hi0).for_each(|t| ph0[t] = src[2 * t - pl]);
+    (lo1..t0).chain(t1..hi1).for_each(|t| ph1[t] = src[2 * t + 1 - pl]);
 }
 
 /// `dst[..n] = src[..n]` for `n < V` (`n` = the shorter length), lane by lane over a fixed

@@ -371,6 +371,24 @@ fn depthwise_3x3_band_kernel_is_exact() {
     }
 }
 
+/// The thread's band buffers keep their zero padding from one call of a layer to the next and
+/// are zeroed again for another layer: layers whose data columns and rows fall where the
+/// others have padding, alternated on one thread, with the row path (half-precision scratch
+/// in the same buffer) between them.
+#[test]
+fn depthwise_band_buffers_between_layers_are_exact() {
+    let padded = Conv2dDesc::new(Layout::Nchw, [1, 2, 7, 7], [3, 3]).pad_top(1).pad_bottom(1).pad_left(1).pad_right(1);
+    let unpadded = Conv2dDesc::new(Layout::Nchw, [1, 2, 9, 9], [3, 3]);
+    let strided = padded.stride_h(2).stride_w(2).pad_left(2);
+    let row_path =
+        Conv2dDesc::new(Layout::Nchw, [1, 2, 5, 5], [9, 9]).pad_top(4).pad_bottom(4).pad_left(4).pad_right(4);
+    let mut seed = 9500;
+    for d in [padded, unpadded, padded, strided, padded, row_path, padded, unpadded, strided] {
+        check_conv(&d.has_bias(true).activation(Activation::None), seed);
+        seed += 1;
+    }
+}
+
 /// The NHWC pixel tiles (multiplier 1, whole 16-channel blocks): rows whose interior holds
 /// no tile, one, several and leftover pixels, with every stride, dilation, kernel width and
 /// left/right padding mix that moves the interior's ends; multiplier 2 and a channel count
