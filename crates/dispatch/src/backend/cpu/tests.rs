@@ -382,10 +382,9 @@ fn depthwise_band_buffers_between_layers_are_exact() {
     let strided = padded.stride_h(2).stride_w(2).pad_left(2);
     let row_path =
         Conv2dDesc::new(Layout::Nchw, [1, 2, 5, 5], [9, 9]).pad_top(4).pad_bottom(4).pad_left(4).pad_right(4);
-    let mut seed = 9500;
-    for d in [padded, unpadded, padded, strided, padded, row_path, padded, unpadded, strided] {
+    let layers = [padded, unpadded, padded, strided, padded, row_path, padded, unpadded, strided];
+    for (seed, d) in (9500..).zip(layers) {
         check_conv(&d.has_bias(true).activation(Activation::None), seed);
-        seed += 1;
     }
 }
 
