@@ -295,6 +295,27 @@ fn depthwise_is_exact() {
     }
 }
 
+/// A depthwise layer of `shape` and kernel `k` with strides `[h, w]`, dilations `[h, w]` and
+/// paddings `[top, bottom, left, right]`.
+fn conv_geometry(
+    layout: Layout,
+    shape: [usize; 4],
+    k: [usize; 2],
+    [sh, sw]: [usize; 2],
+    [dh, dw]: [usize; 2],
+    [pt, pb, pl, pr]: [usize; 4],
+) -> Conv2dDesc {
+    Conv2dDesc::new(layout, shape, k)
+        .stride_h(sh)
+        .stride_w(sw)
+        .dilation_h(dh)
+        .dilation_w(dw)
+        .pad_top(pt)
+        .pad_bottom(pb)
+        .pad_left(pl)
+        .pad_right(pr)
+}
+
 /// The NCHW band kernel's limits: planes that take several bands (tall, and wide enough that a
 /// band holds few rows), rows too wide for any band and kernels of more than 64 taps (both
 /// take the row path), strides and dilations that make the phase rows uneven, and MobileNetV2's
@@ -316,15 +337,7 @@ fn depthwise_band_limits_are_exact() {
     ];
     for &([n, c, h, w], k, [sh, sw], [dh, dw], [pt, pb, pl, pr]) in cases {
         for layout in [Layout::Nchw, Layout::Nhwc] {
-            let d = Conv2dDesc::new(layout, [n, c, h, w], k)
-                .stride_h(sh)
-                .stride_w(sw)
-                .dilation_h(dh)
-                .dilation_w(dw)
-                .pad_top(pt)
-                .pad_bottom(pb)
-                .pad_left(pl)
-                .pad_right(pr)
+            let d = conv_geometry(layout, [n, c, h, w], k, [sh, sw], [dh, dw], [pt, pb, pl, pr])
                 .multiplier(1 + seed as usize % 2)
                 .has_bias(true)
                 .activation(Activation::Relu6);
@@ -348,15 +361,7 @@ fn depthwise_3x3_band_kernel_is_exact() {
                 for &(sw, dw, pt, pb, pl, pr) in
                     &[(1, 1, 1, 1, 1, 1), (2, 1, 0, 1, 0, 1), (1, 2, 2, 0, 2, 2), (3, 1, 1, 2, 1, 0)]
                 {
-                    let d = Conv2dDesc::new(Layout::Nchw, [1, 3, h, w], [3, 3])
-                        .stride_h(sh)
-                        .stride_w(sw)
-                        .dilation_h(dh)
-                        .dilation_w(dw)
-                        .pad_top(pt)
-                        .pad_bottom(pb)
-                        .pad_left(pl)
-                        .pad_right(pr)
+                    let d = conv_geometry(Layout::Nchw, [1, 3, h, w], [3, 3], [sh, sw], [dh, dw], [pt, pb, pl, pr])
                         .multiplier(1 + seed as usize % 2)
                         .has_bias(seed % 3 != 0)
                         .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
