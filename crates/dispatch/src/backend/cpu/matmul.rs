@@ -267,26 +267,13 @@ impl MatmulOperands<'_> {
                 let par =
                     if small || m * n * k < SMALL_GEMM { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(0) };
                 if !matches!(par, gemm::Parallelism::None) && k * n <= SHARED_B {
-                    // One block of rows per thread, each a single-threaded `gemm` call followed
+                    // One panel of rows per thread: each a single-threaded `gemm` call followed
                     // by the epilogue on its rows while they are in that core's L2. The
-                    // calling thread takes a block at once (`gemm`'s own split puts it to
+                    // calling thread takes a panel at once (`gemm`'s own split puts it to
                     // sleep until the pool's threads wake and finish: at 128³ and 256³ the
-                    // median doubled). Each block packs all of B, read from the shared cache.
-                    let threads = rayon::current_num_threads().max(1);
-                    let h = m.div_ceil(threads);
-                    for_each_chunk_mut(o, h * row_step, |p, part| {
-                        let (i0, nrows) = (p * h, h.min(m - p * h));
-                        // SAFETY: `part` holds rows i0..i0 + nrows at stride row_step.
-                        unsafe {
-                            self.gemm_rows(g, i0, nrows, n, k, part.as_mut_ptr(), row_step, gemm::Parallelism::None)
-                        };
-                        if !epi.is_identity() {
-                            for (r, row) in part.chunks_mut(row_step).take(nrows).enumerate() {
-                                epilogue_rows(isa, &epi, i0 + r, 0, n, &mut row[..n]);
-                            }
-                        }
-                    });
-                    return Ok(());
+                    // median doubled). Each panel packs all of B, read from the shared cache.
+                    let per_thread = m.div_ceil(rayon::current_num_threads().max(1));
+                    return self.panels(isa, desc, g, &epi, true, per_thread, row_step, dst);
                 }
                 // SAFETY: `o` is this batch's output region: m rows at stride row_step (n
                 // elements each), exclusively borrowed; A and B were checked above.
@@ -307,7 +294,8 @@ impl MatmulOperands<'_> {
                 }
                 return Ok(());
             }
-            self.panels(isa, desc, g, &epi, !small, row_step, dst)
+            let parallel = !small && m * n * k >= PARALLEL_MIN;
+            self.panels(isa, desc, g, &epi, parallel, panel_rows(m, n, parallel), row_step, dst)
         };
         if desc.batch == 1 {
             return batch_task(0, out);
@@ -325,7 +313,8 @@ impl MatmulOperands<'_> {
         }
     }
 
-    /// Row panels: `gemm` then the epilogue on each panel while it is in L2.
+    /// Row panels of `mr` rows (split across threads when `parallel`): `gemm` then the
+    /// epilogue on each panel while it is in L2.
     #[allow(clippy::too_many_arguments)]
     fn panels<E: Elem>(
         &self,
@@ -333,18 +322,13 @@ impl MatmulOperands<'_> {
         desc: &MatmulDesc,
         g: Geometry,
         epi: &Epilogue,
-        may_split: bool,
+        parallel: bool,
+        mr: usize,
         row_step: usize,
         dst: &mut [E],
     ) -> Result<()> {
         let (m, n, k) = (desc.m, desc.n, desc.k);
-        let parallel = may_split && m * n * k >= PARALLEL_MIN;
-        let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
-        // Rows per panel: L2-sized, and at least two panels per thread when splitting.
-        let mut mr = (PANEL / n).max(1);
-        if parallel {
-            mr = mr.min(m.div_ceil(2 * threads)).max(1);
-        }
+        let mr = mr.max(1);
         let panel = |p: usize, rows: &mut [E]| -> Result<()> {
             let i0 = p * mr;
             let nrows = mr.min(m - i0);
@@ -358,8 +342,10 @@ impl MatmulOperands<'_> {
                     } else {
                         o.chunks_mut(row_step).for_each(|r| r[..n].fill(0.0));
                     }
-                    for (r, row) in o.chunks_mut(row_step).enumerate() {
-                        epilogue_rows(isa, epi, i0 + r, 0, n, &mut row[..n]);
+                    if !epi.is_identity() {
+                        for (r, row) in o.chunks_mut(row_step).enumerate() {
+                            epilogue_rows(isa, epi, i0 + r, 0, n, &mut row[..n]);
+                        }
                     }
                 }
                 _ => {
@@ -385,4 +371,11 @@ impl MatmulOperands<'_> {
             dst.chunks_mut(chunk).enumerate().try_for_each(|(p, rows)| panel(p, rows))
         }
     }
+}
+
+/// Rows per panel of the general path: L2-sized, and at least two panels per thread when
+/// splitting.
+fn panel_rows(m: usize, n: usize, parallel: bool) -> usize {
+    let mr = (PANEL / n.max(1)).max(1);
+    if parallel { mr.min(m.div_ceil(2 * rayon::current_num_threads().max(1))).max(1) } else { mr }
 }
