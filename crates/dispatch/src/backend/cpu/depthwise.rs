@@ -8,7 +8,7 @@
 //!   weight, four loads and four multiply-adds per tap) and stored once. 3 × 3 kernels with
 //!   vertical stride 1 or 2 ([`band3`], every MobileNet layer) load each input row's three
 //!   shifted vectors once for all the group's output rows that read it (18 loads per 36
-//!   multiply-adds at stride 1) with the nine weights in registers. Short rows (MobileNet's
+//!   multiply-adds at stride 1). Short rows (MobileNet's
 //!   7- and 14-wide planes) cost a chunk per row instead of a pass per tap. Layers outside the
 //!   band buffer (more than 64 taps, rows too wide) take the row path: one output row as the
 //!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
@@ -326,7 +326,7 @@ struct Band {
     one_band: bool,
     /// Per phase: the columns `lo..hi` of its row that come from the input (the rest are
     /// padding). The same for every row and plane of the layer, so the padding columns are
-    /// never written: the task's buffer starts zeroed and stays zero there.
+    /// never written: the buffer, zeroed for the layer (`BandBufs`), stays zero there.
     phase: [(usize, usize); MAX_STRIDE],
 }
 
@@ -393,7 +393,8 @@ fn nchw_band_inner<const FMA: bool>(
         let pr = pr0 + i;
         if pr < d.pad_top || pr - d.pad_top >= d.height {
             // A padding row. With one band per plane it is the same buffer row in every plane
-            // and never holds data, so it is still zero from the task's start.
+            // and never holds data, so it is still zero since the buffer was zeroed for the
+            // layer (`BandBufs`).
             if !g.one_band {
                 row.fill(0.0);
             }
@@ -522,8 +523,8 @@ fn store_chunk(dst: &mut [f32], a: &[f32; V], n: usize) {
 /// The band kernel for 3 × 3 kernels with vertical dilation 1 and vertical stride `SH`
 /// (MobileNet's layers): the same sums as the general loop, in the same order, but each
 /// input row's three shifted vectors are loaded once and used for every output row of the
-/// group that reads them (18 loads per 36 multiply-adds at `SH` = 1, against 36), and the
-/// nine weights stay in registers across chunks. Ends with the activation, like its caller.
+/// group that reads them (18 loads per 36 multiply-adds at `SH` = 1, against 36). Ends with
+/// the activation, like its caller.
 #[inline(always)]
 fn band3<const FMA: bool, const SH: usize>(
     g: &Band,
