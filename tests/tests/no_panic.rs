@@ -104,41 +104,94 @@ fn matmul_call() -> impl Strategy<Value = MatmulCall> {
         )
 }
 
+/// One `matmul_into` call on every backend: the same verdict everywhere, and where it is `Ok`,
+/// the reference's result (guard words included). Returns the verdict.
+fn matmul_call_holds(call: &MatmulCall, dtype: DType) -> Result<String, TestCaseError> {
+    let mut verdicts = Vec::new();
+    for be in backends_for(dtype) {
+        let dev = &be.device;
+        let dt = |i: usize| {
+            if call.odd_dtype == Some(i) {
+                DType::ALL[(DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) + 1) % 3]
+            } else {
+                dtype
+            }
+        };
+        let make = |i: usize| filled(dev, dt(i), call.lens[i], call.seed + i as u64);
+        let r = (|| -> tilekit::Result<()> {
+            let (a, b, out) = (make(0)?, make(1)?, make(4)?);
+            let bias = if call.pass_bias { Some(make(2)?) } else { None };
+            let c = if call.pass_c { Some(make(3)?) } else { None };
+            dev.matmul_into(&call.desc, &a, &b, bias.as_ref(), c.as_ref(), &out)
+        })();
+        // A dtype this backend cannot run is a typed error too.
+        if let Err(Error::UnsupportedDType { .. }) = r {
+            continue;
+        }
+        verdicts.push((be.label, verdict(&r)));
+    }
+    let first = verdicts.first().map(|v| v.1.clone()).unwrap_or_default();
+    prop_assert!(verdicts.iter().all(|v| v.1 == first), "backends disagree: {verdicts:?}");
+    if first == "Ok" && call.odd_dtype.is_none() {
+        // It validated: check the result on every backend, guard words included.
+        let mut rng = Rng::new(call.seed);
+        let fill = |rng: &mut Rng, n: usize| Data::Uniform.fill(rng, n, dtype);
+        let inputs = MatmulInputs {
+            a: fill(&mut rng, call.lens[0]),
+            b: fill(&mut rng, call.lens[1]),
+            bias: call.pass_bias.then(|| fill(&mut rng, call.lens[2])),
+            c: call.pass_c.then(|| fill(&mut rng, call.lens[3])),
+            out_len: call.lens[4],
+        };
+        run_matmul_with(&call.desc, dtype, false, &inputs).map_err(TestCaseError::fail)?;
+    }
+    Ok(first)
+}
+
+/// Cases the property found: fields no element index reads (an empty `A`'s offset with
+/// `K = 0`, a one-row view's `ld`, a one-batch view's batch stride) pass validation whatever
+/// their value, and must not trip a backend's narrower index type.
+#[test]
+fn unread_view_fields_do_not_split_the_backends() {
+    let huge = [usize::MAX, usize::MAX / 2, 1usize << 31];
+    let mut calls = Vec::new();
+    for &h in &huge {
+        let v = MatrixView::new(h, h, h);
+        // K = 0: A and B are empty, the output is the epilogue of zeros (beta · C).
+        let k0 = MatmulDesc::new(1, 1, 0).a(v).b(v).c(Some(MatrixView::new(3, 1, 0))).beta(1.0);
+        calls.push((k0, [0, 0, 0, 8, 4], false, true));
+        calls.push((
+            k0.trans_a(true).trans_b(true).m(2).n(2).out(MatrixView::new(0, 2, 0)).c(Some(MatrixView::new(0, 2, 0))),
+            [0, 0, 0, 8, 8],
+            false,
+            true,
+        ));
+        // One row and one batch: ld and batch stride unused.
+        let one = MatmulDesc::new(1, 3, 2)
+            .a(MatrixView::new(1, h, h))
+            .b(MatrixView::new(0, 3, h))
+            .out(MatrixView::new(2, h, h))
+            .bias_offset(Some(1));
+        calls.push((one, [4, 6, 5, 0, 7], true, false));
+        calls.push((one.trans_b(true).b(MatrixView::new(0, 2, h)), [4, 6, 5, 0, 7], true, false));
+    }
+    for (desc, lens, pass_bias, pass_c) in calls {
+        let call = MatmulCall { desc, lens, pass_bias, pass_c, odd_dtype: None, seed: 7 };
+        for dtype in DType::ALL {
+            match matmul_call_holds(&call, dtype) {
+                Ok(v) => assert_eq!(v, "Ok", "{dtype} {call:?}"),
+                Err(e) => panic!("{dtype} {call:?}: {e}"),
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
 
     #[test]
     fn matmul_into_never_panics(call in matmul_call(), dtype in prop::sample::select(DType::ALL.to_vec())) {
-        let mut verdicts = Vec::new();
-        for be in backends_for(dtype) {
-            let dev = &be.device;
-            let dt = |i: usize| if call.odd_dtype == Some(i) { DType::ALL[(DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) + 1) % 3] } else { dtype };
-            let make = |i: usize| filled(dev, dt(i), call.lens[i], call.seed + i as u64);
-            let r = (|| -> tilekit::Result<()> {
-                let (a, b, out) = (make(0)?, make(1)?, make(4)?);
-                let bias = if call.pass_bias { Some(make(2)?) } else { None };
-                let c = if call.pass_c { Some(make(3)?) } else { None };
-                dev.matmul_into(&call.desc, &a, &b, bias.as_ref(), c.as_ref(), &out)
-            })();
-            // A dtype this backend cannot run is a typed error too.
-            if let Err(Error::UnsupportedDType { .. }) = r { continue; }
-            verdicts.push((be.label, verdict(&r)));
-        }
-        let first = verdicts.first().map(|v| v.1.clone()).unwrap_or_default();
-        prop_assert!(verdicts.iter().all(|v| v.1 == first), "backends disagree: {verdicts:?}");
-        if first == "Ok" && call.odd_dtype.is_none() {
-            // It validated: check the result on every backend, guard words included.
-            let mut rng = Rng::new(call.seed);
-            let fill = |rng: &mut Rng, n: usize| Data::Uniform.fill(rng, n, dtype);
-            let inputs = MatmulInputs {
-                a: fill(&mut rng, call.lens[0]),
-                b: fill(&mut rng, call.lens[1]),
-                bias: call.pass_bias.then(|| fill(&mut rng, call.lens[2])),
-                c: call.pass_c.then(|| fill(&mut rng, call.lens[3])),
-                out_len: call.lens[4],
-            };
-            run_matmul_with(&call.desc, dtype, false, &inputs).map_err(TestCaseError::fail)?;
-        }
+        matmul_call_holds(&call, dtype)?;
     }
 
     #[test]

@@ -74,6 +74,22 @@ impl MatrixView {
     pub fn index(&self, b: usize, r: usize, c: usize) -> usize {
         self.offset + b * self.batch_stride + r * self.ld + c
     }
+
+    /// The same elements for `batch` matrices of `rows × cols`, with every field the view
+    /// never reads made plain: an empty view is `offset 0, ld cols, batch_stride 0`; a single
+    /// row has `ld = cols`; a single batch has `batch_stride 0`. A value no element index
+    /// uses (say `ld = usize::MAX` on a one-row view) then cannot overflow a backend's own
+    /// index type, so every backend sees the same call.
+    pub fn canonical(self, batch: usize, rows: usize, cols: usize) -> MatrixView {
+        if batch == 0 || rows == 0 || cols == 0 {
+            return MatrixView { offset: 0, ld: cols, batch_stride: 0 };
+        }
+        MatrixView {
+            offset: self.offset,
+            ld: if rows > 1 { self.ld } else { cols },
+            batch_stride: if batch > 1 { self.batch_stride } else { 0 },
+        }
+    }
 }
 
 /// `out = act(alpha · op(A) · op(B) + bias + beta · C)` over `batch` independent products.
@@ -135,6 +151,22 @@ impl MatmulDesc {
             beta: 0.0,
             activation: Activation::None,
             precision: Precision::Highest,
+        }
+    }
+
+    /// The same product with every view field it never reads made plain
+    /// ([`MatrixView::canonical`]): with `K = 0`, `A` and `B` are empty and their views
+    /// unused. Validation accepts such fields whatever their value, so the backends are
+    /// handed the canonical form.
+    pub fn canonical(&self) -> MatmulDesc {
+        let (ar, ac) = self.a_stored();
+        let (br, bc) = self.b_stored();
+        MatmulDesc {
+            a: self.a.canonical(self.batch, ar, ac),
+            b: self.b.canonical(self.batch, br, bc),
+            c: self.c.map(|c| c.canonical(self.batch, self.m, self.n)),
+            out: self.out.canonical(self.batch, self.m, self.n),
+            ..*self
         }
     }
 
@@ -511,6 +543,50 @@ crate::field_setters!(ActivationDesc { len: usize, bias_len: Option<usize>, acti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The canonical view reads the same elements as the original wherever the original is
+    /// readable, and its unread fields are plain.
+    #[test]
+    fn canonical_views_read_the_same_elements() {
+        let fields = [0, 1, 3, 7, usize::MAX / 2, usize::MAX];
+        for &offset in &fields[..4] {
+            for &ld in &fields {
+                for &bs in &fields {
+                    let v = MatrixView::new(offset, ld, bs);
+                    for (batch, rows, cols) in
+                        [(1, 1, 1), (1, 1, 5), (2, 1, 3), (1, 3, 1), (3, 2, 2), (0, 4, 4), (2, 0, 3), (2, 3, 0)]
+                    {
+                        let c = v.canonical(batch, rows, cols);
+                        if batch == 0 || rows == 0 || cols == 0 {
+                            assert_eq!(c, MatrixView::new(0, cols, 0));
+                            continue;
+                        }
+                        if rows == 1 {
+                            assert_eq!(c.ld, cols);
+                        }
+                        if batch == 1 {
+                            assert_eq!(c.batch_stride, 0);
+                        }
+                        if v.required_len(batch, rows, cols).is_none() {
+                            continue; // Validation rejects it; nothing is indexed.
+                        }
+                        assert!(c.required_len(batch, rows, cols).is_some());
+                        for b in 0..batch {
+                            for r in 0..rows {
+                                for col in 0..cols {
+                                    assert_eq!(c.index(b, r, col), v.index(b, r, col), "{v:?} {batch} {rows} {cols}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // K = 0: both operand views become plain, the output keeps its own.
+        let d = MatmulDesc::new(2, 3, 0).a(MatrixView::new(usize::MAX, 9, 9)).out(MatrixView::new(4, 5, 0));
+        let c = d.canonical();
+        assert_eq!((c.a, c.b, c.out), (MatrixView::new(0, 0, 0), MatrixView::new(0, 3, 0), MatrixView::new(4, 5, 0)));
+    }
 
     #[test]
     fn conv_output_extent() {
