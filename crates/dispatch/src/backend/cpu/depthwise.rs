@@ -1,7 +1,13 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW ([`Band`]): a band of output rows of one plane is computed from a copy of the input
+//! - NCHW planes of at most 16 × 16 pixels, and strided planes up to about 60 × 60
+//!   ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
+//!   as the vector lanes, each tap is one vector load at a fixed offset times the tap's
+//!   weight vector, 8 output pixels at a time, and the sums are transposed back. On
+//!   MobileNet's 7² and 14² planes this is 1.5–2.5× the band kernel (band building and row
+//!   bookkeeping dominated there), and 2–4× at stride 2.
+//! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a copy of the input
 //!   rows it reaches, zero-padded and split by column into the horizontal stride's phases, so
 //!   every tap of an 8-wide chunk of outputs is one contiguous load at a fixed offset with no
 //!   border test; 4 rows × 8 columns are accumulated in registers over all taps (one broadcast
@@ -34,6 +40,8 @@ use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal};
 use crate::Result;
 use tilekit_kernels::{Conv2dDesc, Layout};
+
+mod tile;
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).
 const PARALLEL_MIN: usize = 1 << 17;
@@ -88,6 +96,12 @@ impl Conv<'_> {
 
     /// [`Conv::run`] in the instruction-set copy `isa` (tests run each one this CPU has).
     pub(super) fn run_isa<E: Elem>(&self, isa: Isa, out: &mut [E]) -> Result<()> {
+        self.run_kernel(isa, true, out)
+    }
+
+    /// [`Conv::run_isa`] with the NCHW channel-vector tile allowed (where the layer suits it)
+    /// or not (tests run the band and row paths on the layers the tile would take).
+    pub(super) fn run_kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
         let d = &self.d;
         let (oh, ow) = match (d.out_h(), d.out_w()) {
             (Some(h), Some(w)) => (h, w),
@@ -110,8 +124,20 @@ impl Conv<'_> {
         let out = &mut out[..total];
         let taps = d.kernel_h * d.kernel_w;
         let work = total * taps.max(1);
-        match d.layout {
-            Layout::Nchw => {
+        // Small NCHW planes, and strided ones, go through the channel-vector tile.
+        let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d) } else { None };
+        match (d.layout, tile) {
+            (Layout::Nchw, Some(t)) => {
+                let plane = oh * ow;
+                let run = |first: usize, dst: &mut [E]| tile::planes(isa, &t, self, first, dst);
+                if work < PARALLEL_MIN {
+                    run(0, out);
+                } else {
+                    let per = (TASK_WORK / (plane * taps).max(1)).next_multiple_of(tile::G);
+                    for_each_chunk_mut(out, per * plane, |i, dst| run(i * per, dst));
+                }
+            }
+            (Layout::Nchw, None) => {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
@@ -148,7 +174,7 @@ impl Conv<'_> {
                 }
             }
             // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
-            _ => {
+            (_, _) => {
                 let row = ow * occ;
                 let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, first, oh, ow, dst);
                 if work < PARALLEL_MIN {

@@ -229,32 +229,37 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     let mut want = vec![0.0f64; out_len];
     let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     reference::depthwise_conv2d(d, &f(&x), &f(&w), bias.as_deref().map(f).as_deref(), &mut want);
+    // NCHW layers also run with the channel-vector tile turned off, so the band and row
+    // paths stay checked on the small planes the tile takes.
+    let tiles: &[bool] = if d.layout == Layout::Nchw { &[true, false] } else { &[true] };
     for isa in Isa::available() {
-        each_dtype(|dtype, round| {
-            let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
-            let got = match dtype {
-                DType::F32 => {
-                    let mut o = vec![f32::NAN; out_len];
-                    conv.run_isa(isa, &mut o).expect("run");
-                    o
+        for &tile in tiles {
+            each_dtype(|dtype, round| {
+                let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
+                let got = match dtype {
+                    DType::F32 => {
+                        let mut o = vec![f32::NAN; out_len];
+                        conv.run_kernel(isa, tile, &mut o).expect("run");
+                        o
+                    }
+                    DType::F16 => {
+                        let mut o = vec![f16::NAN; out_len];
+                        conv.run_kernel(isa, tile, &mut o).expect("run");
+                        load(&o)
+                    }
+                    DType::Bf16 => {
+                        let mut o = vec![bf16::NAN; out_len];
+                        conv.run_kernel(isa, tile, &mut o).expect("run");
+                        load(&o)
+                    }
+                    other => unimplemented!("{other:?}"),
+                };
+                let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
+                for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
+                    assert!(g == x, "{isa:?} tile {tile} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
                 }
-                DType::F16 => {
-                    let mut o = vec![f16::NAN; out_len];
-                    conv.run_isa(isa, &mut o).expect("run");
-                    load(&o)
-                }
-                DType::Bf16 => {
-                    let mut o = vec![bf16::NAN; out_len];
-                    conv.run_isa(isa, &mut o).expect("run");
-                    load(&o)
-                }
-                other => unimplemented!("{other:?}"),
-            };
-            let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
-            for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
-                assert!(g == x, "{isa:?} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
-            }
-        });
+            });
+        }
     }
 }
 
@@ -376,20 +381,68 @@ fn depthwise_3x3_band_kernel_is_exact() {
     }
 }
 
-/// The thread's band buffers keep their zero padding from one call of a layer to the next and
-/// are zeroed again for another layer: layers whose data columns and rows fall where the
-/// others have padding, alternated on one thread, with the row path (half-precision scratch
-/// in the same buffer) between them.
+/// The thread's band and tile buffers keep their zero padding from one call of a layer to the
+/// next and are zeroed again for another layer: layers whose data columns and rows fall where
+/// the others have padding, alternated on one thread, with the row path (half-precision
+/// scratch in the band buffer) between them. 7² planes take the tile (and the band, with the
+/// tile off), 20² planes at stride 1 the band.
 #[test]
 fn depthwise_band_buffers_between_layers_are_exact() {
-    let padded = Conv2dDesc::new(Layout::Nchw, [1, 2, 7, 7], [3, 3]).pad_top(1).pad_bottom(1).pad_left(1).pad_right(1);
-    let unpadded = Conv2dDesc::new(Layout::Nchw, [1, 2, 9, 9], [3, 3]);
-    let strided = padded.stride_h(2).stride_w(2).pad_left(2);
-    let row_path =
-        Conv2dDesc::new(Layout::Nchw, [1, 2, 5, 5], [9, 9]).pad_top(4).pad_bottom(4).pad_left(4).pad_right(4);
-    let layers = [padded, unpadded, padded, strided, padded, row_path, padded, unpadded, strided];
-    for (seed, d) in (9500..).zip(layers) {
-        check_conv(&d.has_bias(true).activation(Activation::None), seed);
+    for s in [7, 20] {
+        let padded =
+            Conv2dDesc::new(Layout::Nchw, [1, 2, s, s], [3, 3]).pad_top(1).pad_bottom(1).pad_left(1).pad_right(1);
+        let unpadded = Conv2dDesc::new(Layout::Nchw, [1, 2, s + 2, s + 2], [3, 3]);
+        let strided = padded.stride_h(2).stride_w(2).pad_left(2);
+        let row_path =
+            Conv2dDesc::new(Layout::Nchw, [1, 2, 5, 5], [9, 9]).pad_top(4).pad_bottom(4).pad_left(4).pad_right(4);
+        let layers = [padded, unpadded, padded, strided, padded, row_path, padded, unpadded, strided];
+        for (seed, d) in (9500..).zip(layers) {
+            check_conv(&d.has_bias(true).activation(Activation::None), seed);
+        }
+    }
+}
+
+/// The NCHW channel-vector tile (`depthwise/tile.rs`): plane counts around its 8-plane groups
+/// (the last group short, groups across images), widths around its 8- and 4-pixel blocks,
+/// heights 1 to 16, strides 1–3, dilation 2, kernels 1 × 1 to 5 × 5, paddings on one side
+/// only and past the kernel, multipliers 2 and 3 (lanes that share an input plane), and
+/// stride-2 planes up to the largest tile.
+#[test]
+fn depthwise_channel_tile_is_exact() {
+    let mut seed = 12_000;
+    type Case = ([usize; 2], [usize; 2], [usize; 2], [usize; 4]);
+    let cases: &[Case] = &[
+        // [kh, kw], [stride h, w], [dilation h, w], [pad t, b, l, r]
+        ([3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ([3, 3], [2, 2], [1, 1], [0, 1, 0, 1]),
+        ([3, 3], [1, 2], [2, 1], [2, 0, 3, 1]),
+        ([5, 5], [3, 3], [1, 2], [4, 4, 0, 6]),
+        ([1, 1], [1, 1], [1, 1], [0, 0, 0, 0]),
+        ([2, 3], [2, 1], [1, 1], [0, 1, 2, 0]),
+    ];
+    for &(n, c) in &[(1, 1), (1, 3), (1, 8), (1, 9), (2, 7), (3, 17)] {
+        for &(h, w) in &[(1, 1), (7, 7), (3, 8), (5, 12), (16, 16), (2, 17)] {
+            for &(k, [sh, sw], [dh, dw], pads) in cases {
+                let d = conv_geometry(Layout::Nchw, [n, c, h, w], k, [sh, sw], [dh, dw], pads)
+                    .multiplier([1, 1, 2, 3][seed as usize % 4])
+                    .has_bias(seed % 3 != 0)
+                    .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+                if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
+                    continue;
+                }
+                check_conv(&d, seed);
+                seed += 1;
+            }
+        }
+    }
+    // Stride 2 up to the largest tile (61² with padding 1 is a 63² tile and fits, 63² does
+    // not), and 3 × 3 at stride 1 just inside and past its 16² limit.
+    for &(s, stride) in &[(40, 2), (61, 2), (63, 2), (16, 1), (17, 1)] {
+        let d = conv_geometry(Layout::Nchw, [1, 9, s, s], [3, 3], [stride, stride], [1, 1], [1, 1, 1, 1])
+            .has_bias(true)
+            .activation(Activation::Relu6);
+        check_conv(&d, seed);
+        seed += 1;
     }
 }
 

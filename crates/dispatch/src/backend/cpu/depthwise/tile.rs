@@ -1,0 +1,434 @@
+//! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers) and
+//! strided ones.
+//!
+//! On a plane of a few dozen pixels the band kernel spends most of its time building bands
+//! and on row bookkeeping, not multiplying. Here `G` consecutive output planes are taken
+//! together:
+//! - their input planes are transposed into one zero-padded tile, pixel-major with the `G`
+//!   planes as the vector lanes (the NHWC order, a channel vector per pixel), 8 × 8 blocks in
+//!   AVX registers ([`avx::planes_in`]);
+//! - every tap of an output pixel is then one `G`-wide load at a fixed offset from the
+//!   pixel's, with no border test, times the tap's `G` weights (one vector per tap for the
+//!   whole group), so the stride, the dilation and the kernel size are only offsets;
+//! - `PX` output pixels of a row are accumulated together in registers, each tap's weight
+//!   vector loaded once for them (one load per `PX` multiply-adds, which take their input
+//!   straight from memory);
+//! - the sums go to a second buffer, pixel-major, where the activation runs over the whole
+//!   group at once, and are transposed back into the `G` output planes
+//!   ([`avx::planes_out`]).
+//!
+//! The tile's padding is written only when the buffer is zeroed for a layer: every group of
+//! the layer writes the same data pixels, so it stays zero.
+
+use super::super::Elem;
+use super::super::activation::apply_isa;
+use super::super::simd::{Isa, madd, multiversion};
+use super::{Conv, MAX_TAPS, V};
+use tilekit_kernels::Conv2dDesc;
+
+/// Output planes per group: the lanes of one AVX2 vector.
+pub(super) const G: usize = V;
+
+/// Output pixels of a row accumulated together (independent sums per tap).
+const PX: usize = 8;
+
+/// Largest stride-1 input plane (pixels) that takes this kernel (16 × 16). On larger planes
+/// the band kernel, which reads stride-1 rows where they lie, is as fast or faster; with a
+/// stride of 2 this kernel is faster up to the largest tile (`TBUF`). Measured on this
+/// project's 2-core AVX2 machine (see `ARCHITECTURE.md`).
+const MAX_PLANE_S1: usize = 256;
+
+/// f32 elements of each of a thread's three buffers (the tile, the sums, the narrowing
+/// buffer for half-precision outputs): 128 KiB.
+const TBUF: usize = 1 << 15;
+const _: () = assert!(TBUF.is_power_of_two(), "the kernel masks offsets with TBUF − 1");
+/// Elements past `TBUF` in each buffer: a window of `PX` pixels at stride 2 that starts
+/// inside the first `TBUF` ends inside `TBUF + TPAD` (so its loads need no bounds checks).
+const TPAD: usize = 2 * PX * G;
+
+thread_local! {
+    /// This thread's buffers, made on its first call, and the layer whose tile padding they
+    /// were last zeroed for: a group writes only its layer's input pixels into the tile, so
+    /// the padding stays zero from one group, and one call, of the layer to the next.
+    static TILE_BUFS: std::cell::RefCell<(Vec<f32>, Option<Conv2dDesc>)> = const {
+        std::cell::RefCell::new((Vec::new(), None))
+    };
+}
+
+/// The geometry of one layer for the channel-vector kernel.
+pub(super) struct Tile {
+    pub(super) d: Conv2dDesc,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
+    /// Padded tile height and width in pixels: the input at rows `pad_top..` and columns
+    /// `pad_left..`, zeros around it, as far as any tap reaches.
+    pub(super) hp: usize,
+    pub(super) wp: usize,
+    /// Per tap (`ky·kw + kx`): its offset in pixels from its output pixel's first tap.
+    offs: [usize; MAX_TAPS],
+    /// Per input pixel (`y·w + x`): its pixel in the tile.
+    pos: [u16; TBUF / G],
+}
+
+impl Tile {
+    /// The geometry, or `None` where the layer is not for this kernel: not NCHW-sized for it
+    /// (an input plane over [`MAX_PLANE`] pixels, a tile or an output group over [`TBUF`]
+    /// elements) or more than [`MAX_TAPS`] taps.
+    pub(super) fn new(d: &Conv2dDesc) -> Option<Tile> {
+        let (kh, kw) = (d.kernel_h, d.kernel_w);
+        let (oh, ow) = (d.out_h()?, d.out_w()?);
+        if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || oh == 0 || ow == 0 || d.stride_h == 0 || d.stride_w == 0 {
+            return None;
+        }
+        if d.stride_h == 1 && d.stride_w == 1 && d.height.checked_mul(d.width)? > MAX_PLANE_S1 {
+            return None;
+        }
+        let reach = |o: usize, s: usize, k: usize, dil: usize| (o - 1) * s + (k - 1) * dil + 1;
+        let hp = (d.pad_top + d.height).max(reach(oh, d.stride_h, kh, d.dilation_h));
+        let wp = (d.pad_left + d.width).max(reach(ow, d.stride_w, kw, d.dilation_w));
+        if hp.checked_mul(wp)?.checked_mul(G)? > TBUF || oh * ow * G > TBUF {
+            return None;
+        }
+        let mut offs = [0usize; MAX_TAPS];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                offs[ky * kw + kx] = ky * d.dilation_h * wp + kx * d.dilation_w;
+            }
+        }
+        let mut pos = [0u16; TBUF / G];
+        for (q, p) in pos.iter_mut().enumerate().take(d.height * d.width) {
+            // Below hp · wp ≤ TBUF / G (a u16), and h · w ≤ hp · wp entries.
+            *p = ((q / d.width + d.pad_top) * wp + d.pad_left + q % d.width) as u16;
+        }
+        Some(Tile { d: *d, oh, ow, hp, wp, offs, pos })
+    }
+
+    /// The elements of the tile buffer a group uses (its padding is zeroed once per layer).
+    fn tile_len(&self) -> usize {
+        self.hp * self.wp * G
+    }
+}
+
+/// NCHW output planes `first..` (plane = image · out channels + out channel) into `dst`
+/// (whole planes), `G` at a time.
+pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst: &mut [E]) {
+    let plane = t.oh * t.ow;
+    TILE_BUFS.with_borrow_mut(|(data, zeroed_for)| {
+        if data.len() < 3 * (TBUF + TPAD) {
+            *data = vec![0.0; 3 * (TBUF + TPAD)];
+            *zeroed_for = None;
+        }
+        let (bufs, _) = data.as_chunks_mut::<{ TBUF + TPAD }>();
+        let [tile, sums, narrow, ..] = bufs else { unreachable!("three buffers were made above") };
+        if *zeroed_for != Some(t.d) {
+            tile[..t.tile_len()].fill(0.0);
+            *zeroed_for = Some(t.d);
+        }
+        for (i, dst) in dst.chunks_mut(G * plane).enumerate() {
+            let a = GroupArgs { t, x: conv.x, w: conv.w, bias: conv.bias, p0: first + i * G, nl: dst.len() / plane };
+            match E::as_f32_mut(dst) {
+                Some(o) => group(isa, &a, tile, sums, o),
+                None => {
+                    let o = &mut narrow[..dst.len()];
+                    group(isa, &a, tile, sums, o);
+                    E::narrow_into(o, dst);
+                }
+            }
+        }
+    })
+}
+
+/// What one group of output planes needs.
+struct GroupArgs<'a> {
+    t: &'a Tile,
+    /// The whole input and weights, and the bias.
+    x: &'a [f32],
+    w: &'a [f32],
+    bias: Option<&'a [f32]>,
+    /// The group's first output plane (image · out channels + out channel) and its planes
+    /// (`G`, or fewer for the last group).
+    p0: usize,
+    nl: usize,
+}
+
+/// One group: `out` holds its `nl` output planes one after another (bias and activation
+/// included). `tile` is the padded tile (its padding zero), `sums` the pixel-major sums.
+fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32], sums: &mut [f32], out: &mut [f32]) {
+    let t = a.t;
+    let d = &t.d;
+    let (hw, plane) = (d.height * d.width, t.oh * t.ow);
+    let occ = d.out_channels();
+    let nl = a.nl.clamp(1, G);
+    // The group's input planes; lanes past `nl` repeat the first (their sums are not stored).
+    let srcs: [&[f32]; G] = std::array::from_fn(|l| {
+        let p = a.p0 + if l < nl { l } else { 0 };
+        let (n, oc) = (p / occ, p % occ);
+        &a.x[(n * d.channels + oc / d.multiplier) * hw..][..hw]
+    });
+    let tile: &mut [f32; TBUF + TPAD] = (&mut tile[..TBUF + TPAD]).try_into().expect("tile buffer of TBUF + TPAD");
+    let sums = &mut sums[..plane * G];
+    let out = &mut out[..nl * plane];
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only made after the CPU reported AVX2.
+        unsafe { avx::planes_in(&srcs, &t.pos[..hw], tile) };
+        compute(isa, a, tile, sums);
+        // SAFETY: as above.
+        unsafe { avx::planes_out(sums, plane, nl, out) };
+        return;
+    }
+    planes_in_scalar(&srcs, 0, &t.pos[..hw], tile);
+    compute(isa, a, tile, sums);
+    planes_out_scalar(sums, plane, 0, out);
+}
+
+/// Pixels `from..` of the `G` input planes into their tile pixels' lanes, one at a time.
+fn planes_in_scalar(srcs: &[&[f32]; G], from: usize, pos: &[u16], tile: &mut [f32; TBUF + TPAD]) {
+    for (q, &p) in pos.iter().enumerate().skip(from) {
+        let v = &mut tile[p as usize * G..][..G];
+        for (v, src) in v.iter_mut().zip(srcs) {
+            *v = src[q];
+        }
+    }
+}
+
+/// Pixels `from..` of the pixel-major sums into the output planes, one at a time.
+fn planes_out_scalar(sums: &[f32], plane: usize, from: usize, out: &mut [f32]) {
+    for (l, dst) in out.chunks_exact_mut(plane).enumerate() {
+        for (q, o) in dst.iter_mut().enumerate().skip(from) {
+            *o = sums[q * G + l];
+        }
+    }
+}
+
+/// The transposes in 8 × 8 blocks of AVX registers (24 shuffles per 64 elements, against 64
+/// scalar stores).
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{G, TBUF, TPAD, planes_in_scalar, planes_out_scalar};
+    use std::arch::x86_64::*;
+
+    const _: () = assert!(G == 8, "one AVX register of f32 per pixel");
+
+    /// `out[j]` lane `i` = `r[i]` lane `j`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn t8(r: [__m256; 8]) -> [__m256; 8] {
+        let a0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let a1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let a2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let a3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let a4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let a5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let a6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let a7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let b0 = _mm256_shuffle_ps::<0x44>(a0, a2);
+        let b1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
+        let b2 = _mm256_shuffle_ps::<0x44>(a1, a3);
+        let b3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
+        let b4 = _mm256_shuffle_ps::<0x44>(a4, a6);
+        let b5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
+        let b6 = _mm256_shuffle_ps::<0x44>(a5, a7);
+        let b7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
+        [
+            _mm256_permute2f128_ps::<0x20>(b0, b4),
+            _mm256_permute2f128_ps::<0x20>(b1, b5),
+            _mm256_permute2f128_ps::<0x20>(b2, b6),
+            _mm256_permute2f128_ps::<0x20>(b3, b7),
+            _mm256_permute2f128_ps::<0x31>(b0, b4),
+            _mm256_permute2f128_ps::<0x31>(b1, b5),
+            _mm256_permute2f128_ps::<0x31>(b2, b6),
+            _mm256_permute2f128_ps::<0x31>(b3, b7),
+        ]
+    }
+
+    /// [`super::pixels`] in AVX registers. Written with intrinsics because LLVM's SLP
+    /// vectoriser turned the plain loops of the 8-pixel stride-1 block (64 contiguous
+    /// elements) into transposes with spills, 5× slower.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn pixels<const N: usize, const SW: usize>(
+        win: &[f32; TBUF + TPAD],
+        wv: &[[f32; G]],
+        offs: &[usize],
+        bias: [f32; G],
+        first: usize,
+        sw: usize,
+        out: &mut [f32],
+    ) {
+        let out = &mut out[..N * G];
+        // SAFETY (every intrinsic below): the caller promises AVX2 and FMA; each load and
+        // store is of G = 8 elements of a slice bounds-checked (or masked into the array) here.
+        unsafe {
+            let b = _mm256_loadu_ps(bias.as_ptr());
+            let mut acc = [b; N];
+            for (wt, &off) in wv.iter().zip(offs) {
+                let w = _mm256_loadu_ps(wt.as_ptr());
+                let i = ((first + off) * G) & (TBUF - 1);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let k = if SW > 0 { i + j * SW * G } else { ((first + j * sw + off) * G) & (TBUF - 1) };
+                    let x = _mm256_loadu_ps(win[k..k + G].as_ptr());
+                    *acc = _mm256_fmadd_ps(w, x, *acc);
+                }
+            }
+            for (o, acc) in out.chunks_exact_mut(G).zip(acc) {
+                _mm256_storeu_ps(o.as_mut_ptr(), acc);
+            }
+        }
+    }
+
+    /// [`planes_in_scalar`] from pixel 0, eight pixels per transpose.
+    #[target_feature(enable = "avx")]
+    pub(super) fn planes_in(srcs: &[&[f32]; G], pos: &[u16], tile: &mut [f32; TBUF + TPAD]) {
+        let full = pos.len() - pos.len() % 8;
+        for q in (0..full).step_by(8) {
+            // SAFETY: each slice is 8 elements (bounds-checked by the slicing).
+            let r: [__m256; 8] = std::array::from_fn(|l| unsafe { _mm256_loadu_ps(srcs[l][q..q + 8].as_ptr()) });
+            for (&p, c) in pos[q..q + 8].iter().zip(t8(r)) {
+                let v = &mut tile[p as usize * G..][..G];
+                // SAFETY: `v` is G = 8 elements.
+                unsafe { _mm256_storeu_ps(v.as_mut_ptr(), c) };
+            }
+        }
+        planes_in_scalar(srcs, full, pos, tile);
+    }
+
+    /// [`planes_out_scalar`] from pixel 0, eight pixels per transpose.
+    #[target_feature(enable = "avx")]
+    pub(super) fn planes_out(sums: &[f32], plane: usize, nl: usize, out: &mut [f32]) {
+        let full = plane - plane % 8;
+        for q in (0..full).step_by(8) {
+            let px = &sums[q * G..][..8 * G];
+            // SAFETY: each slice is 8 elements.
+            let r: [__m256; 8] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(px[j * G..][..8].as_ptr()) });
+            for (l, c) in t8(r).into_iter().enumerate().take(nl) {
+                let o = &mut out[l * plane + q..][..8];
+                // SAFETY: `o` is 8 elements.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), c) };
+            }
+        }
+        planes_out_scalar(sums, plane, full, out);
+    }
+}
+
+/// The sums of every output pixel of the group into `sums` (pixel-major), from the tile, then
+/// the activation.
+#[inline(always)]
+fn compute_inner<const FMA: bool>(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums: &mut [f32]) {
+    let t = a.t;
+    let d = &t.d;
+    let occ = d.out_channels();
+    let taps = d.kernel_h * d.kernel_w;
+    let nl = a.nl.min(G);
+    // Each tap's weights across the group, and the bias: lanes past `nl` are zero.
+    let mut wv = [[0.0f32; G]; MAX_TAPS];
+    let mut bv = [0.0f32; G];
+    for l in 0..nl {
+        let oc = (a.p0 + l) % occ;
+        for (tap, wt) in wv.iter_mut().enumerate().take(taps) {
+            wt[l] = a.w[oc * taps + tap];
+        }
+        if let Some(b) = a.bias {
+            bv[l] = b[oc];
+        }
+    }
+    let wv = &wv[..taps];
+    match d.stride_w {
+        1 => rows::<FMA, 1>(t, wv, bv, tile, sums),
+        2 => rows::<FMA, 2>(t, wv, bv, tile, sums),
+        _ => rows::<FMA, 0>(t, wv, bv, tile, sums),
+    }
+    apply_isa::<FMA>(d.activation, sums);
+}
+
+/// Every output row: `SW` is the horizontal stride, or 0 for any stride (`d.stride_w`).
+#[inline(always)]
+fn rows<const FMA: bool, const SW: usize>(
+    t: &Tile,
+    wv: &[[f32; G]],
+    bv: [f32; G],
+    tile: &[f32; TBUF + TPAD],
+    sums: &mut [f32],
+) {
+    let (oh, ow) = (t.oh, t.ow);
+    let (sh, sw) = (t.d.stride_h, t.d.stride_w);
+    let offs = &t.offs[..wv.len()];
+    for oy in 0..oh {
+        let row = oy * sh * t.wp;
+        // PX pixels at a time (PX / 2 in rows narrower than PX); the last block overlaps the
+        // one before it rather than running short (the overlapping pixels get the same sums
+        // again).
+        let mut ox = 0;
+        while ox < ow {
+            let n = if ow >= PX {
+                PX
+            } else if ow >= PX / 2 {
+                PX / 2
+            } else {
+                1
+            };
+            let x0 = ox.min(ow - n);
+            let (first, out) = (row + x0 * sw, &mut sums[(oy * ow + x0) * G..]);
+            match n {
+                PX => pixels::<FMA, PX, SW>(tile, wv, offs, bv, first, sw, out),
+                4 => pixels::<FMA, { PX / 2 }, SW>(tile, wv, offs, bv, first, sw, out),
+                _ => pixels::<FMA, 1, SW>(tile, wv, offs, bv, first, sw, out),
+            }
+            ox = x0 + n;
+        }
+    }
+}
+
+multiversion! {
+    fn compute(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums: &mut [f32]) => compute_inner
+}
+
+/// `N` output pixels, `sw` tile pixels apart from `first` (`SW` when it is not 0): their
+/// `G`-lane sums over all taps (`wv[tap]`, at `offs[tap]` pixels), from `bias`, into
+/// `out[..N·G]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pixels<const FMA: bool, const N: usize, const SW: usize>(
+    win: &[f32; TBUF + TPAD],
+    wv: &[[f32; G]],
+    offs: &[usize],
+    bias: [f32; G],
+    first: usize,
+    sw: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe { avx::pixels::<N, SW>(win, wv, offs, bias, first, sw, out) };
+        return;
+    }
+    let mut acc = [bias; N];
+    for (wt, &off) in wv.iter().zip(offs) {
+        // Every pixel read starts inside the tile (`Tile::new`), before TBUF: masking with
+        // TBUF − 1 changes nothing and tells the compiler where the loads lie.
+        let i = ((first + off) * G) & (TBUF - 1);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let xv: &[f32; G] = if SW > 0 {
+                // A constant offset from the first pixel's, inside TBUF + TPAD since the first
+                // is before TBUF (SW ≤ 2, N ≤ PX): no checks.
+                const { assert!(SW <= 2 && N <= PX, "the window fits TPAD") };
+                let k = i + j * SW * G;
+                win[k..k + G].try_into().expect("G lanes")
+            } else {
+                let i = ((first + j * sw + off) * G) & (TBUF - 1);
+                win[i..i + G].try_into().expect("G lanes")
+            };
+            for ((s, &wl), &xl) in acc.iter_mut().zip(wt).zip(xv) {
+                *s = madd::<FMA>(wl, xl, *s);
+            }
+        }
+    }
+    for (o, acc) in out[..N * G].chunks_exact_mut(G).zip(&acc) {
+        o.copy_from_slice(acc);
+    }
+}
