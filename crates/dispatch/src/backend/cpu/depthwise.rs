@@ -19,16 +19,17 @@
 //!   band buffer (more than 64 taps, rows too wide) take the row path: one output row as the
 //!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
 //!   three taps fused where all are valid.
-//! - NHWC: channels are the SIMD axis. Weights are transposed per task into a stack buffer
-//!   laid out `[tap][channel]`. With multiplier 1 and whole 16-channel blocks, the pixels of
+//! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
+//!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
+//!   layer's time). With multiplier 1 and whole 16-channel blocks, the pixels of
 //!   a row whose every tap is inside the input go 4 at a time ([`nhwc_pixels`]): each tap's
 //!   weight vectors are loaded once for the 4 pixels and the 4 × 16 sums stay in registers
 //!   (10 loads per 8 vector multiply-adds, against 4 per 2). The other pixels list their taps
 //!   inside the input once and accumulate each 16-channel block over them ([`nhwc_pixel`]).
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
-//!   lie; other dtypes through a stack buffer (NHWC) or the thread's band buffers (NCHW,
-//!   made once per thread). No call allocates after a thread's first.
+//!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
+//!   (NCHW), made once per thread. No call allocates after a thread's first.
 //! - Work is split over (image, channel plane) blocks for NCHW and (image, output row) blocks
 //!   for NHWC, and only when the layer has enough multiply-adds to pay for the hand-off; the
 //!   calling thread works on the blocks from the start, with the pool's threads joining as
@@ -49,8 +50,8 @@ const PARALLEL_MIN: usize = 1 << 17;
 /// Multiply-adds per parallel task (enough to amortise a task's ~1 µs many times over).
 const TASK_WORK: usize = 1 << 16;
 
-/// f32 elements of the stack buffers (32 KiB): a row piece of a half-precision output, or
-/// the transposed weights of an NHWC channel block.
+/// f32 elements of the band buffers (32 KiB), and the most of an NHWC half-precision row
+/// buffer.
 const BUF: usize = 8192;
 const _: () = assert!(BUF.is_power_of_two(), "the band kernel masks offsets with BUF − 1");
 
@@ -61,6 +62,13 @@ thread_local! {
     static BAND_BUFS: std::cell::RefCell<BandBufs> = const {
         std::cell::RefCell::new(BandBufs { data: Vec::new(), zeroed_for: None })
     };
+}
+
+thread_local! {
+    /// The NHWC weights as `[tap][out channel]` (made per call on the calling thread), and a
+    /// thread's half-precision row buffer: each taken out of its slot while in use.
+    static NHWC_W: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A thread's band buffers, and the layer whose band rows they were last zeroed for.
@@ -176,13 +184,24 @@ impl Conv<'_> {
             // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
             (_, _) => {
                 let row = ow * occ;
-                let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, first, oh, ow, dst);
+                // The weights as `[tap][out channel]`, once per call, in a buffer taken out of
+                // the calling thread's slot (a nested call finds it empty and makes its own).
+                let mut wt_buf = NHWC_W.take();
+                wt_buf.resize(taps * occ, 0.0);
+                for t in 0..taps {
+                    for (oc, v) in wt_buf[t * occ..][..occ].iter_mut().enumerate() {
+                        *v = self.w[oc * taps + t];
+                    }
+                }
+                let wt = &wt_buf[..];
+                let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, wt, first, oh, ow, dst);
                 if work < PARALLEL_MIN {
                     run(0, out);
                 } else {
                     let per = (TASK_WORK / (row * taps).max(1)).max(1);
                     for_each_chunk_mut(out, per * row, |t, dst| run(t * per, dst));
                 }
+                NHWC_W.set(wt_buf);
             }
         }
         Ok(())
@@ -249,54 +268,37 @@ impl Conv<'_> {
         }
     }
 
-    /// NHWC output rows `first..` (row = image · out_h + oy) into `dst` (whole rows).
-    fn nhwc_rows<E: Elem>(&self, isa: Isa, first: usize, oh: usize, ow: usize, dst: &mut [E]) {
+    /// NHWC output rows `first..` (row = image · out_h + oy) into `dst` (whole rows), with the
+    /// weights `wt` laid out `[tap][out channel]`.
+    fn nhwc_rows<E: Elem>(&self, isa: Isa, wt: &[f32], first: usize, oh: usize, ow: usize, dst: &mut [E]) {
         let d = &self.d;
         let occ = d.out_channels();
-        let taps = d.kernel_h * d.kernel_w;
-        // A channel block: its transposed weights fit the stack buffer, and (for half
-        // precision) so does one output row of it. Multiples of 16 keep the vectors whole.
-        let mut cbw = (BUF / taps.max(1)).min(occ);
-        if E::as_f32(&[]).is_none() {
-            cbw = cbw.min((BUF / ow).max(1));
-        }
+        // f32 rows are accumulated in place, all channels at once. Half-precision rows go
+        // through an f32 buffer of at most BUF elements (L1): channel blocks of that many
+        // pixels, multiples of 16 so the vectors stay whole.
+        let half = E::as_f32(&[]).is_none();
+        let mut cbw = if half { (BUF / ow).clamp(1, occ) } else { occ };
         if cbw >= 16 && cbw < occ {
             cbw -= cbw % 16;
         }
-        let cbw = cbw.max(1);
-        // Stack buffers; only a kernel of more than BUF taps, or a half-precision row wider
-        // than BUF pixels, needs the heap.
-        let (mut wt_stack, mut buf_stack) = ([0.0f32; BUF], [0.0f32; BUF]);
-        let (mut wt_heap, mut buf_heap) = (Vec::new(), Vec::new());
-        let wt: &mut [f32] = if taps * cbw <= BUF {
-            &mut wt_stack
-        } else {
-            wt_heap.resize(taps * cbw, 0.0);
-            &mut wt_heap
-        };
-        let buf: &mut [f32] = if ow * cbw <= BUF {
-            &mut buf_stack
-        } else {
-            buf_heap.resize(ow * cbw, 0.0);
-            &mut buf_heap
-        };
+        // The thread's row buffer, taken out of its slot for the call (a nested call on this
+        // thread finds the slot empty and makes its own).
+        let mut buf = if half { NHWC_ROW.take() } else { Vec::new() };
+        if buf.len() < ow * cbw && half {
+            buf.resize(ow * cbw, 0.0);
+        }
         let rows = dst.len() / (ow * occ);
         for cb0 in (0..occ).step_by(cbw) {
             let cb1 = (cb0 + cbw).min(occ);
             let nb = cb1 - cb0;
-            // [tap][channel] for this block.
-            for (i, oc) in (cb0..cb1).enumerate() {
-                for t in 0..taps {
-                    wt[t * nb + i] = self.w[oc * taps + t];
-                }
-            }
             for r in 0..rows {
                 let row = first + r;
                 let (n, oy) = (row / oh, row % oh);
                 let p = PixArgs {
                     d,
                     x: self.x,
-                    wt: &wt[..taps * nb],
+                    wt: &wt[cb0..],
+                    ws: occ,
                     bias: self.bias.map(|b| &b[cb0..cb1]),
                     n,
                     oy,
@@ -315,6 +317,9 @@ impl Conv<'_> {
                     }
                 }
             }
+        }
+        if half {
+            NHWC_ROW.set(buf);
         }
     }
 }
@@ -735,8 +740,10 @@ struct PixArgs<'a> {
     d: &'a Conv2dDesc,
     /// The whole input.
     x: &'a [f32],
-    /// The block's weights, `[tap][channel]`.
+    /// The weights from the block's first channel, `[tap][channel]`: tap `t`'s are at
+    /// `t · ws`.
     wt: &'a [f32],
+    ws: usize,
     /// The block's bias.
     bias: Option<&'a [f32]>,
     n: usize,
@@ -766,7 +773,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         for ky in 0..d.kernel_h {
             let py = p.oy * d.stride_h + ky * d.dilation_h;
             if py >= d.pad_top && py - d.pad_top < h {
-                rows[nr] = (ky * d.kernel_w * nb, (p.n * h + py - d.pad_top) * w);
+                rows[nr] = (ky * d.kernel_w * p.ws, (p.n * h + py - d.pad_top) * w);
                 nr += 1;
             }
         }
@@ -802,7 +809,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
                 if px < d.pad_left || px - d.pad_left >= w {
                     continue;
                 }
-                let wk = &p.wt[(ky * d.kernel_w + kx) * nb..][..nb];
+                let wk = &p.wt[(ky * d.kernel_w + kx) * p.ws..][..nb];
                 let xpix = &xrow[(px - d.pad_left) * c..][..c];
                 if m == 1 {
                     let xs = &xpix[p.cb0..][..nb];
@@ -844,7 +851,7 @@ fn nhwc_pixels<const FMA: bool>(p: &PixArgs, ox: usize, rows: &[(usize, usize)],
         }
         for &(wrow, xrow) in rows {
             for kx in 0..d.kernel_w {
-                let wv: &[f32; CB] = p.wt[wrow + kx * nb + c0..][..CB].try_into().expect("CB lanes");
+                let wv: &[f32; CB] = p.wt[wrow + kx * p.ws + c0..][..CB].try_into().expect("CB lanes");
                 let x0 = (xrow + ox * d.stride_w + kx * d.dilation_w - d.pad_left) * c + p.cb0 + c0;
                 let xs = &p.x[x0..][..(PX - 1) * step + CB];
                 for (j, v) in v.iter_mut().enumerate() {
@@ -884,7 +891,7 @@ fn nhwc_pixel<const FMA: bool>(p: &PixArgs, ox: usize, a: &mut [f32]) {
             if px < d.pad_left || px - d.pad_left >= w {
                 continue;
             }
-            taps[nt] = ((ky * d.kernel_w + kx) * nb, (row + px - d.pad_left) * c + p.cb0);
+            taps[nt] = ((ky * d.kernel_w + kx) * p.ws, (row + px - d.pad_left) * c + p.cb0);
             nt += 1;
         }
     }
