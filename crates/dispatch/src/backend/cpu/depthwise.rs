@@ -6,7 +6,7 @@
 //!   as the vector lanes, each tap is one vector load at a fixed offset times the tap's
 //!   weight vector, 8 output pixels at a time, and the sums are transposed back. On
 //!   MobileNet's 7² and 14² planes this is 1.5–2.5× the band kernel (band building and row
-//!   bookkeeping dominated there), and 2–4× at stride 2.
+//!   bookkeeping dominated there), and 1.4–4× at stride 2 (56² to 14²).
 //! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a copy of the input
 //!   rows it reaches, zero-padded and split by column into the horizontal stride's phases, so
 //!   every tap of an 8-wide chunk of outputs is one contiguous load at a fixed offset with no
