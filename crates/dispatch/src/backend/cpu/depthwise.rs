@@ -7,18 +7,17 @@
 //!   weight vector, 8 output pixels at a time, and the sums are transposed back. On
 //!   MobileNet's 7² and 14² planes this is 1.5–2.5× the band kernel (band building and row
 //!   bookkeeping dominated there), and 1.4–4× at stride 2 (56² to 14²).
-//! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a copy of the input
-//!   rows it reaches, zero-padded and split by column into the horizontal stride's phases, so
-//!   every tap of an 8-wide chunk of outputs is one contiguous load at a fixed offset with no
-//!   border test; 4 rows × 8 columns are accumulated in registers over all taps (one broadcast
-//!   weight, four loads and four multiply-adds per tap) and stored once. 3 × 3 kernels with
-//!   vertical stride 1 or 2 ([`band3`], every MobileNet layer) load each input row's three
-//!   shifted vectors once for all the group's output rows that read it (18 loads per 36
-//!   multiply-adds at stride 1). Short rows (MobileNet's
-//!   7- and 14-wide planes) cost a chunk per row instead of a pass per tap. Layers outside the
-//!   band buffer (more than 64 taps, rows too wide) take the row path: one output row as the
-//!   vector, each tap's valid range computed once per plane ([`tap_range`]), 3-wide kernels'
-//!   three taps fused where all are valid.
+//! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a
+//!   copy of the input rows it reaches, zero-padded and split by column into the horizontal
+//!   stride's phases, so every tap of an 8-wide chunk of outputs is one contiguous load at a
+//!   fixed offset with no border test; 4 rows × 8 columns are accumulated in registers over
+//!   all taps (one broadcast weight, four loads and four multiply-adds per tap) and stored
+//!   once. 3 × 3 kernels with vertical stride 1 or 2 ([`band3`], MobileNet's layers) load
+//!   each input row's three shifted vectors once for all the group's output rows that read it
+//!   (18 loads per 36 multiply-adds at stride 1). Layers outside the band buffer (more than
+//!   64 taps, rows too wide) take the row path: one output row as the vector, each tap's
+//!   valid range computed once per plane ([`tap_range`]), 3-wide kernels' three taps fused
+//!   where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
 //!   layer's time). With multiplier 1 and whole 16-channel blocks, the pixels of
