@@ -321,6 +321,16 @@ fn conv_geometry(
         .pad_right(pr)
 }
 
+/// The layer of `geometry` with a multiplier, bias and activation picked by `seed`, or
+/// `None` where its output is empty.
+fn varied_layer(geometry: Conv2dDesc, multipliers: &[usize], seed: u64) -> Option<Conv2dDesc> {
+    let d = geometry
+        .multiplier(multipliers[seed as usize % multipliers.len()])
+        .has_bias(!seed.is_multiple_of(3))
+        .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+    (d.out_h().is_some_and(|v| v > 0) && d.out_w().is_some_and(|v| v > 0)).then_some(d)
+}
+
 /// The NCHW band kernel's limits: planes that take several bands (tall, and wide enough that a
 /// band holds few rows), rows too wide for any band and kernels of more than 64 taps (both
 /// take the row path), strides and dilations that make the phase rows uneven, and MobileNetV2's
@@ -366,15 +376,11 @@ fn depthwise_3x3_band_kernel_is_exact() {
                 for &(sw, dw, pt, pb, pl, pr) in
                     &[(1, 1, 1, 1, 1, 1), (2, 1, 0, 1, 0, 1), (1, 2, 2, 0, 2, 2), (3, 1, 1, 2, 1, 0)]
                 {
-                    let d = conv_geometry(Layout::Nchw, [1, 3, h, w], [3, 3], [sh, sw], [dh, dw], [pt, pb, pl, pr])
-                        .multiplier(1 + seed as usize % 2)
-                        .has_bias(seed % 3 != 0)
-                        .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
-                    if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
-                        continue;
+                    let g = conv_geometry(Layout::Nchw, [1, 3, h, w], [3, 3], [sh, sw], [dh, dw], [pt, pb, pl, pr]);
+                    if let Some(d) = varied_layer(g, &[1, 2], seed) {
+                        check_conv(&d, seed);
+                        seed += 1;
                     }
-                    check_conv(&d, seed);
-                    seed += 1;
                 }
             }
         }
@@ -423,15 +429,11 @@ fn depthwise_channel_tile_is_exact() {
     for &(n, c) in &[(1, 1), (1, 3), (1, 8), (1, 9), (2, 7), (3, 17)] {
         for &(h, w) in &[(1, 1), (7, 7), (3, 8), (5, 12), (16, 16), (2, 17)] {
             for &(k, [sh, sw], [dh, dw], pads) in cases {
-                let d = conv_geometry(Layout::Nchw, [n, c, h, w], k, [sh, sw], [dh, dw], pads)
-                    .multiplier([1, 1, 2, 3][seed as usize % 4])
-                    .has_bias(seed % 3 != 0)
-                    .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
-                if d.out_h().is_none_or(|v| v == 0) || d.out_w().is_none_or(|v| v == 0) {
-                    continue;
+                let g = conv_geometry(Layout::Nchw, [n, c, h, w], k, [sh, sw], [dh, dw], pads);
+                if let Some(d) = varied_layer(g, &[1, 1, 2, 3], seed) {
+                    check_conv(&d, seed);
+                    seed += 1;
                 }
-                check_conv(&d, seed);
-                seed += 1;
             }
         }
     }

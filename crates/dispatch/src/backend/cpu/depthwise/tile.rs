@@ -205,7 +205,7 @@ fn planes_out_scalar(sums: &[f32], plane: usize, from: usize, out: &mut [f32]) {
 /// scalar stores).
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::{G, TBUF, TPAD, planes_in_scalar, planes_out_scalar};
+    use super::{G, TBUF, TPAD, Taps, planes_in_scalar, planes_out_scalar};
     use std::arch::x86_64::*;
 
     const _: () = assert!(G == 8, "one AVX register of f32 per pixel");
@@ -249,16 +249,13 @@ mod avx {
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn pixels<const N: usize, const SW: usize>(
-        win: &[f32; TBUF + TPAD],
-        wv: &[[f32; G]],
-        offs: &[usize],
-        bias: [f32; G],
+        taps: &Taps,
         first: usize,
         sw: usize,
         out: &mut [f32],
     ) {
+        let Taps { win, wv, offs, bias } = *taps;
         let out = &mut out[..N * G];
         // SAFETY (every intrinsic below): the caller promises AVX2 and FMA; each load and
         // store is of G = 8 elements of a slice bounds-checked (or masked into the array) here.
@@ -335,27 +332,29 @@ fn compute_inner<const FMA: bool>(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums
             bv[l] = b[oc];
         }
     }
-    let wv = &wv[..taps];
+    let taps = Taps { win: tile, wv: &wv[..taps], offs: &t.offs[..taps], bias: bv };
     match d.stride_w {
-        1 => rows::<FMA, 1>(t, wv, bv, tile, sums),
-        2 => rows::<FMA, 2>(t, wv, bv, tile, sums),
-        _ => rows::<FMA, 0>(t, wv, bv, tile, sums),
+        1 => rows::<FMA, 1>(t, &taps, sums),
+        2 => rows::<FMA, 2>(t, &taps, sums),
+        _ => rows::<FMA, 0>(t, &taps, sums),
     }
     apply_isa::<FMA>(d.activation, sums);
 }
 
+/// What every output pixel of a group reads: the tile, each tap's weights across the group
+/// and its offset in pixels, and the bias.
+struct Taps<'a> {
+    win: &'a [f32; TBUF + TPAD],
+    wv: &'a [[f32; G]],
+    offs: &'a [usize],
+    bias: [f32; G],
+}
+
 /// Every output row: `SW` is the horizontal stride, or 0 for any stride (`d.stride_w`).
 #[inline(always)]
-fn rows<const FMA: bool, const SW: usize>(
-    t: &Tile,
-    wv: &[[f32; G]],
-    bv: [f32; G],
-    tile: &[f32; TBUF + TPAD],
-    sums: &mut [f32],
-) {
+fn rows<const FMA: bool, const SW: usize>(t: &Tile, taps: &Taps, sums: &mut [f32]) {
     let (oh, ow) = (t.oh, t.ow);
     let (sh, sw) = (t.d.stride_h, t.d.stride_w);
-    let offs = &t.offs[..wv.len()];
     for oy in 0..oh {
         let row = oy * sh * t.wp;
         // PX pixels at a time (PX / 2 in rows narrower than PX); the last block overlaps the
@@ -373,9 +372,9 @@ fn rows<const FMA: bool, const SW: usize>(
             let x0 = ox.min(ow - n);
             let (first, out) = (row + x0 * sw, &mut sums[(oy * ow + x0) * G..]);
             match n {
-                PX => pixels::<FMA, PX, SW>(tile, wv, offs, bv, first, sw, out),
-                4 => pixels::<FMA, { PX / 2 }, SW>(tile, wv, offs, bv, first, sw, out),
-                _ => pixels::<FMA, 1, SW>(tile, wv, offs, bv, first, sw, out),
+                PX => pixels::<FMA, PX, SW>(taps, first, sw, out),
+                4 => pixels::<FMA, { PX / 2 }, SW>(taps, first, sw, out),
+                _ => pixels::<FMA, 1, SW>(taps, first, sw, out),
             }
             ox = x0 + n;
         }
@@ -387,26 +386,17 @@ multiversion! {
 }
 
 /// `N` output pixels, `sw` tile pixels apart from `first` (`SW` when it is not 0): their
-/// `G`-lane sums over all taps (`wv[tap]`, at `offs[tap]` pixels), from `bias`, into
-/// `out[..N·G]`.
+/// `G`-lane sums over all taps, from the bias, into `out[..N·G]`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn pixels<const FMA: bool, const N: usize, const SW: usize>(
-    win: &[f32; TBUF + TPAD],
-    wv: &[[f32; G]],
-    offs: &[usize],
-    bias: [f32; G],
-    first: usize,
-    sw: usize,
-    out: &mut [f32],
-) {
+fn pixels<const FMA: bool, const N: usize, const SW: usize>(taps: &Taps, first: usize, sw: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if FMA {
         // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
         // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
-        unsafe { avx::pixels::<N, SW>(win, wv, offs, bias, first, sw, out) };
+        unsafe { avx::pixels::<N, SW>(taps, first, sw, out) };
         return;
     }
+    let Taps { win, wv, offs, bias } = *taps;
     let mut acc = [bias; N];
     for (wt, &off) in wv.iter().zip(offs) {
         // Every pixel read starts inside the tile (`Tile::new`), before TBUF: masking with
