@@ -1,12 +1,13 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW planes of at most 16 × 16 pixels, and strided planes up to about 60 × 60
+//! - NCHW planes of at most 16 × 16 pixels, and strided layers of up to 64 × 64 outputs
 //!   ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
-//!   as the vector lanes, each tap is one vector load at a fixed offset times the tap's
-//!   weight vector, 8 output pixels at a time, and the sums are transposed back. On
-//!   MobileNet's 7² and 14² planes this is 1.5–2.5× the band kernel (band building and row
-//!   bookkeeping dominated there), and 1.4–4× at stride 2 (56² to 14²).
+//!   as the vector lanes (in bands of rows where the whole padded plane does not fit), each
+//!   tap is one vector load at a fixed offset times the tap's weight vector, 8 output pixels
+//!   at a time, and the sums are transposed back. On MobileNet's 7² and 14² planes this is
+//!   1.5–2.5× the band kernel (band building and row bookkeeping dominated there), and
+//!   1.2–4× at stride 2 (112² to 14²).
 //! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a
 //!   copy of the input rows it reaches, zero-padded and split by column into the horizontal
 //!   stride's phases, so every tap of an 8-wide chunk of outputs is one contiguous load at a

@@ -412,7 +412,7 @@ fn depthwise_band_buffers_between_layers_are_exact() {
 /// (the last group short, groups across images), widths around its 8- and 4-pixel blocks,
 /// heights 1 to 16, strides 1–3, dilation 2, kernels 1 × 1 to 5 × 5, paddings on one side
 /// only and past the kernel, multipliers 2 and 3 (lanes that share an input plane), and
-/// stride-2 planes up to the largest tile.
+/// strided planes up to the largest whole-plane tile and past it, in bands of rows.
 #[test]
 fn depthwise_channel_tile_is_exact() {
     let mut seed = 12_000;
@@ -437,14 +437,30 @@ fn depthwise_channel_tile_is_exact() {
             }
         }
     }
-    // Stride 2 up to the largest tile (61² with padding 1 is a 63² tile and fits, 63² does
-    // not), and 3 × 3 at stride 1 just inside and past its 16² limit.
-    for &(s, stride) in &[(40, 2), (61, 2), (63, 2), (16, 1), (17, 1)] {
+    // Stride 2 up to the largest whole-plane tile (61² with padding 1 is a 63² tile and
+    // fits, 63² does not), then in bands of output rows (63²: 31 and 1 rows, 100²: 19, 19
+    // and 12) up to 128² (64² outputs, as many as the sums hold; 130² takes the band kernel);
+    // 3 × 3 at stride 1 just inside and past its 16² limit.
+    for &(s, stride) in &[(40, 2), (61, 2), (63, 2), (100, 2), (128, 2), (130, 2), (16, 1), (17, 1)] {
         let d = conv_geometry(Layout::Nchw, [1, 9, s, s], [3, 3], [stride, stride], [1, 1], [1, 1, 1, 1])
             .has_bias(true)
             .activation(Activation::Relu6);
         check_conv(&d, seed);
         seed += 1;
+    }
+    // Bands with a 5 × 5 kernel, dilation, uneven strides and paddings, a multiplier, and
+    // padding rows at both ends of the plane.
+    type Banded = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], [usize; 4]);
+    let banded: &[Banded] = &[
+        ([2, 5, 90, 70], [5, 5], [2, 3], [2, 1], [4, 3, 2, 0]),
+        ([1, 3, 120, 97], [3, 3], [3, 2], [1, 1], [0, 2, 1, 1]),
+        ([1, 4, 99, 99], [2, 3], [2, 2], [1, 2], [1, 0, 0, 3]),
+    ];
+    for &(shape, k, st, dil, pads) in banded {
+        if let Some(d) = varied_layer(conv_geometry(Layout::Nchw, shape, k, st, dil, pads), &[1, 2], seed) {
+            check_conv(&d, seed);
+            seed += 1;
+        }
     }
 }
 

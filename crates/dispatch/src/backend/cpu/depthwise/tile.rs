@@ -1,5 +1,5 @@
 //! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers) and
-//! strided ones.
+//! strided ones (up to 64 × 64 outputs).
 //!
 //! On a plane of a few dozen pixels the band kernel spends most of its time building bands
 //! and on row bookkeeping, not multiplying. Here `G` consecutive output planes are taken
@@ -18,7 +18,9 @@
 //!   ([`avx::planes_out`]).
 //!
 //! The tile's padding is written only when the buffer is zeroed for a layer: every group of
-//! the layer writes the same data pixels, so it stays zero.
+//! the layer writes the same data pixels, so it stays zero. Where the whole padded plane does
+//! not fit (strided layers past about 60 × 60), the tile holds a band of rows at a time and
+//! each band zeroes its own padding rows.
 
 use super::super::Elem;
 use super::super::activation::apply_isa;
@@ -61,19 +63,24 @@ pub(super) struct Tile {
     pub(super) oh: usize,
     pub(super) ow: usize,
     /// Padded tile height and width in pixels: the input at rows `pad_top..` and columns
-    /// `pad_left..`, zeros around it, as far as any tap reaches.
+    /// `pad_left..`, zeros around it, as far as any tap reaches. With bands, `hp` is a
+    /// band's rows.
     pub(super) hp: usize,
     pub(super) wp: usize,
+    /// Output rows per band: `oh` when the tile holds the whole padded plane, fewer where
+    /// only a band of its rows fits (strided layers up to 64 × 64 outputs).
+    band: usize,
     /// Per tap (`ky·kw + kx`): its offset in pixels from its output pixel's first tap.
     offs: [usize; MAX_TAPS],
-    /// Per input pixel (`y·w + x`): its pixel in the tile.
+    /// Whole plane: per input pixel (`y·w + x`), its pixel in the tile. Bands: per input
+    /// column `x`, its pixel in the tile's row.
     pos: [u16; TBUF / G],
 }
 
 impl Tile {
-    /// The geometry, or `None` where the layer is not for this kernel: not NCHW-sized for it
-    /// (an input plane over [`MAX_PLANE`] pixels, a tile or an output group over [`TBUF`]
-    /// elements) or more than [`MAX_TAPS`] taps.
+    /// The geometry, or `None` where the layer is not for this kernel: more than
+    /// [`MAX_TAPS`] taps, a stride-1 plane over [`MAX_PLANE_S1`] pixels, a group's output over
+    /// [`TBUF`] elements, or a band of 4 output rows whose tile would be.
     pub(super) fn new(d: &Conv2dDesc) -> Option<Tile> {
         let (kh, kw) = (d.kernel_h, d.kernel_w);
         let (oh, ow) = (d.out_h()?, d.out_w()?);
@@ -84,10 +91,25 @@ impl Tile {
             return None;
         }
         let reach = |o: usize, s: usize, k: usize, dil: usize| (o - 1) * s + (k - 1) * dil + 1;
-        let hp = (d.pad_top + d.height).max(reach(oh, d.stride_h, kh, d.dilation_h));
+        let mut hp = (d.pad_top + d.height).max(reach(oh, d.stride_h, kh, d.dilation_h));
         let wp = (d.pad_left + d.width).max(reach(ow, d.stride_w, kw, d.dilation_w));
-        if hp.checked_mul(wp)?.checked_mul(G)? > TBUF || oh * ow * G > TBUF {
+        // The sums (and a half-precision output's buffer) hold whole output planes.
+        if oh.checked_mul(ow)?.checked_mul(G)? > TBUF {
             return None;
+        }
+        let mut band = oh;
+        if hp.checked_mul(wp)?.checked_mul(G)? > TBUF {
+            // Bands of output rows, for strided layers only (at stride 1 the band kernel is
+            // as fast on planes this large).
+            if d.stride_h * d.stride_w == 1 {
+                return None;
+            }
+            let rows = TBUF / G / wp;
+            if rows < (kh - 1) * d.dilation_h + 1 + 3 * d.stride_h {
+                return None; // Fewer than 4 output rows per band.
+            }
+            band = (rows - (kh - 1) * d.dilation_h - 1) / d.stride_h + 1;
+            hp = reach(band, d.stride_h, kh, d.dilation_h);
         }
         let mut offs = [0usize; MAX_TAPS];
         for ky in 0..kh {
@@ -95,12 +117,19 @@ impl Tile {
                 offs[ky * kw + kx] = ky * d.dilation_h * wp + kx * d.dilation_w;
             }
         }
+        // Below hp · wp ≤ TBUF / G (a u16); h · w ≤ hp · wp entries for a whole plane, w ≤ wp
+        // for bands.
         let mut pos = [0u16; TBUF / G];
-        for (q, p) in pos.iter_mut().enumerate().take(d.height * d.width) {
-            // Below hp · wp ≤ TBUF / G (a u16), and h · w ≤ hp · wp entries.
-            *p = ((q / d.width + d.pad_top) * wp + d.pad_left + q % d.width) as u16;
+        if band == oh {
+            for (q, p) in pos.iter_mut().enumerate().take(d.height * d.width) {
+                *p = ((q / d.width + d.pad_top) * wp + d.pad_left + q % d.width) as u16;
+            }
+        } else {
+            for (x, p) in pos.iter_mut().enumerate().take(d.width) {
+                *p = (d.pad_left + x) as u16;
+            }
         }
-        Some(Tile { d: *d, oh, ow, hp, wp, offs, pos })
+        Some(Tile { d: *d, oh, ow, hp, wp, band, offs, pos })
     }
 
     /// The elements of the tile buffer a group uses (its padding is zeroed once per layer).
@@ -169,23 +198,57 @@ fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32], sums: &mut [f32], out: &mut 
     let sums = &mut sums[..plane * G];
     let out = &mut out[..nl * plane];
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Portable {
-        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only made after the CPU reported AVX2.
-        unsafe { avx::planes_in(&srcs, &t.pos[..hw], tile) };
-        compute(isa, a, tile, sums);
+    let avx = isa != Isa::Portable;
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx = false;
+    // `pos` entries plus `offset` into the tile, from the planes `srcs`.
+    let fill = |srcs: &[&[f32]; G], pos: &[u16], offset: usize, tile: &mut [f32; TBUF + TPAD]| {
+        #[cfg(target_arch = "x86_64")]
+        if avx {
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only made after the CPU reported AVX2.
+            unsafe { avx::planes_in(srcs, pos, offset, tile) };
+            return;
+        }
+        planes_in_scalar(srcs, 0, pos, offset, tile);
+    };
+    if t.band >= t.oh {
+        fill(&srcs, &t.pos[..hw], 0, tile);
+        compute(isa, a, tile, 0, t.oh, sums);
+    } else {
+        let (h, w, pt) = (d.height, d.width, d.pad_top);
+        for oy0 in (0..t.oh).step_by(t.band) {
+            let rows = t.band.min(t.oh - oy0);
+            // The band's padded rows pr0..: input rows where they are inside the input, zero
+            // rows where not (an earlier band may have put data there).
+            let pr0 = oy0 * d.stride_h;
+            let in_rows = (rows - 1) * d.stride_h + (d.kernel_h - 1) * d.dilation_h + 1;
+            for r in 0..in_rows {
+                let pr = pr0 + r;
+                if pr < pt || pr - pt >= h {
+                    tile[r * t.wp * G..][..t.wp * G].fill(0.0);
+                } else {
+                    let y = pr - pt;
+                    let row: [&[f32]; G] = std::array::from_fn(|l| &srcs[l][y * w..][..w]);
+                    fill(&row, &t.pos[..w], r * t.wp, tile);
+                }
+            }
+            compute(isa, a, tile, oy0, rows, sums);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx {
         // SAFETY: as above.
         unsafe { avx::planes_out(sums, plane, nl, out) };
         return;
     }
-    planes_in_scalar(&srcs, 0, &t.pos[..hw], tile);
-    compute(isa, a, tile, sums);
     planes_out_scalar(sums, plane, 0, out);
 }
 
-/// Pixels `from..` of the `G` input planes into their tile pixels' lanes, one at a time.
-fn planes_in_scalar(srcs: &[&[f32]; G], from: usize, pos: &[u16], tile: &mut [f32; TBUF + TPAD]) {
+/// Pixels `from..` of the `G` input planes into the lanes of their tile pixels (`pos[q]` +
+/// `offset`), one at a time.
+fn planes_in_scalar(srcs: &[&[f32]; G], from: usize, pos: &[u16], offset: usize, tile: &mut [f32; TBUF + TPAD]) {
     for (q, &p) in pos.iter().enumerate().skip(from) {
-        let v = &mut tile[p as usize * G..][..G];
+        let v = &mut tile[(p as usize + offset) * G..][..G];
         for (v, src) in v.iter_mut().zip(srcs) {
             *v = src[q];
         }
@@ -279,18 +342,18 @@ mod avx {
 
     /// [`planes_in_scalar`] from pixel 0, eight pixels per transpose.
     #[target_feature(enable = "avx")]
-    pub(super) fn planes_in(srcs: &[&[f32]; G], pos: &[u16], tile: &mut [f32; TBUF + TPAD]) {
+    pub(super) fn planes_in(srcs: &[&[f32]; G], pos: &[u16], offset: usize, tile: &mut [f32; TBUF + TPAD]) {
         let full = pos.len() - pos.len() % 8;
         for q in (0..full).step_by(8) {
             // SAFETY: each slice is 8 elements (bounds-checked by the slicing).
             let r: [__m256; 8] = std::array::from_fn(|l| unsafe { _mm256_loadu_ps(srcs[l][q..q + 8].as_ptr()) });
             for (&p, c) in pos[q..q + 8].iter().zip(t8(r)) {
-                let v = &mut tile[p as usize * G..][..G];
+                let v = &mut tile[(p as usize + offset) * G..][..G];
                 // SAFETY: `v` is G = 8 elements.
                 unsafe { _mm256_storeu_ps(v.as_mut_ptr(), c) };
             }
         }
-        planes_in_scalar(srcs, full, pos, tile);
+        planes_in_scalar(srcs, full, pos, offset, tile);
     }
 
     /// [`planes_out_scalar`] from pixel 0, eight pixels per transpose.
@@ -314,7 +377,7 @@ mod avx {
 /// The sums of every output pixel of the group into `sums` (pixel-major), from the tile, then
 /// the activation.
 #[inline(always)]
-fn compute_inner<const FMA: bool>(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums: &mut [f32]) {
+fn compute_inner<const FMA: bool>(a: &GroupArgs, tile: &[f32; TBUF + TPAD], oy0: usize, rows: usize, sums: &mut [f32]) {
     let t = a.t;
     let d = &t.d;
     let occ = d.out_channels();
@@ -333,10 +396,11 @@ fn compute_inner<const FMA: bool>(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums
         }
     }
     let taps = Taps { win: tile, wv: &wv[..taps], offs: &t.offs[..taps], bias: bv };
+    let sums = &mut sums[oy0 * t.ow * G..][..rows * t.ow * G];
     match d.stride_w {
-        1 => rows::<FMA, 1>(t, &taps, sums),
-        2 => rows::<FMA, 2>(t, &taps, sums),
-        _ => rows::<FMA, 0>(t, &taps, sums),
+        1 => out_rows::<FMA, 1>(t, &taps, rows, sums),
+        2 => out_rows::<FMA, 2>(t, &taps, rows, sums),
+        _ => out_rows::<FMA, 0>(t, &taps, rows, sums),
     }
     apply_isa::<FMA>(d.activation, sums);
 }
@@ -350,10 +414,11 @@ struct Taps<'a> {
     bias: [f32; G],
 }
 
-/// Every output row: `SW` is the horizontal stride, or 0 for any stride (`d.stride_w`).
+/// `oh` output rows from the tile's first row into `sums`: `SW` is the horizontal stride, or
+/// 0 for any stride (`d.stride_w`).
 #[inline(always)]
-fn rows<const FMA: bool, const SW: usize>(t: &Tile, taps: &Taps, sums: &mut [f32]) {
-    let (oh, ow) = (t.oh, t.ow);
+fn out_rows<const FMA: bool, const SW: usize>(t: &Tile, taps: &Taps, oh: usize, sums: &mut [f32]) {
+    let ow = t.ow;
     let (sh, sw) = (t.d.stride_h, t.d.stride_w);
     for oy in 0..oh {
         let row = oy * sh * t.wp;
@@ -382,7 +447,7 @@ fn rows<const FMA: bool, const SW: usize>(t: &Tile, taps: &Taps, sums: &mut [f32
 }
 
 multiversion! {
-    fn compute(a: &GroupArgs, tile: &[f32; TBUF + TPAD], sums: &mut [f32]) => compute_inner
+    fn compute(a: &GroupArgs, tile: &[f32; TBUF + TPAD], oy0: usize, rows: usize, sums: &mut [f32]) => compute_inner
 }
 
 /// `N` output pixels, `sw` tile pixels apart from `first` (`SW` when it is not 0): their
