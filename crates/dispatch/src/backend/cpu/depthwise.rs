@@ -141,7 +141,7 @@ impl Conv<'_> {
                 if work < PARALLEL_MIN {
                     run(0, out);
                 } else {
-                    let per = (TASK_WORK / (plane * taps).max(1)).next_multiple_of(tile::G);
+                    let per = (TASK_WORK / (plane * taps).max(1)).max(1).next_multiple_of(tile::G);
                     for_each_chunk_mut(out, per * plane, |i, dst| run(i * per, dst));
                 }
             }

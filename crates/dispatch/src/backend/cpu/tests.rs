@@ -455,6 +455,9 @@ fn depthwise_channel_tile_is_exact() {
         ([2, 5, 90, 70], [5, 5], [2, 3], [2, 1], [4, 3, 2, 0]),
         ([1, 3, 120, 97], [3, 3], [3, 2], [1, 1], [0, 2, 1, 1]),
         ([1, 4, 99, 99], [2, 3], [2, 2], [1, 2], [1, 0, 0, 3]),
+        // 64² outputs of 25 taps: a plane is more multiply-adds than a task's share, so
+        // every task takes one group of 8 planes.
+        ([1, 9, 128, 128], [5, 5], [2, 2], [1, 1], [2, 1, 2, 1]),
     ];
     for &(shape, k, st, dil, pads) in banded {
         if let Some(d) = varied_layer(conv_geometry(Layout::Nchw, shape, k, st, dil, pads), &[1, 2], seed) {
