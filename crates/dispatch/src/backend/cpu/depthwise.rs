@@ -59,9 +59,7 @@ thread_local! {
     /// The NCHW band buffer and the half-precision row buffer of this thread's tasks, on the
     /// heap, made on the thread's first NCHW convolution (64 KiB on the stack of every task
     /// was a 64 KiB `memset` per task).
-    static BAND_BUFS: std::cell::RefCell<BandBufs> = const {
-        std::cell::RefCell::new(BandBufs { data: Vec::new(), zeroed_for: None })
-    };
+    static BAND_BUFS: std::cell::RefCell<LayerBufs> = const { std::cell::RefCell::new(LayerBufs::new()) };
 }
 
 thread_local! {
@@ -71,13 +69,52 @@ thread_local! {
     static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// A thread's band buffers, and the layer whose band rows they were last zeroed for.
-struct BandBufs {
+/// A thread's buffers for one NCHW kernel (the band or the tile), and the layer whose padding
+/// the first was last zeroed for. A kernel writes only its layer's data into that buffer, so
+/// the padding stays zero from one call of the layer to the next: it is zeroed again only
+/// for another layer (or after a path used the buffer as scratch).
+struct LayerBufs {
     data: Vec<f32>,
-    /// A band writes only its layer's data columns and rows, so the padding it reads stays
-    /// zero from one call of the layer to the next: the buffers are zeroed again only for
-    /// another layer (or after the row path used the first buffer as scratch).
     zeroed_for: Option<Conv2dDesc>,
+}
+
+impl LayerBufs {
+    const fn new() -> LayerBufs {
+        LayerBufs { data: Vec::new(), zeroed_for: None }
+    }
+
+    /// `C` buffers of `N` elements, made on the thread's first call. With `zero = Some((layer,
+    /// len))` the first buffer's first `len` elements are zero for `layer` (zeroed here unless
+    /// they already were); with `None` the caller uses it as scratch.
+    fn get<const N: usize, const C: usize>(&mut self, zero: Option<(&Conv2dDesc, usize)>) -> &mut [[f32; N]; C] {
+        if self.data.len() < C * N {
+            self.data = vec![0.0; C * N];
+            self.zeroed_for = None;
+        }
+        let (bufs, _) = self.data.as_chunks_mut::<N>();
+        let bufs: &mut [[f32; N]; C] = (&mut bufs[..C]).try_into().expect("C buffers were made above");
+        match zero {
+            Some((d, len)) if self.zeroed_for != Some(*d) => {
+                bufs[0][..len].fill(0.0);
+                self.zeroed_for = Some(*d);
+            }
+            Some(_) => {}
+            None => self.zeroed_for = None,
+        }
+        bufs
+    }
+}
+
+/// Runs `run(first unit, units)` over `out`, cut into whole units of `unit` elements that
+/// cost `unit_work` multiply-adds each: on the calling thread below [`PARALLEL_MIN`] in all,
+/// else in tasks of about [`TASK_WORK`], each a multiple of `align` units.
+fn in_tasks<E: Send>(out: &mut [E], unit: usize, unit_work: usize, align: usize, run: impl Fn(usize, &mut [E]) + Sync) {
+    if (out.len() / unit.max(1)) * unit_work < PARALLEL_MIN {
+        run(0, out);
+    } else {
+        let per = (TASK_WORK / unit_work.max(1)).max(1).next_multiple_of(align);
+        for_each_chunk_mut(out, per * unit, |i, dst| run(i * per, dst));
+    }
 }
 
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
@@ -131,55 +168,31 @@ impl Conv<'_> {
         }
         let out = &mut out[..total];
         let taps = d.kernel_h * d.kernel_w;
-        let work = total * taps.max(1);
         // Small NCHW planes, and strided ones, go through the channel-vector tile.
         let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d) } else { None };
         match (d.layout, tile) {
             (Layout::Nchw, Some(t)) => {
                 let plane = oh * ow;
                 let run = |first: usize, dst: &mut [E]| tile::planes(isa, &t, self, first, dst);
-                if work < PARALLEL_MIN {
-                    run(0, out);
-                } else {
-                    let per = (TASK_WORK / (plane * taps).max(1)).max(1).next_multiple_of(tile::G);
-                    for_each_chunk_mut(out, per * plane, |i, dst| run(i * per, dst));
-                }
+                in_tasks(out, plane, plane * taps.max(1), tile::G, run);
             }
             (Layout::Nchw, None) => {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
-                    BAND_BUFS.with_borrow_mut(|BandBufs { data, zeroed_for }| {
-                        if data.len() < 2 * (BUF + V) {
-                            *data = vec![0.0; 2 * (BUF + V)];
-                            *zeroed_for = None;
-                        }
-                        let (pair, _) = data.as_chunks_mut::<{ BUF + V }>();
-                        let bufs: &mut [[f32; BUF + V]; 2] = (&mut pair[..2]).try_into().expect("two band buffers");
+                    BAND_BUFS.with_borrow_mut(|bb| {
                         // The band buffer's rows, zeroed for the layer (not per plane, not per
-                        // call: see `BandBufs`), which is what keeps the band's padding
+                        // call: see `LayerBufs`), which is what keeps the band's padding
                         // columns zero for every plane (`Band::phase`). Only the rows the band
                         // uses: zeroing the whole 32 KiB per task cost as much as a small
-                        // layer's copies.
-                        match &band {
-                            Some(g) if *zeroed_for != Some(*d) => {
-                                bufs[0][..g.in_rows * g.rs].fill(0.0);
-                                *zeroed_for = Some(*d);
-                            }
-                            Some(_) => {}
-                            None => *zeroed_for = None,
-                        }
+                        // layer's copies. The row path uses the buffer as scratch.
+                        let bufs = bb.get::<{ BUF + V }, 2>(band.as_ref().map(|g| (d, g.in_rows * g.rs)));
                         for (i, p) in dst.chunks_mut(plane).enumerate() {
                             self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs);
                         }
                     })
                 };
-                if work < PARALLEL_MIN {
-                    run(0, out);
-                } else {
-                    let per = (TASK_WORK / (plane * taps).max(1)).max(1);
-                    for_each_chunk_mut(out, per * plane, |t, dst| run(t * per, dst));
-                }
+                in_tasks(out, plane, plane * taps.max(1), 1, run);
             }
             // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
             (_, _) => {
@@ -195,12 +208,7 @@ impl Conv<'_> {
                 }
                 let wt = &wt_buf[..];
                 let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, wt, first, oh, ow, dst);
-                if work < PARALLEL_MIN {
-                    run(0, out);
-                } else {
-                    let per = (TASK_WORK / (row * taps).max(1)).max(1);
-                    for_each_chunk_mut(out, per * row, |t, dst| run(t * per, dst));
-                }
+                in_tasks(out, row, row * taps.max(1), 1, run);
                 NHWC_W.set(wt_buf);
             }
         }
@@ -357,7 +365,7 @@ struct Band {
     one_band: bool,
     /// Per phase: the columns `lo..hi` of its row that come from the input (the rest are
     /// padding). The same for every row and plane of the layer, so the padding columns are
-    /// never written: the buffer, zeroed for the layer (`BandBufs`), stays zero there.
+    /// never written: the buffer, zeroed for the layer (`LayerBufs`), stays zero there.
     phase: [(usize, usize); MAX_STRIDE],
 }
 
@@ -425,7 +433,7 @@ fn nchw_band_inner<const FMA: bool>(
         if pr < d.pad_top || pr - d.pad_top >= d.height {
             // A padding row. With one band per plane it is the same buffer row in every plane
             // and never holds data, so it is still zero since the buffer was zeroed for the
-            // layer (`BandBufs`).
+            // layer (`LayerBufs`).
             if !g.one_band {
                 row.fill(0.0);
             }

@@ -25,7 +25,7 @@
 use super::super::Elem;
 use super::super::activation::apply_isa;
 use super::super::simd::{Isa, madd, multiversion};
-use super::{Conv, MAX_TAPS, V};
+use super::{Conv, LayerBufs, MAX_TAPS, V};
 use tilekit_kernels::Conv2dDesc;
 
 /// Output planes per group: the lanes of one AVX2 vector.
@@ -49,12 +49,10 @@ const _: () = assert!(TBUF.is_power_of_two(), "the kernel masks offsets with TBU
 const TPAD: usize = 2 * PX * G;
 
 thread_local! {
-    /// This thread's buffers, made on its first call, and the layer whose tile padding they
-    /// were last zeroed for: a group writes only its layer's input pixels into the tile, so
-    /// the padding stays zero from one group, and one call, of the layer to the next.
-    static TILE_BUFS: std::cell::RefCell<(Vec<f32>, Option<Conv2dDesc>)> = const {
-        std::cell::RefCell::new((Vec::new(), None))
-    };
+    /// This thread's tile, sums and narrowing buffers: a group writes only its layer's input
+    /// pixels into the tile, so the padding stays zero from one group, and one call, of the
+    /// layer to the next (`LayerBufs`).
+    static TILE_BUFS: std::cell::RefCell<LayerBufs> = const { std::cell::RefCell::new(LayerBufs::new()) };
 }
 
 /// The geometry of one layer for the channel-vector kernel.
@@ -142,17 +140,8 @@ impl Tile {
 /// (whole planes), `G` at a time.
 pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst: &mut [E]) {
     let plane = t.oh * t.ow;
-    TILE_BUFS.with_borrow_mut(|(data, zeroed_for)| {
-        if data.len() < 3 * (TBUF + TPAD) {
-            *data = vec![0.0; 3 * (TBUF + TPAD)];
-            *zeroed_for = None;
-        }
-        let (bufs, _) = data.as_chunks_mut::<{ TBUF + TPAD }>();
-        let [tile, sums, narrow, ..] = bufs else { unreachable!("three buffers were made above") };
-        if *zeroed_for != Some(t.d) {
-            tile[..t.tile_len()].fill(0.0);
-            *zeroed_for = Some(t.d);
-        }
+    TILE_BUFS.with_borrow_mut(|bufs| {
+        let [tile, sums, narrow] = bufs.get::<{ TBUF + TPAD }, 3>(Some((&t.d, t.tile_len())));
         for (i, dst) in dst.chunks_mut(G * plane).enumerate() {
             let a = GroupArgs { t, x: conv.x, w: conv.w, bias: conv.bias, p0: first + i * G, nl: dst.len() / plane };
             match E::as_f32_mut(dst) {
@@ -182,7 +171,7 @@ struct GroupArgs<'a> {
 
 /// One group: `out` holds its `nl` output planes one after another (bias and activation
 /// included). `tile` is the padded tile (its padding zero), `sums` the pixel-major sums.
-fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32], sums: &mut [f32], out: &mut [f32]) {
+fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32; TBUF + TPAD], sums: &mut [f32], out: &mut [f32]) {
     let t = a.t;
     let d = &t.d;
     let (hw, plane) = (d.height * d.width, t.oh * t.ow);
@@ -194,7 +183,6 @@ fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32], sums: &mut [f32], out: &mut 
         let (n, oc) = (p / occ, p % occ);
         &a.x[(n * d.channels + oc / d.multiplier) * hw..][..hw]
     });
-    let tile: &mut [f32; TBUF + TPAD] = (&mut tile[..TBUF + TPAD]).try_into().expect("tile buffer of TBUF + TPAD");
     let sums = &mut sums[..plane * G];
     let out = &mut out[..nl * plane];
     #[cfg(target_arch = "x86_64")]
