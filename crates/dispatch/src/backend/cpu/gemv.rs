@@ -2,8 +2,8 @@
 //!
 //! The output's columns are cut into blocks; a block's `M × width` accumulators live in a
 //! buffer kept per thread (up to 256 KiB, L2: 4096 columns at M = 16), and the blocks are
-//! split across threads when the product is large enough. Each element of `B` is loaded from memory once and used for all
-//! `M` rows:
+//! split across threads when the product is large enough. Each element of `B` is loaded from
+//! memory once and used for all `M` rows:
 //! - `B` stored `K × N` (rows of `B` are runs of output columns): four rows of `B` at a time
 //!   are multiplied into two accumulator rows at a time (`acc_i += a_i,p·B_p + … +
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds

@@ -8,9 +8,9 @@
 //!   [`SHARED_B`] elements, each thread takes one block of rows as a single-threaded call, the
 //!   calling thread among them (see [`super::pool`]); a larger `B` gets one call with `gemm`'s
 //!   own split, so that it is streamed from memory once.
-//! - **Skinny** (`M ≤ 16`, the decode step): [`gemv`](super::gemv). It streams `B` exactly once in either
-//!   layout, splits `N` across threads when there is enough work, and applies the epilogue to
-//!   each block of columns while it is still in L1/L2.
+//! - **Skinny** (`M ≤ 16`, the decode step): [`gemv`](super::gemv). It streams `B` exactly
+//!   once in either layout, splits `N` across threads when there is enough work, and applies
+//!   the epilogue to each block of columns while it is still in L1/L2.
 //! - **Small f32 outputs with an epilogue** (at most [`CACHED_OUT`] elements, 1 MiB): as the
 //!   plain path, each block of rows followed at once by the epilogue on it, in the L2 of the
 //!   core that computed it (with a large `B`: one `gemm` call, then the epilogue in tasks of
