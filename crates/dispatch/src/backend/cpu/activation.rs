@@ -1,15 +1,18 @@
 //! Vectorised activations: GELU (erf and tanh forms), SiLU, ReLU, ReLU6, with an optional bias.
 //!
-//! GELU's erf form is the CUDA kernels' rational form ([`gelu_erf`]). The others are
-//! [`Activation::apply_f32`]'s formulas, step for step, with two changes that keep
-//! them inside [`Activation::error_bound`] while
-//! letting LLVM vectorise them: `exp` is a branch-free Cephes-style polynomial (range
-//! reduction by `ln 2` in two parts, degree-6 polynomial, one power of two; its argument is
-//! clamped so results stay normal, which only ever replaces corrections far below half an ulp
-//! of the answer), and where the instruction set has a fused multiply-add the polynomials use
-//! it, which only removes roundings. The worst error against the f64 reference over a dense
-//! sweep of [−20, 20] is measured by `sweep_stays_inside_the_documented_bound` below, in every
-//! instruction set this CPU has.
+//! GELU's erf form is the CUDA kernels' rational form ([`gelu_erf_first`]). GELU's tanh form
+//! is [`Activation::apply_f32`]'s formula step for step; SiLU takes `e^−|x|` and one quotient
+//! for both signs ([`silu_last`]) where `apply_f32` takes `e^−x`. Two further changes keep
+//! them inside [`Activation::error_bound`] while letting LLVM vectorise them: `exp` is a
+//! branch-free Cephes-style polynomial (range reduction by `ln 2` in two parts, degree-6
+//! polynomial, one power of two; its argument is clamped so results stay normal, which only
+//! ever replaces corrections far below half an ulp of the answer), and where the instruction
+//! set has a fused multiply-add the polynomials use it, which only removes roundings. The
+//! worst error against the f64 reference over a dense sweep of [−20, 20] is measured by
+//! `sweep_stays_inside_the_documented_bound` below, in every instruction set this CPU has.
+//!
+//! The three transcendental forms run in stages over blocks of 256 elements ([`Staged`]), so
+//! that each loop's dependency chain is short enough for the core to overlap its iterations.
 //!
 //! NaN and ±Inf give what `apply_f32` gives (tested against it on the special values): every
 //! clamp below either keeps a NaN or feeds a NaN `x` into the final product or quotient.
@@ -83,9 +86,11 @@ fn exp2<const FMA: bool>(y: f32) -> f32 {
 /// cancellation: `x − a·Φ(−a)` for x ≥ 0 and `x·Φ(−a)` for x < 0, one fused multiply-add.
 /// Where Φ(−a) is below the normal range it is held at 2^-149 (the results are then x, or
 /// below 5e-7 in magnitude); NaN stays NaN, ±Inf gives ±Inf and ±0 keeps its sign.
+///
+/// In two stages (see [`Staged`]): this one gives `log2 Φ(−a)`, [`gelu_erf_last`] the rest.
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
-pub(crate) fn gelu_erf<const FMA: bool>(x: f32) -> f32 {
+fn gelu_erf_first<const FMA: bool>(x: f32) -> f32 {
     // A NaN x gives a = 13.3 here (`fmin` takes the second operand) and NaN from the last step.
     let a = fmin(x.abs(), 13.3);
     let mut n = madd::<FMA>(-0.009_080_849_59, a, -0.099_625_259_6);
@@ -96,35 +101,58 @@ pub(crate) fn gelu_erf<const FMA: bool>(x: f32) -> f32 {
     let mut d = madd::<FMA>(0.012_598_881_5, a, 0.137_181_506);
     d = madd::<FMA>(d, a, 0.552_969_098);
     d = madd::<FMA>(d, a, 1.0);
+    n / d - 1.0
+}
+
+/// GELU's erf form from `x` and `t = log2 Φ(−|x|)` ([`gelu_erf_first`]).
+#[inline(always)]
+fn gelu_erf_last<const FMA: bool>(x: f32, t: f32) -> f32 {
+    let a = fmin(x.abs(), 13.3);
     // As the CUDA form's flushing `ex2.approx.ftz` and floor: Φ(−a) below the normal range
     // (a > 13.0, results below 2e-37 in magnitude for |x| < 13.3) is held at 2^-149, so that
     // x·Φ(−a) stays below 5e-7 for every finite x < 0.
-    let e = exp2::<FMA>(n / d - 1.0);
+    let e = exp2::<FMA>(t);
     let q = if e < f32::MIN_POSITIVE { f32::from_bits(1) } else { e };
     // max(x, 0) keeping NaN and −0.
     let pos = if x >= 0.0 || x.is_nan() { x } else { 0.0 };
     madd::<FMA>(fmin(x, -a), q, pos)
 }
 
-/// GELU, tanh form: `x · sigmoid(2u)` as in `apply_f32`.
+/// GELU, tanh form: `x · sigmoid(2u)` as in `apply_f32`, in three stages (see [`Staged`]):
+/// this one gives the clamped exponent `−2u`, then [`exp`], then [`gelu_tanh_last`].
 #[inline(always)]
-pub(crate) fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
+fn gelu_tanh_first<const FMA: bool>(x: f32) -> f32 {
     // A NaN x is clamped to a number here; the final quotient is NaN.
     let xc = fmin(fmax(x, -20.0), 20.0);
     let u = 0.797_884_6 * xc * madd::<FMA>(0.044_715 * xc, xc, 1.0);
-    let t = fmin(fmax(-2.0 * u, -88.0), 88.0);
-    x / (1.0 + exp::<FMA>(t))
+    fmin(fmax(-2.0 * u, -88.0), 88.0)
 }
 
-/// SiLU as `apply_f32` (`silu_f32`): one quotient, selects instead of branches.
+/// GELU's tanh form from `x` and `e = e^−2u`.
 #[inline(always)]
-pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
-    // A NaN x takes the negative path (every comparison is false) and gives NaN from the quotient.
-    let e = exp::<FMA>(fmin(-x, 88.0));
-    let pos = x >= 0.0;
-    let v = if pos { e } else { x } / (1.0 + e);
-    let neg = if x < tilekit_kernels::activation::SILU_CUTOFF { -0.0 } else { v };
-    if pos { x - fmin(x, 88.0) * v } else { neg }
+fn gelu_tanh_last(x: f32, e: f32) -> f32 {
+    x / (1.0 + e)
+}
+
+/// SiLU, `x·σ(x)`, in two stages (see [`Staged`]): `e = e^−|x|` (so `1 + e` lies in [1, 2]),
+/// then [`silu_last`].
+#[inline(always)]
+fn silu_first<const FMA: bool>(x: f32) -> f32 {
+    // A NaN x gives a number here (the clamps in `exp` take their second operand).
+    exp::<FMA>(-x.abs())
+}
+
+/// SiLU from `x` and `e = e^−|x|`, with one quotient `v = e / (1 + e)`: `x − x·v` for x ≥ 0
+/// (`x·v` is at most x/2, so its rounding is halved; `min(x, 88)` keeps +Inf from meeting a
+/// 0 `v`, and −0 gives +0, as `apply_f32`), `x·v` for x < 0, and −0 below
+/// [`SILU_CUTOFF`](tilekit_kernels::activation::SILU_CUTOFF). NaN takes the negative side (every
+/// comparison is false) and gives NaN.
+#[inline(always)]
+fn silu_last<const FMA: bool>(x: f32, e: f32) -> f32 {
+    let v = e / (1.0 + e);
+    let pos = madd::<FMA>(-fmin(x, 88.0), v, x);
+    let neg = if x < tilekit_kernels::activation::SILU_CUTOFF { -0.0 } else { x * v };
+    if x >= 0.0 { pos } else { neg }
 }
 
 /// `max(x, 0)`, NaN kept, −0 → +0 (as `apply_f32`).
@@ -140,52 +168,101 @@ fn relu6(x: f32) -> f32 {
     if y > 6.0 { 6.0 } else { y }
 }
 
-/// `out[i] = f(x[i] + bias[i])` (no add without a bias); `x`, `bias` and `out` of one length.
+/// `out = f(x + bias)` elementwise for the exact forms (no add without a bias); `x` is `None`
+/// in place (read from `out`).
 #[inline(always)]
-fn map_with<F: Fn(f32) -> f32>(f: F, x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
-    match bias {
-        Some(b) => out.iter_mut().zip(x).zip(b).for_each(|((o, &x), &b)| *o = f(x + b)),
-        None => out.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)),
+fn map_exact<F: Fn(f32) -> f32>(f: F, x: Option<&[f32]>, bias: Option<&[f32]>, out: &mut [f32]) {
+    match (x, bias) {
+        (Some(x), Some(b)) => out.iter_mut().zip(x).zip(b).for_each(|((o, &x), &b)| *o = f(x + b)),
+        (Some(x), None) => out.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)),
+        (None, Some(b)) => out.iter_mut().zip(b).for_each(|(v, &b)| *v = f(*v + b)),
+        (None, None) => out.iter_mut().for_each(|v| *v = f(*v)),
     }
 }
 
-/// `v[i] = f(v[i] + bias[i])` in place.
+/// Elements per block of a [`Staged`] activation (1 KiB of f32 per buffer, in L1).
+const STAGE: usize = 256;
+
+/// A transcendental activation computed block by block in stages, each stage one loop over
+/// the block: `first(pre)`, then `mid` over those values (if any), then `last(pre, value)`,
+/// where `pre` is the input plus its bias. Each stage's dependency chain is short (a
+/// polynomial, an `exp`, a quotient), so the out-of-order core overlaps many iterations of
+/// one loop; fused into one loop, the 60–100 cycles from an input to its result kept too
+/// few iterations in flight. Measured in one process, one thread, AVX2, 393k elements:
+/// SiLU 0.93 → 0.66 ns per element, GELU (erf) 1.31 → 1.00, GELU (tanh) 1.03 → 0.79.
+struct Staged<F, M, L> {
+    first: F,
+    mid: Option<M>,
+    last: L,
+}
+
+impl<F: Fn(f32) -> f32, M: Fn(f32) -> f32, L: Fn(f32, f32) -> f32> Staged<F, M, L> {
+    /// `out = act(x + bias)`; `x` is `None` in place (read from `out`).
+    #[inline(always)]
+    fn run(&self, x: Option<&[f32]>, bias: Option<&[f32]>, out: &mut [f32]) {
+        let mut t = [0.0f32; STAGE];
+        for start in (0..out.len()).step_by(STAGE) {
+            let end = (start + STAGE).min(out.len());
+            let (o, t) = (&mut out[start..end], &mut t[..end - start]);
+            let (x, b) = (x.map(|x| &x[start..end]), bias.map(|b| &b[start..end]));
+            // Stage one from the inputs (plus bias) into `t`.
+            let first = &self.first;
+            match (x, b) {
+                (Some(x), None) => t.iter_mut().zip(x).for_each(|(t, &p)| *t = first(p)),
+                (Some(x), Some(b)) => t.iter_mut().zip(x).zip(b).for_each(|((t, &p), &b)| *t = first(p + b)),
+                (None, None) => t.iter_mut().zip(o.iter()).for_each(|(t, &p)| *t = first(p)),
+                (None, Some(b)) => t.iter_mut().zip(o.iter()).zip(b).for_each(|((t, &p), &b)| *t = first(p + b)),
+            }
+            if let Some(mid) = &self.mid {
+                t.iter_mut().for_each(|t| *t = mid(*t));
+            }
+            // The last stage from the inputs (plus bias, added again) and `t` into `out`.
+            let last = &self.last;
+            match (x, b) {
+                (Some(x), None) => o.iter_mut().zip(x).zip(t.iter()).for_each(|((o, &p), &t)| *o = last(p, t)),
+                (Some(x), Some(b)) => {
+                    o.iter_mut().zip(x).zip(b).zip(t.iter()).for_each(|(((o, &p), &b), &t)| *o = last(p + b, t))
+                }
+                (None, None) => o.iter_mut().zip(t.iter()).for_each(|(o, &t)| *o = last(*o, t)),
+                (None, Some(b)) => o.iter_mut().zip(b).zip(t.iter()).for_each(|((o, &b), &t)| *o = last(*o + b, t)),
+            }
+        }
+    }
+}
+
+/// No middle stage.
+type NoMid = fn(f32) -> f32;
+
+/// `out = act(x + bias)` elementwise; `x` is `None` in place (read from `out`).
 #[inline(always)]
-fn map_in_place_with<F: Fn(f32) -> f32>(f: F, v: &mut [f32], bias: Option<&[f32]>) {
-    match bias {
-        Some(b) => v.iter_mut().zip(b).for_each(|(v, &b)| *v = f(*v + b)),
-        None => v.iter_mut().for_each(|v| *v = f(*v)),
+fn map_any<const FMA: bool>(act: Activation, x: Option<&[f32]>, bias: Option<&[f32]>, out: &mut [f32]) {
+    match act {
+        Activation::None => map_exact(|x| x, x, bias, out),
+        Activation::Relu => map_exact(relu, x, bias, out),
+        Activation::Relu6 => map_exact(relu6, x, bias, out),
+        Activation::Gelu => {
+            Staged { first: gelu_erf_first::<FMA>, mid: None::<NoMid>, last: gelu_erf_last::<FMA> }.run(x, bias, out)
+        }
+        Activation::GeluTanh => {
+            Staged { first: gelu_tanh_first::<FMA>, mid: Some(exp::<FMA>), last: gelu_tanh_last }.run(x, bias, out)
+        }
+        Activation::Silu => {
+            Staged { first: silu_first::<FMA>, mid: None::<NoMid>, last: silu_last::<FMA> }.run(x, bias, out)
+        }
+        // Every variant there is is matched above; the arm exists because `Activation` is
+        // `#[non_exhaustive]`. A variant added without a CPU kernel fails the `Activation::ALL` tests.
+        other => unreachable!("{other:?} reached the CPU activation kernel"),
     }
 }
 
 #[inline(always)]
 fn map_inner<const FMA: bool>(act: Activation, x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
-    match act {
-        Activation::None => map_with(|x| x, x, bias, out),
-        Activation::Relu => map_with(relu, x, bias, out),
-        Activation::Relu6 => map_with(relu6, x, bias, out),
-        Activation::Gelu => map_with(gelu_erf::<FMA>, x, bias, out),
-        Activation::GeluTanh => map_with(gelu_tanh::<FMA>, x, bias, out),
-        Activation::Silu => map_with(silu::<FMA>, x, bias, out),
-        // Every variant there is is matched above; the arm exists because `Activation` is
-        // `#[non_exhaustive]`. A variant added without a CPU kernel fails the `Activation::ALL` tests.
-        other => unreachable!("{other:?} reached the CPU activation kernel"),
-    }
+    map_any::<FMA>(act, Some(x), bias, out);
 }
 
 #[inline(always)]
 fn map_in_place_inner<const FMA: bool>(act: Activation, v: &mut [f32], bias: Option<&[f32]>) {
-    match act {
-        Activation::None => map_in_place_with(|x| x, v, bias),
-        Activation::Relu => map_in_place_with(relu, v, bias),
-        Activation::Relu6 => map_in_place_with(relu6, v, bias),
-        Activation::Gelu => map_in_place_with(gelu_erf::<FMA>, v, bias),
-        Activation::GeluTanh => map_in_place_with(gelu_tanh::<FMA>, v, bias),
-        Activation::Silu => map_in_place_with(silu::<FMA>, v, bias),
-        // Every variant there is is matched above; the arm exists because `Activation` is
-        // `#[non_exhaustive]`. A variant added without a CPU kernel fails the `Activation::ALL` tests.
-        other => unreachable!("{other:?} reached the CPU activation kernel"),
-    }
+    map_any::<FMA>(act, None, bias, v);
 }
 
 multiversion! {
@@ -368,6 +445,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The staged forms equal their stages composed element by element, bit for bit, at
+    /// lengths around the block edges, with and without a bias, in place and not.
+    #[test]
+    fn staged_forms_match_their_stages_at_every_block_edge() {
+        for isa in Isa::available() {
+            for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+                for len in [0, 1, 7, 8, 9, STAGE - 1, STAGE, STAGE + 1, 2 * STAGE + 5, 5 * STAGE - 3] {
+                    let x: Vec<f32> = (0..len).map(|i| (i as f32 * 0.731).sin() * 9.0).collect();
+                    let b: Vec<f32> = (0..len).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
+                    for bias in [None, Some(&b[..])] {
+                        let pre: Vec<f32> =
+                            x.iter().enumerate().map(|(i, &v)| v + bias.map_or(0.0, |b| b[i])).collect();
+                        let mut want = vec![0.0f32; len];
+                        composed(isa, act, &pre, &mut want);
+                        let mut out = vec![0.0f32; len];
+                        map(isa, act, &x, bias, &mut out);
+                        let mut inplace = x.clone();
+                        map_in_place(isa, act, &mut inplace, bias);
+                        for i in 0..len {
+                            let w = want[i].to_bits();
+                            assert_eq!(out[i].to_bits(), w, "{isa:?} {act} len {len} bias {} at {i}", bias.is_some());
+                            assert_eq!(inplace[i].to_bits(), w, "{isa:?} {act} len {len} in place at {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each transcendental form's stages composed in one loop (the order `Staged` runs them).
+    #[inline(always)]
+    fn composed_inner<const FMA: bool>(act: Activation, x: &[f32], out: &mut [f32]) {
+        let f = |p: f32| match act {
+            Activation::Gelu => gelu_erf_last::<FMA>(p, gelu_erf_first::<FMA>(p)),
+            Activation::GeluTanh => gelu_tanh_last(p, exp::<FMA>(gelu_tanh_first::<FMA>(p))),
+            Activation::Silu => silu_last::<FMA>(p, silu_first::<FMA>(p)),
+            other => unreachable!("{other:?} has no stages"),
+        };
+        out.iter_mut().zip(x).for_each(|(o, &p)| *o = f(p));
+    }
+
+    multiversion! {
+        fn composed(act: Activation, x: &[f32], out: &mut [f32]) => composed_inner
     }
 
     /// `exp` against f64 over its range: within 2 ulp where the result is normal, and held
