@@ -12,7 +12,8 @@
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
 //!   group in turn, with 4 × 3 eight-lane accumulators in registers (7 loads per 12 vector
-//!   multiply-adds; 4 columns a tile at M ≤ 2). The tile's chunk of `B` (12 KiB) is read from
+//!   multiply-adds; 4 columns a tile at M ≤ 2; written in AVX intrinsics where the CPU has
+//!   AVX2 and FMA). The tile's chunk of `B` (12 KiB) is read from
 //!   memory once, in page-long runs and in storage order, and from L1 by the other groups;
 //!   the partial sums carry across chunks in an 8-lane buffer and are summed pairwise at the end.
 //!
@@ -165,6 +166,13 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
     part: &mut [[f32; DOT_LANES]],
     pstride: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe { avx::chunk_tile::<R, C>(ap, b, ldb, kl, part, pstride) };
+        return;
+    }
     // Each row of B cut to exactly `kl` once: with `q + DOT_LANES <= kl` as the loop condition
     // their bounds checks fold into the loop's own.
     let br: [&[f32]; C] = std::array::from_fn(|j| &b[j * ldb..][..kl]);
@@ -193,6 +201,68 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
     }
     for (i, acc) in acc.iter().enumerate() {
         part[i * pstride..][..C].copy_from_slice(acc);
+    }
+}
+
+/// The `N × K` register tile in AVX intrinsics. The plain-loop tile compiles to the same 12
+/// FMAs a step, but with its row pointers reloaded from the stack and two bounds checks each
+/// step; this one took 15–25% less time on the `N × K` decode shapes (in-process A/B, one and
+/// two threads).
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::DOT_LANES;
+    use std::arch::x86_64::*;
+
+    /// [`super::chunk_tile`] with the `R·C` sums in `ymm` registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn chunk_tile<const R: usize, const C: usize>(
+        ap: &[f32],
+        b: &[f32],
+        ldb: usize,
+        kl: usize,
+        part: &mut [[f32; DOT_LANES]],
+        pstride: usize,
+    ) {
+        assert!(
+            kl.is_multiple_of(DOT_LANES)
+                && kl * R <= ap.len()
+                && (C - 1) * ldb + kl <= b.len()
+                && (R - 1) * pstride + C <= part.len(),
+            "register tile past its operands"
+        );
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
+        // the assert bounds every access: `ap` steps q < kl of R vectors, B's rows j < C at
+        // columns q < kl, `part`'s rows i < R at columns j < C.
+        unsafe {
+            let bp: [*const f32; C] = std::array::from_fn(|j| b.as_ptr().add(j * ldb));
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for (i, acc) in acc.iter_mut().enumerate() {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_loadu_ps(part[i * pstride + j].as_ptr());
+                }
+            }
+            let mut a = ap.as_ptr();
+            let mut q = 0;
+            while q < kl {
+                let bv: [__m256; C] = std::array::from_fn(|j| _mm256_loadu_ps(bp[j].add(q)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm256_loadu_ps(a.add(i * DOT_LANES));
+                    for (acc, bv) in acc.iter_mut().zip(&bv) {
+                        *acc = _mm256_fmadd_ps(av, *bv, *acc);
+                    }
+                }
+                a = a.add(R * DOT_LANES);
+                q += DOT_LANES;
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (j, acc) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(part[i * pstride + j].as_mut_ptr(), *acc);
+                }
+            }
+        }
     }
 }
 

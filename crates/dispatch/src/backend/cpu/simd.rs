@@ -26,6 +26,10 @@ impl Isa {
     /// The best instruction set this CPU has.
     #[inline]
     pub(crate) fn detect() -> Isa {
+        #[cfg(test)]
+        if let Some(isa) = FORCED.get() {
+            return isa;
+        }
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f")
@@ -56,6 +60,24 @@ impl Isa {
         }
         out
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The instruction set [`Isa::detect`] reports on this thread, where a test has set one.
+    static FORCED: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` once in each instruction set this CPU has, with [`Isa::detect`] reporting it on
+/// this thread: for tests of operations that detect their instruction set once, on the
+/// calling thread, and hand it to their tasks.
+#[cfg(test)]
+pub(crate) fn in_each_isa(mut f: impl FnMut(Isa)) {
+    for isa in Isa::available() {
+        FORCED.set(Some(isa));
+        f(isa);
+    }
+    FORCED.set(None);
 }
 
 /// Whether the portable copy has a hardware fused multiply-add (aarch64 always does).

@@ -8,7 +8,7 @@
 use super::Elem;
 use super::depthwise::Conv;
 use super::matmul::MatmulOperands;
-use super::simd::Isa;
+use super::simd::{Isa, in_each_isa};
 use half::{bf16, f16};
 use std::borrow::Cow;
 use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
@@ -136,36 +136,42 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
 }
 
 /// The skinny path: M = 1…16, both B layouts (and A transposed or not), widths around the
-/// 16-lane and 512-column block edges, K around the 4-row and 16-lane steps, every epilogue.
+/// 16-lane and 512-column block edges, K around the 4-row and 16-lane steps, every epilogue,
+/// in every instruction set (the `N × K` tile has its own AVX code).
 #[test]
 fn skinny_matmul_is_exact() {
-    let mut seed = 1;
-    for m in 1..=16 {
-        for &(n, k) in &[(1, 1), (3, 5), (17, 19), (33, 64), (70, 31), (513, 7), (65, 67)] {
-            for tb in [false, true] {
-                let ta = (m + n) % 2 == 0;
-                let d = matmul_desc(m, n, k, ta, tb, seed as usize);
-                check_matmul(&d, seed);
-                seed += 1;
+    in_each_isa(|_| {
+        let mut seed = 1;
+        for m in 1..=16 {
+            for &(n, k) in &[(1, 1), (3, 5), (17, 19), (33, 64), (70, 31), (513, 7), (65, 67)] {
+                for tb in [false, true] {
+                    let ta = (m + n) % 2 == 0;
+                    let d = matmul_desc(m, n, k, ta, tb, seed as usize);
+                    check_matmul(&d, seed);
+                    seed += 1;
+                }
             }
         }
-    }
+    });
 }
 
 /// The `N × K` skinny kernel's K chunks ([`super::gemv::KC`]): K across one and two chunk
 /// edges with 8-lane and scalar tails, every row-group remainder (M mod 4) and the two-row
-/// wide tiles, widths leaving every column-tile remainder (N mod 3, N mod 4).
+/// wide tiles, widths leaving every column-tile remainder (N mod 3, N mod 4), in every
+/// instruction set.
 #[test]
 fn skinny_k_chunks_are_exact() {
     use super::gemv::KC;
-    let mut seed = 900;
-    for m in [1, 2, 3, 4, 5, 7, 16] {
-        for &(n, k) in &[(7, KC + 8), (70, KC + 1), (13, 2 * KC + 13), (66, KC - 3)] {
-            let d = matmul_desc(m, n, k, m % 2 == 1, true, seed as usize);
-            check_matmul(&d, seed);
-            seed += 1;
+    in_each_isa(|_| {
+        let mut seed = 900;
+        for m in [1, 2, 3, 4, 5, 7, 16] {
+            for &(n, k) in &[(7, KC + 8), (70, KC + 1), (13, 2 * KC + 13), (66, KC - 3)] {
+                let d = matmul_desc(m, n, k, m % 2 == 1, true, seed as usize);
+                check_matmul(&d, seed);
+                seed += 1;
+            }
         }
-    }
+    });
 }
 
 /// Large enough to split across threads: the skinny columns blocks, and the row panels.
