@@ -7,7 +7,10 @@
 //! - `B` stored `K × N` (rows of `B` are runs of output columns): four rows of `B` at a time
 //!   are multiplied into two accumulator rows at a time (`acc_i += a_i,p·B_p + … +
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
-//!   and each load of `B` from L1 serves two rows;
+//!   and each load of `B` from L1 serves two rows. From 14 rows of `A` on AVX2, instead, `B`
+//!   is copied in 64 × 128 panels (the next panel prefetched while one is computed) and each
+//!   16-column strip of a panel meets the rows of `A` six at a time with the sums in
+//!   registers ([`avx::rows_panels`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
@@ -64,9 +67,31 @@ pub(super) struct Block<'a> {
     k: usize,
 }
 
-/// `acc[i][0..nb] = Σ_p a[i][p] · B[p][j0 + ..]` for `B` stored `K × N`.
+/// `acc[i][0..nb] = Σ_p a[i][p] · B[p][j0 + ..]` for `B` stored `K × N`: [`avx::rows_panels`]
+/// from [`PANEL_MIN_M`] rows of `A` where the CPU has AVX2 and FMA, else [`rows_plain`].
 #[inline(always)]
 fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA && p.m >= PANEL_MIN_M {
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe { avx::rows_panels(p, j0, nb, acc) };
+        return;
+    }
+    rows_plain::<FMA>(p, j0, nb, acc);
+}
+
+/// The fewest rows of `A` that take the panel kernel ([`avx::rows_panels`]) with `B` stored
+/// `K × N`. Below it the row-streaming kernel was as fast or faster (in-process A/B at
+/// 4–16 × 4096 × 4096: 0.6× at M = 4, even at 12–14, 1.15–1.3× at 16): with fewer rows per
+/// panel the packing weighs more and the product is nearer the memory bound.
+#[cfg(target_arch = "x86_64")]
+const PANEL_MIN_M: usize = 14;
+
+/// [`rows_inner`] with `B` streamed row by row: four rows of `B` at a time into two rows of
+/// accumulators at a time.
+#[inline(always)]
+fn rows_plain<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
     let (a, b, lda, ldb, m, k) = (p.a, p.b, p.lda, p.ldb, p.m, p.k);
     acc[..m * nb].fill(0.0);
     let mut q = 0;
@@ -210,8 +235,155 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
 /// two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::DOT_LANES;
+    use super::{Block, DOT_LANES, rows_plain};
     use std::arch::x86_64::*;
+
+    /// Rows of `B` per panel of [`rows_panels`].
+    const PANEL_K: usize = 64;
+    /// Columns per panel (8 strips of [`STRIP`]): a panel is 32 KiB.
+    const PANEL_N: usize = 128;
+    /// Columns per register tile (two 8-lane vectors).
+    const STRIP: usize = 16;
+    /// Rows of `A` per register tile (12 accumulators, 2 vectors of `B`, a broadcast).
+    const TILE_M: usize = 6;
+
+    thread_local! {
+        /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] ×
+        /// [`PANEL_N`] elements). Taken out for the call and put back: a closure (as
+        /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and
+        /// the intrinsics in it would become calls.
+        static PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+
+    /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows
+    /// × [`PANEL_N`] columns of `B` are copied into a buffer strip by strip (each 16-column
+    /// strip's rows back to back, so a tile reads one contiguous stream with no L1 set
+    /// conflicts: rows of `B` 16 KiB apart all fall in one set), then every strip meets each
+    /// group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
+    /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and
+    /// stored once per panel). While a panel is computed, the next one's rows of `B` are
+    /// prefetched in storage order, spread over its tiles, so the copy finds them in L1.
+    ///
+    /// Against the row-streaming kernel ([`rows_plain`]), whose two rows of accumulators per
+    /// pass come from L2 for every four multiply-adds: 1.4× in cache (16 × 512 × 256, one
+    /// thread), 1.15–1.3× on the M = 16 decode shapes (in-process A/B). Without the prefetch
+    /// the panels were slower than the row-streaming kernel from memory (copy and compute do
+    /// not overlap), and a kernel on `B` in place (no copy) lost to the set conflicts.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        let (m, k) = (p.m, p.k);
+        let full = nb - nb % STRIP;
+        let acc = &mut acc[..m * nb];
+        acc.fill(0.0);
+        let mut buf = PANEL.take();
+        if buf.len() < PANEL_K * PANEL_N {
+            buf.resize(PANEL_K * PANEL_N, 0.0);
+        }
+        {
+            // Panels in order: K steps outside, column steps inside.
+            let next = |q0: usize, s0: usize| {
+                let kb = PANEL_K.min(k - q0);
+                if s0 + PANEL_N < full { (q0, s0 + PANEL_N) } else { (q0 + kb, 0) }
+            };
+            let (mut q0, mut s0) = (0, 0);
+            while q0 < k && s0 < full {
+                let (kb, ns) = (PANEL_K.min(k - q0), PANEL_N.min(full - s0));
+                let strips = ns / STRIP;
+                for q in 0..kb {
+                    let src = &p.b[(q0 + q) * p.ldb + j0 + s0..][..ns];
+                    for (st, v) in src.chunks_exact(STRIP).enumerate() {
+                        buf[(st * kb + q) * STRIP..][..STRIP].copy_from_slice(v);
+                    }
+                }
+                // The next panel's cache lines (rows in storage order), spread evenly over
+                // this panel's tiles.
+                let (nq, ns0) = next(q0, s0);
+                let (nkb, lines) =
+                    if nq < k { (PANEL_K.min(k - nq), PANEL_N.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
+                let tiles = strips * m.div_ceil(TILE_M);
+                let per_tile = (nkb * lines).div_ceil(tiles);
+                let mut line = 0;
+                for st in 0..strips {
+                    let panel = &buf[st * kb * STRIP..][..kb * STRIP];
+                    let mut g0 = 0;
+                    while g0 < m {
+                        for _ in 0..per_tile.min(nkb * lines - line) {
+                            let at = (nq + line / lines) * p.ldb + j0 + ns0 + line % lines * STRIP;
+                            // SAFETY: a prefetch never faults; the address is inside B's slice.
+                            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.b[at..].as_ptr() as *const i8) };
+                            line += 1;
+                        }
+                        let r = TILE_M.min(m - g0);
+                        let a = &p.a[g0 * p.lda + q0..];
+                        let c = &mut acc[g0 * nb + s0 + st * STRIP..];
+                        // SAFETY: the caller promises AVX2 and FMA.
+                        unsafe {
+                            match r {
+                                6 => tile::<6>(a, p.lda, panel, kb, c, nb),
+                                5 => tile::<5>(a, p.lda, panel, kb, c, nb),
+                                4 => tile::<4>(a, p.lda, panel, kb, c, nb),
+                                3 => tile::<3>(a, p.lda, panel, kb, c, nb),
+                                2 => tile::<2>(a, p.lda, panel, kb, c, nb),
+                                _ => tile::<1>(a, p.lda, panel, kb, c, nb),
+                            }
+                        }
+                        g0 += r;
+                    }
+                }
+                (q0, s0) = next(q0, s0);
+            }
+        }
+        PANEL.set(buf);
+        if full < nb {
+            // The last nb mod 16 columns, streamed row by row into a small buffer.
+            let w = nb - full;
+            let mut rest = [0.0f32; 16 * STRIP];
+            rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
+            for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
+                acc[i * nb + full..][..w].copy_from_slice(r);
+            }
+        }
+    }
+
+    /// One `R × 16` tile over the `kb` rows of a strip: `a` from `A[g0][q0]` (rows `lda`
+    /// apart), `panel` the strip's rows back to back, the sums from and back to `c` (rows
+    /// `nb` apart).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(a: &[f32], lda: usize, panel: &[f32], kb: usize, c: &mut [f32], nb: usize) {
+        assert!(
+            kb > 0 && (R - 1) * lda + kb <= a.len() && kb * STRIP <= panel.len() && (R - 1) * nb + STRIP <= c.len(),
+            "register tile past its operands"
+        );
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
+        // the assert bounds every access: A's rows i < R at q < kb, the strip's kb rows of
+        // 16, c's rows i < R at 16 columns.
+        unsafe {
+            let (ap, bp, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
+            let mut s: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
+            for (i, s) in s.iter_mut().enumerate() {
+                *s = [_mm256_loadu_ps(cp.add(i * nb)), _mm256_loadu_ps(cp.add(i * nb + 8))];
+            }
+            for q in 0..kb {
+                let br = bp.add(q * STRIP);
+                let (b0, b1) = (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)));
+                for (i, s) in s.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*ap.add(i * lda + q));
+                    s[0] = _mm256_fmadd_ps(av, b0, s[0]);
+                    s[1] = _mm256_fmadd_ps(av, b1, s[1]);
+                }
+            }
+            for (i, s) in s.iter().enumerate() {
+                _mm256_storeu_ps(cp.add(i * nb), s[0]);
+                _mm256_storeu_ps(cp.add(i * nb + 8), s[1]);
+            }
+        }
+    }
 
     /// [`super::chunk_tile`] with the `R·C` sums in `ymm` registers.
     ///
