@@ -174,8 +174,8 @@ fn skinny_k_chunks_are_exact() {
     });
 }
 
-/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2): K across one and several
-/// 64-row panels with a short last one, widths across 128-column panels with short last
+/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2): K within one and across
+/// 128-row panels with a short last one, widths across 64-column panels with short last
 /// panels and 1–15 columns left to the row-streaming kernel, every row-group remainder
 /// (M mod 6), padded views, in every instruction set.
 #[test]
