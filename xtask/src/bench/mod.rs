@@ -22,8 +22,11 @@
 //! The bench must time optimised code, so when the xtask itself was built without
 //! optimisations (the `cargo xtask` alias builds it in the dev profile, which keeps
 //! `cargo xtask test` from compiling the workspace twice) it rebuilds itself with `--release`
-//! and runs that build.
+//! and runs that build. With the CPU backend among the devices, that build first audits its own
+//! symbol table ([`audit`]): a SIMD intrinsic compiled as a call (a kernel that lost its target
+//! features) fails the bench.
 
+mod audit;
 mod blocks;
 mod cases;
 mod chart;
@@ -127,6 +130,29 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut profiles = Vec::new();
     let mut block_failures: Vec<String> = Vec::new();
+    if devices.iter().any(|d| d.kind() == BackendKind::Cpu) {
+        match audit::audit_self() {
+            Ok(a) if a.kernel_copies == 0 => println!(
+                "SKIP CPU intrinsics audit: this executable's symbol table shows no AVX2/AVX-512 kernel copies \
+                 (stripped?), so it cannot tell whether their intrinsics were inlined"
+            ),
+            Ok(a) if a.out_of_line.is_empty() => println!(
+                "CPU intrinsics audit: no core::arch SIMD intrinsic is compiled out of line in this executable \
+                 ({} AVX2/AVX-512 kernel copies seen)",
+                a.kernel_copies
+            ),
+            Ok(a) => {
+                println!(
+                    "FAILED CPU intrinsics audit: {} core::arch SIMD intrinsic(s) compiled as calls (a kernel \
+                     lost its target features): {}",
+                    a.out_of_line.len(),
+                    a.out_of_line.join(", ")
+                );
+                block_failures.push("CPU intrinsics audit".into());
+            }
+            Err(e) => println!("SKIP CPU intrinsics audit: {e:#}"),
+        }
+    }
     let mut tune_notes = Vec::new();
     let selected = |entry: &Entry| args.suite.is_empty() || args.suite.iter().any(|s| s == entry.suite);
     let total: usize = devices
