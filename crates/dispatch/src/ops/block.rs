@@ -4,8 +4,9 @@
 //! The fused path is one backend kernel (`BackendOps::inverted_residual`) that tiles output
 //! pixels and keeps the expanded activations of a tile and its halo on chip, so the expanded
 //! tensor never reaches memory. The unfused path runs the chain through the public ops
-//! ([`pointwise_into`], then [`Device::depthwise_conv2d`], then [`pointwise_into`] with the
-//! residual as `beta·C`); it is what the fused kernels are checked and benchmarked against.
+//! ([`Device::pointwise_conv2d_into`], then [`Device::depthwise_conv2d`], then
+//! [`Device::pointwise_conv2d_into`] with the residual as `beta·C`); it is what the fused
+//! kernels are checked and benchmarked against.
 
 use super::{check_alias, check_device, check_dtype, storage};
 use crate::backend::{BackendOps, BlockArgs, with_backend};

@@ -46,6 +46,10 @@
 //! caches, launches and their geometry), `ops.rs` (the [`BackendOps`] implementation),
 //! `depthwise.rs` (the depthwise convolution's launch), `quant.rs` (`matmul_quant`'s launches),
 //! `block.rs` (the fused inverted-residual block).
+//!
+//! [`BackendOps`]: crate::backend::BackendOps
+//! [`BackendOps::download`]: crate::backend::BackendOps::download
+//! [`BackendOps::synchronize`]: crate::backend::BackendOps::synchronize
 
 mod block;
 mod buffers;
