@@ -229,10 +229,11 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
     }
 }
 
-/// The `N × K` register tile in AVX intrinsics. The plain-loop tile compiles to the same 12
-/// FMAs a step, but with its row pointers reloaded from the stack and two bounds checks each
-/// step; this one took 15–25% less time on the `N × K` decode shapes (in-process A/B, one and
-/// two threads).
+/// The skinny kernels' AVX register tiles: the panel kernel for `B` stored `K × N`
+/// ([`rows_panels`](avx::rows_panels)) and the `N × K` tile ([`chunk_tile`](avx::chunk_tile)).
+/// The plain-loop `N × K` tile compiles to the same 12 FMAs a step, but with its row pointers
+/// reloaded from the stack and two bounds checks each step; the intrinsics took 15–25% less
+/// time on the `N × K` decode shapes (in-process A/B, one and two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
     use super::{Block, DOT_LANES, rows_plain};
@@ -284,59 +285,57 @@ mod avx {
         if buf.len() < PANEL_K * PANEL_N {
             buf.resize(PANEL_K * PANEL_N, 0.0);
         }
-        {
-            // Panels in order: K steps outside, column steps inside.
-            let next = |q0: usize, s0: usize| {
-                let kb = PANEL_K.min(k - q0);
-                if s0 + PANEL_N < full { (q0, s0 + PANEL_N) } else { (q0 + kb, 0) }
-            };
-            let (mut q0, mut s0) = (0, 0);
-            while q0 < k && s0 < full {
-                let (kb, ns) = (PANEL_K.min(k - q0), PANEL_N.min(full - s0));
-                let strips = ns / STRIP;
-                for q in 0..kb {
-                    let src = &p.b[(q0 + q) * p.ldb + j0 + s0..][..ns];
-                    for (st, v) in src.chunks_exact(STRIP).enumerate() {
-                        buf[(st * kb + q) * STRIP..][..STRIP].copy_from_slice(v);
-                    }
+        // Panels in order: K steps outside, column steps inside.
+        let next = |q0: usize, s0: usize| {
+            let kb = PANEL_K.min(k - q0);
+            if s0 + PANEL_N < full { (q0, s0 + PANEL_N) } else { (q0 + kb, 0) }
+        };
+        let (mut q0, mut s0) = (0, 0);
+        while q0 < k && s0 < full {
+            let (kb, ns) = (PANEL_K.min(k - q0), PANEL_N.min(full - s0));
+            let strips = ns / STRIP;
+            for q in 0..kb {
+                let src = &p.b[(q0 + q) * p.ldb + j0 + s0..][..ns];
+                for (st, v) in src.chunks_exact(STRIP).enumerate() {
+                    buf[(st * kb + q) * STRIP..][..STRIP].copy_from_slice(v);
                 }
-                // The next panel's cache lines (rows in storage order), spread evenly over
-                // this panel's tiles.
-                let (nq, ns0) = next(q0, s0);
-                let (nkb, lines) =
-                    if nq < k { (PANEL_K.min(k - nq), PANEL_N.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
-                let tiles = strips * m.div_ceil(TILE_M);
-                let per_tile = (nkb * lines).div_ceil(tiles);
-                let mut line = 0;
-                for st in 0..strips {
-                    let panel = &buf[st * kb * STRIP..][..kb * STRIP];
-                    let mut g0 = 0;
-                    while g0 < m {
-                        for _ in 0..per_tile.min(nkb * lines - line) {
-                            let at = (nq + line / lines) * p.ldb + j0 + ns0 + line % lines * STRIP;
-                            // SAFETY: a prefetch never faults; the address is inside B's slice.
-                            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.b[at..].as_ptr() as *const i8) };
-                            line += 1;
-                        }
-                        let r = TILE_M.min(m - g0);
-                        let a = &p.a[g0 * p.lda + q0..];
-                        let c = &mut acc[g0 * nb + s0 + st * STRIP..];
-                        // SAFETY: the caller promises AVX2 and FMA.
-                        unsafe {
-                            match r {
-                                6 => tile::<6>(a, p.lda, panel, kb, c, nb),
-                                5 => tile::<5>(a, p.lda, panel, kb, c, nb),
-                                4 => tile::<4>(a, p.lda, panel, kb, c, nb),
-                                3 => tile::<3>(a, p.lda, panel, kb, c, nb),
-                                2 => tile::<2>(a, p.lda, panel, kb, c, nb),
-                                _ => tile::<1>(a, p.lda, panel, kb, c, nb),
-                            }
-                        }
-                        g0 += r;
-                    }
-                }
-                (q0, s0) = next(q0, s0);
             }
+            // The next panel's cache lines (rows in storage order), spread evenly over
+            // this panel's tiles.
+            let (nq, ns0) = next(q0, s0);
+            let (nkb, lines) =
+                if nq < k { (PANEL_K.min(k - nq), PANEL_N.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
+            let tiles = strips * m.div_ceil(TILE_M);
+            let per_tile = (nkb * lines).div_ceil(tiles);
+            let mut line = 0;
+            for st in 0..strips {
+                let panel = &buf[st * kb * STRIP..][..kb * STRIP];
+                let mut g0 = 0;
+                while g0 < m {
+                    for _ in 0..per_tile.min(nkb * lines - line) {
+                        let at = (nq + line / lines) * p.ldb + j0 + ns0 + line % lines * STRIP;
+                        // SAFETY: a prefetch never faults; the address is inside B's slice.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.b[at..].as_ptr() as *const i8) };
+                        line += 1;
+                    }
+                    let r = TILE_M.min(m - g0);
+                    let a = &p.a[g0 * p.lda + q0..];
+                    let c = &mut acc[g0 * nb + s0 + st * STRIP..];
+                    // SAFETY: the caller promises AVX2 and FMA.
+                    unsafe {
+                        match r {
+                            6 => tile::<6>(a, p.lda, panel, kb, c, nb),
+                            5 => tile::<5>(a, p.lda, panel, kb, c, nb),
+                            4 => tile::<4>(a, p.lda, panel, kb, c, nb),
+                            3 => tile::<3>(a, p.lda, panel, kb, c, nb),
+                            2 => tile::<2>(a, p.lda, panel, kb, c, nb),
+                            _ => tile::<1>(a, p.lda, panel, kb, c, nb),
+                        }
+                    }
+                    g0 += r;
+                }
+            }
+            (q0, s0) = next(q0, s0);
         }
         PANEL.set(buf);
         if full < nb {
