@@ -368,7 +368,8 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
 
 /// Builds tensors for a depthwise conv case, runs it on every backend that has `dtype` (through
 /// `depthwise_conv2d`, or `depthwise_conv2d_into` when `into` is set) and compares with the
-/// reference. Returns the number of backends that ran.
+/// reference; the same weights pre-packed (`depthwise_conv2d_packed(_into)`) must give the
+/// same bytes. Returns the number of backends that ran.
 pub fn run_conv(desc: &Conv2dDesc, dtype: DType, data: Data, seed: u64, into: bool) -> Result<usize, String> {
     let mut rng = Rng::new(seed);
     let in_shape = desc.input_shape();
@@ -409,6 +410,18 @@ pub fn run_conv(desc: &Conv2dDesc, dtype: DType, data: Data, seed: u64, into: bo
         };
         if out.shape() != out_shape {
             return Err(format!("{what}: output shape {:?}, expected {out_shape:?}", out.shape()));
+        }
+        // The same convolution with the weights pre-packed (`[kh, kw, C·m]`): the same bytes.
+        let packed = dev.pack_depthwise_weights(&wt, desc.channels).map_err(err)?;
+        let out_packed = if into {
+            let o = dev.tensor_from_f32(&out_shape, dtype, &vec![SENTINEL; out_len]).map_err(err)?;
+            dev.depthwise_conv2d_packed_into(&xt, &packed, bt.as_ref(), &opts, &o).map_err(err)?;
+            o
+        } else {
+            dev.depthwise_conv2d_packed(&xt, &packed, bt.as_ref(), &opts).map_err(err)?
+        };
+        if out_packed.to_bytes().map_err(err)? != out.to_bytes().map_err(err)? {
+            return Err(format!("{what}: the packed weights' output differs from the unpacked weights'"));
         }
         let got = out.to_f32_vec().map_err(err)?;
         let k = desc.kernel_h * desc.kernel_w;

@@ -522,17 +522,22 @@ impl BackendOps for CpuBackend {
         bias: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
-        let (ins, out_data) = locks.split();
-        let x = ins.get(input)?.as_f32()?;
-        let w = ins.get(weight)?.as_f32()?;
-        let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
-        let conv = Conv { d: *desc, x: &x, w: &w, bias: bias.as_deref() };
-        match out_data {
-            CpuData::F32(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
-            CpuData::F16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
-            CpuData::Bf16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
-        }
+        depthwise(desc, input, weight, false, bias, out)
+    }
+
+    /// The kernels read the packed `[kh, kw, C·m]` weights themselves (NHWC as they are, NCHW
+    /// after one transposition into a per-thread buffer) rather than through the default's
+    /// unpacked copy of the weight storage.
+    fn depthwise_conv2d_packed(
+        &self,
+        desc: &Conv2dDesc,
+        _dtype: DType,
+        input: &CpuStorage,
+        weight: &CpuStorage,
+        bias: Option<&CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        depthwise(desc, input, weight, true, bias, out)
     }
 
     fn inverted_residual(
@@ -647,4 +652,26 @@ fn operand(data: &CpuData, precision: Precision) -> Result<Cow<'_, [f32]>> {
 /// dtype there is today is supported).
 fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
     Error::UnsupportedDType { op, dtype, backend: BackendKind::Cpu, reason: "no CPU storage for it".into() }
+}
+
+/// [`BackendOps::depthwise_conv2d`] on the CPU; `packed`: `weight` is `[kh, kw, C·m]`.
+fn depthwise(
+    desc: &Conv2dDesc,
+    input: &CpuStorage,
+    weight: &CpuStorage,
+    packed: bool,
+    bias: Option<&CpuStorage>,
+    out: &CpuStorage,
+) -> Result<()> {
+    let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
+    let (ins, out_data) = locks.split();
+    let x = ins.get(input)?.as_f32()?;
+    let w = ins.get(weight)?.as_f32()?;
+    let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
+    let conv = Conv { d: *desc, x: &x, w: &w, packed, bias: bias.as_deref() };
+    match out_data {
+        CpuData::F32(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+        CpuData::F16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+        CpuData::Bf16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
+    }
 }

@@ -16,8 +16,11 @@ const PACK_OP: &str = "pack_depthwise_weights";
 /// ([`Device::pack_depthwise_weights`]), and passes them to
 /// [`Device::depthwise_conv2d_packed`]. The result is bit-identical to
 /// [`Device::depthwise_conv2d`] with the unpacked weights on every backend: the WGSL kernels
-/// read either layout through two strides; the CPU and CUDA backends unpack into a temporary
-/// `[C·m, 1, kh, kw]` weight at each call (their kernels read that layout).
+/// read either layout through two strides; on the CPU the NHWC kernels and the small-plane
+/// NCHW tile read the packed layout as it is (NHWC skips the per-call transposition the
+/// unpacked weights need) and the other NCHW kernels get it transposed once per call into a
+/// reused per-thread buffer; the CUDA backend unpacks into a temporary `[C·m, 1, kh, kw]`
+/// weight at each call (its kernels read that layout).
 #[derive(Clone, Debug)]
 pub struct PackedDepthwise {
     tensor: Tensor,

@@ -21,7 +21,10 @@
 //!   where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
-//!   layer's time). With multiplier 1 and whole 16-channel blocks, the pixels of
+//!   layer's time).
+//! - Pre-packed weights (`PackedDepthwise`, `[kh, kw, C·m]`) are read as they are by the NHWC
+//!   kernels and the NCHW tile; the NCHW band and row kernels get them moved back to
+//!   `[channel][tap]` once per call. With multiplier 1 and whole 16-channel blocks, the pixels of
 //!   a row whose every tap is inside the input go 4 at a time ([`nhwc_pixels`]): each tap's
 //!   weight vectors are loaded once for the 4 pixels and the 4 × 16 sums stay in registers
 //!   (10 loads per 8 vector multiply-adds, against 4 per 2). The other pixels list their taps
@@ -63,9 +66,11 @@ thread_local! {
 }
 
 thread_local! {
-    /// The NHWC weights as `[tap][out channel]` (made per call on the calling thread), and a
-    /// thread's half-precision row buffer: each taken out of its slot while in use.
-    static NHWC_W: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The weights moved to the layout the kernels read (NHWC `[tap][out channel]` from
+    /// `[C·m, 1, kh, kw]`, NCHW the reverse from packed weights; made per call on the calling
+    /// thread), and a thread's half-precision row buffer: each taken out of its slot while in
+    /// use.
+    static W_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -121,7 +126,9 @@ fn in_tasks<E: Send>(out: &mut [E], unit: usize, unit_work: usize, align: usize,
 pub(super) struct Conv<'d> {
     pub(super) d: Conv2dDesc,
     pub(super) x: &'d [f32],
+    /// `[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed` (a `PackedDepthwise`'s layout).
     pub(super) w: &'d [f32],
+    pub(super) packed: bool,
     pub(super) bias: Option<&'d [f32]>,
 }
 
@@ -176,6 +183,22 @@ impl Conv<'_> {
                 let run = |first: usize, dst: &mut [E]| tile::planes(isa, &t, self, first, dst);
                 in_tasks(out, plane, plane * taps.max(1), tile::G, run);
             }
+            (Layout::Nchw, None) if self.packed => {
+                // The band and row kernels read each plane's taps together: packed weights are
+                // moved back to `[out channel][tap]` once per call, in the calling thread's
+                // weights buffer (as NHWC's transposition below), and the layer runs on that.
+                let mut wc = W_BUF.take();
+                wc.resize(taps * occ, 0.0);
+                for (oc, ws) in wc.chunks_exact_mut(taps).enumerate() {
+                    for (t, v) in ws.iter_mut().enumerate() {
+                        *v = self.w[t * occ + oc];
+                    }
+                }
+                let conv = Conv { d: *d, x: self.x, w: &wc, packed: false, bias: self.bias };
+                let done = conv.run_kernel(isa, allow_tile, out);
+                W_BUF.set(wc);
+                return done;
+            }
             (Layout::Nchw, None) => {
                 let plane = oh * ow;
                 let band = Band::new(d);
@@ -197,19 +220,27 @@ impl Conv<'_> {
             // NHWC (`Layout` is `#[non_exhaustive]`; the op admits only NCHW and NHWC).
             (_, _) => {
                 let row = ow * occ;
-                // The weights as `[tap][out channel]`, once per call, in a buffer taken out of
-                // the calling thread's slot (a nested call finds it empty and makes its own).
-                let mut wt_buf = NHWC_W.take();
-                wt_buf.resize(taps * occ, 0.0);
-                for t in 0..taps {
-                    for (oc, v) in wt_buf[t * occ..][..occ].iter_mut().enumerate() {
-                        *v = self.w[oc * taps + t];
+                // The weights as `[tap][out channel]`: packed weights are that already; others
+                // are transposed once per call, into a buffer taken out of the calling
+                // thread's slot (a nested call finds it empty and makes its own).
+                let mut wt_buf = Vec::new();
+                let wt = if self.packed {
+                    &self.w[..taps * occ]
+                } else {
+                    wt_buf = W_BUF.take();
+                    wt_buf.resize(taps * occ, 0.0);
+                    for t in 0..taps {
+                        for (oc, v) in wt_buf[t * occ..][..occ].iter_mut().enumerate() {
+                            *v = self.w[oc * taps + t];
+                        }
                     }
-                }
-                let wt = &wt_buf[..];
+                    &wt_buf[..]
+                };
                 let run = |first: usize, dst: &mut [E]| self.nhwc_rows(isa, wt, first, oh, ow, dst);
                 in_tasks(out, row, row * taps.max(1), 1, run);
-                NHWC_W.set(wt_buf);
+                if !self.packed {
+                    W_BUF.set(wt_buf);
+                }
             }
         }
         Ok(())

@@ -258,10 +258,14 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     // NCHW layers also run with the channel-vector tile turned off, so the band and row
     // paths stay checked on the small planes the tile takes.
     let tiles: &[bool] = if d.layout == Layout::Nchw { &[true, false] } else { &[true] };
+    // The same weights pre-packed `[kh, kw, C·m]` (as `PackedDepthwise` holds them).
+    let (occ, taps) = (d.out_channels(), d.kernel_h * d.kernel_w);
+    let wp: Vec<f32> = (0..taps * occ).map(|i| w[(i % occ) * taps + i / occ]).collect();
     for isa in Isa::available() {
-        for &tile in tiles {
+        for (&tile, packed) in tiles.iter().flat_map(|t| [(t, false), (t, true)]) {
             each_dtype(|dtype, round| {
-                let conv = Conv { d: *d, x: &x, w: &w, bias: bias.as_deref() };
+                let w = if packed { &wp } else { &w };
+                let conv = Conv { d: *d, x: &x, w, packed, bias: bias.as_deref() };
                 let got = match dtype {
                     DType::F32 => {
                         let mut o = vec![f32::NAN; out_len];
@@ -282,7 +286,10 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
                 };
                 let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
                 for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
-                    assert!(g == x, "{isa:?} tile {tile} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}");
+                    assert!(
+                        g == x,
+                        "{isa:?} tile {tile} packed {packed} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}"
+                    );
                 }
             });
         }

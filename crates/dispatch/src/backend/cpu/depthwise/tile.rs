@@ -143,7 +143,15 @@ pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst
     TILE_BUFS.with_borrow_mut(|bufs| {
         let [tile, sums, narrow] = bufs.get::<{ TBUF + TPAD }, 3>(Some((&t.d, t.tile_len())));
         for (i, dst) in dst.chunks_mut(G * plane).enumerate() {
-            let a = GroupArgs { t, x: conv.x, w: conv.w, bias: conv.bias, p0: first + i * G, nl: dst.len() / plane };
+            let a = GroupArgs {
+                t,
+                x: conv.x,
+                w: conv.w,
+                packed: conv.packed,
+                bias: conv.bias,
+                p0: first + i * G,
+                nl: dst.len() / plane,
+            };
             match E::as_f32_mut(dst) {
                 Some(o) => group(isa, &a, tile, sums, o),
                 None => {
@@ -159,9 +167,11 @@ pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst
 /// What one group of output planes needs.
 struct GroupArgs<'a> {
     t: &'a Tile,
-    /// The whole input and weights, and the bias.
+    /// The whole input and weights (`[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed`),
+    /// and the bias.
     x: &'a [f32],
     w: &'a [f32],
+    packed: bool,
     bias: Option<&'a [f32]>,
     /// The group's first output plane (image · out channels + out channel) and its planes
     /// (`G`, or fewer for the last group).
@@ -396,7 +406,7 @@ fn compute_taps<const FMA: bool, const N: usize>(
     for l in 0..nl {
         let oc = (a.p0 + l) % occ;
         for (tap, wt) in wv.iter_mut().enumerate().take(taps) {
-            wt[l] = a.w[oc * taps + tap];
+            wt[l] = if a.packed { a.w[tap * occ + oc] } else { a.w[oc * taps + tap] };
         }
         if let Some(b) = a.bias {
             bv[l] = b[oc];
