@@ -194,11 +194,14 @@ fn skinny_panels_are_exact() {
     });
 }
 
-/// Large enough to split across threads: the skinny columns blocks, and the row panels.
+/// Large enough to split across threads: the skinny columns blocks (at 16 × 8213 more blocks
+/// than threads, the last one short), and the row panels.
 #[test]
 fn parallel_paths_are_exact() {
     let mut seed = 100;
-    for &(m, n, k) in &[(1, 1100, 600), (16, 700, 300), (5, 1030, 257), (40, 300, 200), (97, 140, 150), (200, 64, 90)] {
+    let shapes =
+        [(1, 1100, 600), (16, 700, 300), (16, 8213, 5), (5, 1030, 257), (40, 300, 200), (97, 140, 150), (200, 64, 90)];
+    for &(m, n, k) in &shapes {
         for tb in [false, true] {
             for variant in [0, 1, 2, 5] {
                 let mut d = matmul_desc(m, n, k, false, tb, variant);
