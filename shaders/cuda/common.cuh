@@ -60,6 +60,9 @@ struct ConvParams {
     u64 input, weight, bias, out;
     i64 work;
     i32 batch, channels, height, width, multiplier, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow;
+    // Weight element (oc, tap) is at oc·w_ch + tap·w_tap: [C·m, 1, kh, kw] or packed [kh, kw, C·m]
+    // (the launch checks that C·m·kh·kw fits i32, so these indices are 32-bit).
+    i32 w_tap, w_ch;
     u32 act, has_bias, vec;
 };
 

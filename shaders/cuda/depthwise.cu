@@ -49,7 +49,7 @@ template <typename T, int SW> __device__ __forceinline__ void dw_nchw_vec(const 
         const i64 n = r / occ;
         const int ic = oc / p.multiplier;
         const T* plane = in + (n * p.channels + ic) * (i64)p.height * p.width;
-        const T* filt = wt + (i64)oc * p.kh * 3;
+        const T* filt = wt + oc * p.w_ch;
         const int x0 = ox0 * SW - V;
         float acc[V];
 #pragma unroll
@@ -71,7 +71,7 @@ template <typename T, int SW> __device__ __forceinline__ void dw_nchw_vec(const 
             }
 #pragma unroll
             for (int kx = 0; kx < 3; kx++) {
-                const float f = to_f32(filt[ky * 3 + kx]);
+                const float f = to_f32(filt[(ky * 3 + kx) * p.w_tap]);
 #pragma unroll
                 for (int j = 0; j < V; j++) {
                     // Input column (ox0 + j)·SW - 1 + kx, at this index of the window.
@@ -113,7 +113,7 @@ template <typename T> __device__ __forceinline__ void dw_nchw_any(const ConvPara
         const i64 n = r / occ;
         const int ic = oc / p.multiplier;
         const T* plane = in + (n * p.channels + ic) * (i64)p.height * p.width;
-        const T* filt = wt + (i64)oc * p.kh * p.kw;
+        const T* filt = wt + oc * p.w_ch;
         float acc[X];
 #pragma unroll
         for (int j = 0; j < X; j++) acc[j] = 0.0f;
@@ -122,7 +122,7 @@ template <typename T> __device__ __forceinline__ void dw_nchw_any(const ConvPara
             if (iy < 0 || iy >= p.height) continue;
             const T* row = plane + (i64)iy * p.width;
             for (int kx = 0; kx < p.kw; kx++) {
-                const float f = to_f32(filt[ky * p.kw + kx]);
+                const float f = to_f32(filt[(ky * p.kw + kx) * p.w_tap]);
 #pragma unroll
                 for (int j = 0; j < X; j++) {
                     const int ix = (ox0 + j) * p.sw - p.pl + kx * p.dw;
@@ -152,7 +152,6 @@ template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& 
     const int occ = p.channels * p.multiplier;
     const int cq = (occ + C - 1) / C;
     const int xq = (p.ow + DW_NHWC_X - 1) / DW_NHWC_X;
-    const int taps = p.kh * p.kw;
     for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < p.work; w += (i64)gridDim.x * blockDim.x) {
         i64 r = w;
         const int oc0 = (int)(r % cq) * C;
@@ -170,10 +169,12 @@ template <typename T> __device__ __forceinline__ void dw_nhwc(const ConvParams& 
             const int iy = oy * p.sh - p.pt + ky * p.dh;
             if (iy < 0 || iy >= p.height) continue;
             for (int kx = 0; kx < p.kw; kx++) {
+                // This tap's weights of the C channels, w_ch apart.
+                const T* ft = wt + oc0 * p.w_ch + (ky * p.kw + kx) * p.w_tap;
                 float f[C];
 #pragma unroll
                 for (int c = 0; c < C; c++)
-                    f[c] = oc0 + c < occ ? to_f32(wt[(i64)(oc0 + c) * taps + ky * p.kw + kx]) : 0.0f;
+                    f[c] = oc0 + c < occ ? to_f32(ft[c * p.w_ch]) : 0.0f;
 #pragma unroll
                 for (int x = 0; x < DW_NHWC_X; x++) {
                     const int ix = (ox0 + x) * p.sw - p.pl + kx * p.dw;

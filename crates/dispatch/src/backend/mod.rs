@@ -139,9 +139,8 @@ pub(crate) trait BackendOps {
         out: &Self::Storage,
     ) -> Result<()>;
     /// [`BackendOps::depthwise_conv2d`] with the weight pre-packed `[kh, kw, C·m]`
-    /// (`crate::PackedDepthwise`). The default unpacks it on the host into a temporary
-    /// `[C·m, 1, kh, kw]` weight and runs `depthwise_conv2d` on that (same kernel, so the same
-    /// result bit for bit); backends whose kernels read the packed layout override it.
+    /// (`crate::PackedDepthwise`): the same result bit for bit. Every backend's kernels read
+    /// the packed layout themselves (no per-call copy of the weight).
     fn depthwise_conv2d_packed(
         &self,
         desc: &Conv2dDesc,
@@ -150,12 +149,7 @@ pub(crate) trait BackendOps {
         weight: &Self::Storage,
         bias: Option<&Self::Storage>,
         out: &Self::Storage,
-    ) -> Result<()>
-    where
-        Self: Sized,
-    {
-        depthwise_unpacked(self, desc, dtype, input, weight, bias, out)
-    }
+    ) -> Result<()>;
     /// See [`ActivationDesc`]. `x` and `out` may be the same storage.
     fn activation(
         &self,
@@ -344,29 +338,6 @@ pub(crate) fn not_compiled_in(backend: BackendKind) -> Error {
             "not compiled in: this build of tilekit has no {backend} backend (enable the `{backend}` cargo feature)"
         ),
     }
-}
-
-/// The default of [`BackendOps::depthwise_conv2d_packed`]: unpacks the `[kh, kw, C·m]` weight
-/// on the host into a temporary `[C·m, 1, kh, kw]` one and runs `depthwise_conv2d` on it.
-pub(crate) fn depthwise_unpacked<B: BackendOps>(
-    be: &B,
-    desc: &Conv2dDesc,
-    dtype: DType,
-    input: &B::Storage,
-    weight: &B::Storage,
-    bias: Option<&B::Storage>,
-    out: &B::Storage,
-) -> Result<()> {
-    let size = dtype.size_bytes();
-    let (oc, taps) = (desc.out_channels(), desc.kernel_h * desc.kernel_w);
-    let bytes = be.download(weight, dtype)?;
-    let need = oc * taps * size;
-    if bytes.len() < need {
-        return Err(Error::Overflow { op: "depthwise_conv2d", what: "the packed weight's buffer".into() });
-    }
-    let unpacked = crate::ops::permute_taps(&bytes[..need], size, oc, taps, false);
-    let w = be.upload(dtype, &unpacked)?;
-    be.depthwise_conv2d(desc, dtype, input, &w, bias, out)
 }
 
 #[cfg(test)]

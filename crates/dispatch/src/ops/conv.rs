@@ -19,8 +19,8 @@ const PACK_OP: &str = "pack_depthwise_weights";
 /// read either layout through two strides; on the CPU the NHWC kernels and the small-plane
 /// NCHW tile read the packed layout as it is (NHWC skips the per-call transposition the
 /// unpacked weights need) and the other NCHW kernels get it transposed once per call into a
-/// reused per-thread buffer; the CUDA backend unpacks into a temporary `[C·m, 1, kh, kw]`
-/// weight at each call (its kernels read that layout).
+/// reused per-thread buffer; the CUDA kernels, like the WGSL ones, read either layout through
+/// two strides.
 #[derive(Clone, Debug)]
 pub struct PackedDepthwise {
     tensor: Tensor,
@@ -61,12 +61,12 @@ impl PackedDepthwise {
     }
 }
 
-/// Moves `size`-byte elements between `[oc, taps]` (`to_packed`: from) and `[taps, oc]`.
-pub(crate) fn permute_taps(bytes: &[u8], size: usize, oc: usize, taps: usize, to_packed: bool) -> Vec<u8> {
+/// Moves `size`-byte elements from `[oc, taps]` to `[taps, oc]`.
+fn pack_taps(bytes: &[u8], size: usize, oc: usize, taps: usize) -> Vec<u8> {
     let mut out = vec![0u8; oc * taps * size];
     for o in 0..oc {
         for t in 0..taps {
-            let (src, dst) = if to_packed { (o * taps + t, t * oc + o) } else { (t * oc + o, o * taps + t) };
+            let (src, dst) = (o * taps + t, t * oc + o);
             out[dst * size..(dst + 1) * size].copy_from_slice(&bytes[src * size..(src + 1) * size]);
         }
     }
@@ -140,7 +140,7 @@ impl Device {
         if bytes.len() < need {
             return Err(Error::Overflow { op: PACK_OP, what: "the weight's buffer".into() });
         }
-        let packed = permute_taps(&bytes[..need], size, oc, taps, true);
+        let packed = pack_taps(&bytes[..need], size, oc, taps);
         let shape = [kh, kw, oc];
         let tensor = match weight.dtype() {
             DType::F32 => self.tensor::<f32>(&shape, &bytemuck::pod_collect_to_vec(&packed))?,
@@ -393,7 +393,7 @@ mod tests {
         (0..n).map(|i| ((i as u32 * 37 + seed * 11) % 23) as f32 - 11.0).collect()
     }
 
-    /// On the CPU backend (which unpacks), every dtype and both layouts, with a multiplier:
+    /// On the CPU backend, every dtype and both layouts, with a multiplier:
     /// packed and unpacked weights give the same bytes, and the packed tensor is `[kh, kw, C·m]`
     /// with element (tap, oc) = weight (oc, tap).
     #[test]

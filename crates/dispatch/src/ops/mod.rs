@@ -30,7 +30,6 @@ mod pool;
 mod quant;
 
 pub use block::{BlockOptions, BlockWeights};
-pub(crate) use conv::permute_taps;
 pub use conv::{Conv2dOptions, PackedDepthwise};
 pub use im2col::Im2colOptions;
 pub use matmul::MatmulOptions;

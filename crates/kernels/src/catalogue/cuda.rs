@@ -528,6 +528,10 @@ pub struct ConvParams {
     pub dw: i32,
     pub oh: i32,
     pub ow: i32,
+    /// Weight element `(oc, tap)` is at `oc·w_ch + tap·w_tap`: `(1, kh·kw)` for
+    /// `[C·m, 1, kh, kw]`, `(C·m, 1)` for the packed `[kh, kw, C·m]`.
+    pub w_tap: i32,
+    pub w_ch: i32,
     pub act: u32,
     pub has_bias: u32,
     /// 16-byte vectors allowed ([`dw_vec`] elements): NHWC with multiplier 1, channels a

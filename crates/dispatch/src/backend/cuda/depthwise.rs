@@ -9,7 +9,10 @@ use tilekit_kernels::catalogue::cuda as cat;
 use tilekit_kernels::{Conv2dDesc, DType, Layout};
 
 impl CudaBackend {
-    /// See [`super::super::BackendOps::depthwise_conv2d`].
+    /// See [`super::super::BackendOps::depthwise_conv2d`]; `packed`: the weight is
+    /// `[kh, kw, C·m]` rather than `[C·m, 1, kh, kw]` (every kernel reads either through two
+    /// strides).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn depthwise(
         &self,
         desc: &Conv2dDesc,
@@ -18,6 +21,7 @@ impl CudaBackend {
         weight: &CudaStorage,
         bias: Option<&CudaStorage>,
         out: &CudaStorage,
+        packed: bool,
     ) -> Result<()> {
         const OP: &str = "depthwise_conv2d";
         let (Some(oh), Some(ow)) = (desc.out_h(), desc.out_w()) else {
@@ -32,7 +36,7 @@ impl CudaBackend {
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| Error::Overflow { op: OP, what: "work items".into() })?;
-        if work == 0 || self.depthwise_tiled(desc, dtype, input, weight, bias, out, false)? {
+        if work == 0 || self.depthwise_tiled(desc, dtype, input, weight, bias, out, packed)? {
             return Ok(());
         }
         // When the kernels may use 16-byte vectors (see `ConvParams::vec`).
@@ -51,8 +55,10 @@ impl CudaBackend {
             }
         };
         let i = |what: &str, v: usize| to_i32(OP, what, v);
-        // The kernels index whole tensors in i64 but take every single dimension as i32.
+        // The kernels index whole tensors in i64 but take every single dimension as i32, and
+        // index the weight in i32.
         i("channels × multiplier", occ)?;
+        i("weight elements", occ * desc.kernel_h * desc.kernel_w)?;
         let p = cat::ConvParams {
             input: self.ptr(input),
             weight: self.ptr(weight),
@@ -74,6 +80,8 @@ impl CudaBackend {
             dw: i("dilation_w", desc.dilation_w)?,
             oh: i("out_h", oh)?,
             ow: i("out_w", ow)?,
+            w_tap: i("weight stride", if packed { occ } else { 1 })?,
+            w_ch: i("weight stride", if packed { 1 } else { desc.kernel_h * desc.kernel_w })?,
             act: desc.activation.code(),
             has_bias: u32::from(desc.has_bias && bias.is_some()),
             vec: u32::from(vec),

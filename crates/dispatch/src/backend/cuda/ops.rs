@@ -180,11 +180,10 @@ impl BackendOps for CudaBackend {
         bias: Option<&CudaStorage>,
         out: &CudaStorage,
     ) -> Result<()> {
-        self.depthwise(desc, dtype, input, weight, bias, out)
+        self.depthwise(desc, dtype, input, weight, bias, out, false)
     }
 
-    /// The tiled kernels read the packed `[kh, kw, C·m]` weight directly; where their plan does
-    /// not cover the convolution, the weight is unpacked on the host (the default's way).
+    /// Every kernel (tiled and general) reads the packed `[kh, kw, C·m]` weight in place.
     fn depthwise_conv2d_packed(
         &self,
         desc: &Conv2dDesc,
@@ -194,10 +193,7 @@ impl BackendOps for CudaBackend {
         bias: Option<&CudaStorage>,
         out: &CudaStorage,
     ) -> Result<()> {
-        if self.depthwise_tiled(desc, dtype, input, weight, bias, out, true)? {
-            return Ok(());
-        }
-        super::super::depthwise_unpacked(self, desc, dtype, input, weight, bias, out)
+        self.depthwise(desc, dtype, input, weight, bias, out, true)
     }
 
     fn activation(
