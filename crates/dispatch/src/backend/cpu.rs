@@ -525,9 +525,9 @@ impl BackendOps for CpuBackend {
         depthwise(desc, input, weight, false, bias, out)
     }
 
-    /// The kernels read the packed `[kh, kw, C·m]` weights themselves (NHWC as they are, NCHW
-    /// after one transposition into a per-thread buffer) rather than through the default's
-    /// unpacked copy of the weight storage.
+    /// The kernels read the packed `[kh, kw, C·m]` weights themselves: NHWC and the NCHW tile
+    /// as they are, the NCHW band and row kernels after one transposition per call into a
+    /// per-thread buffer.
     fn depthwise_conv2d_packed(
         &self,
         desc: &Conv2dDesc,

@@ -21,14 +21,14 @@
 //!   where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
-//!   layer's time).
-//! - Pre-packed weights (`PackedDepthwise`, `[kh, kw, C·m]`) are read as they are by the NHWC
-//!   kernels and the NCHW tile; the NCHW band and row kernels get them moved back to
-//!   `[channel][tap]` once per call. With multiplier 1 and whole 16-channel blocks, the pixels of
+//!   layer's time). With multiplier 1 and whole 16-channel blocks, the pixels of
 //!   a row whose every tap is inside the input go 4 at a time ([`nhwc_pixels`]): each tap's
 //!   weight vectors are loaded once for the 4 pixels and the 4 × 16 sums stay in registers
 //!   (10 loads per 8 vector multiply-adds, against 4 per 2). The other pixels list their taps
 //!   inside the input once and accumulate each 16-channel block over them ([`nhwc_pixel`]).
+//! - Pre-packed weights (`PackedDepthwise`, `[kh, kw, C·m]`) are read as they are by the NHWC
+//!   kernels (no transposition) and the NCHW tile; the NCHW band and row kernels get them
+//!   moved back to `[channel][tap]` once per call, into the same per-thread buffer.
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
