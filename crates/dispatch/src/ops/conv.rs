@@ -15,12 +15,11 @@ const PACK_OP: &str = "pack_depthwise_weights";
 /// 4 channels as one vector. An engine packs each layer's weights once, at load
 /// ([`Device::pack_depthwise_weights`]), and passes them to
 /// [`Device::depthwise_conv2d_packed`]. The result is bit-identical to
-/// [`Device::depthwise_conv2d`] with the unpacked weights on every backend: the WGSL kernels
-/// read either layout through two strides; on the CPU the NHWC kernels and the small-plane
-/// NCHW tile read the packed layout as it is (NHWC skips the per-call transposition the
-/// unpacked weights need) and the other NCHW kernels get it transposed once per call into a
-/// reused per-thread buffer; the CUDA kernels, like the WGSL ones, read either layout through
-/// two strides.
+/// [`Device::depthwise_conv2d`] with the unpacked weights on every backend: the WGSL and CUDA
+/// kernels read either layout through two strides; on the CPU the NHWC kernels and the
+/// small-plane NCHW tile read the packed layout as it is (NHWC skips the per-call
+/// transposition the unpacked weights need) and the other NCHW kernels get it transposed once
+/// per call into a reused per-thread buffer.
 #[derive(Clone, Debug)]
 pub struct PackedDepthwise {
     tensor: Tensor,

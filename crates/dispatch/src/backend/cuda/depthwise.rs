@@ -55,6 +55,7 @@ impl CudaBackend {
             }
         };
         let i = |what: &str, v: usize| to_i32(OP, what, v);
+        let (w_tap, w_ch) = weight_strides(desc, packed);
         // The kernels index whole tensors in i64 but take every single dimension as i32, and
         // index the weight in i32.
         i("channels × multiplier", occ)?;
@@ -80,8 +81,8 @@ impl CudaBackend {
             dw: i("dilation_w", desc.dilation_w)?,
             oh: i("out_h", oh)?,
             ow: i("out_w", ow)?,
-            w_tap: i("weight stride", if packed { occ } else { 1 })?,
-            w_ch: i("weight stride", if packed { 1 } else { desc.kernel_h * desc.kernel_w })?,
+            w_tap: i("weight stride", w_tap)?,
+            w_ch: i("weight stride", w_ch)?,
             act: desc.activation.code(),
             has_bias: u32::from(desc.has_bias && bias.is_some()),
             vec: u32::from(vec),
@@ -132,8 +133,8 @@ impl CudaBackend {
         if out_vec {
             flags |= cat::dwt_flags::OUT_VEC;
         }
-        let taps = desc.kernel_h * desc.kernel_w;
         let i = |what: &str, v: usize| to_i32(OP, what, v);
+        let (w_tap, w_ch) = weight_strides(desc, packed);
         let p = cat::DwTiledParams {
             input: self.ptr(input),
             weight: self.ptr(weight),
@@ -158,8 +159,8 @@ impl CudaBackend {
             patch_h: i("patch rows", plan.patch_h)?,
             patch_w: i("patch width", plan.patch_w)?,
             c_blocks: i("channel blocks", plan.c_blocks)?,
-            w_tap: i("weight stride", if packed { desc.out_channels() } else { 1 })?,
-            w_ch: i("weight stride", if packed { 1 } else { taps })?,
+            w_tap: i("weight stride", w_tap)?,
+            w_ch: i("weight stride", w_ch)?,
             act: desc.activation.code(),
             flags,
         };
@@ -168,4 +169,10 @@ impl CudaBackend {
         self.launch(cat::depthwise_tiled_kernel(dtype, desc.layout), grid, (cat::DWT_THREADS, 1, 1), p)?;
         Ok(true)
     }
+}
+
+/// The weight's strides `(per tap, per output channel)` in elements: `[C·m, 1, kh, kw]`
+/// (`packed` false) or `[kh, kw, C·m]` (`packed`), as the kernels' `w_tap` and `w_ch` take them.
+fn weight_strides(desc: &Conv2dDesc, packed: bool) -> (usize, usize) {
+    if packed { (desc.out_channels(), 1) } else { (1, desc.kernel_h * desc.kernel_w) }
 }
