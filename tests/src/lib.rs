@@ -362,8 +362,69 @@ pub fn run_matmul_with(desc: &MatmulDesc, dtype: DType, exact: bool, inp: &Matmu
                 [last].into_iter(),
             )?;
         }
+        // The same product with B packed as a weight (`pack_matmul_weights` +
+        // `matmul_packed`, dense operands copied out of the views), where B is one matrix
+        // shared by the batches: the same reference, the same bound (bit-exact on exact data).
+        if !empty && (desc.batch == 1 || desc.b.batch_stride == 0) {
+            let packed = run_packed(dev, desc, dtype, inp).map_err(|e| format!("{what} (packed B): {e}"))?;
+            let mut got_p = vec![f32::NAN; inp.out_len];
+            for bt in 0..desc.batch {
+                for i in 0..desc.m {
+                    for j in 0..desc.n {
+                        got_p[desc.out.index(bt, i, j)] = packed[(bt * desc.m + i) * desc.n + j];
+                    }
+                }
+            }
+            let indices = (0..inp.out_len).filter(|&i| in_view[i]);
+            let what = format!("{what} (packed B)");
+            compare(&what, dtype, desc.activation, &rule, exact, &got_p, &pre, &magnitude, indices)?;
+        }
     }
     Ok(total_guards)
+}
+
+/// `desc` through `Device::matmul_packed`: A, C and the bias copied out of their views into
+/// dense tensors (A `[batch, ..]` when `desc.batch > 1`, stored transposed with `trans_a`; C
+/// `[batch, M, N]`), B (batch 0's) packed with `desc.trans_b`. Returns the dense output,
+/// `[batch, M, N]` in order.
+fn run_packed(dev: &Device, desc: &MatmulDesc, dtype: DType, inp: &MatmulInputs) -> Result<Vec<f32>, String> {
+    let batched = desc.batch > 1;
+    let up = |shape: &[usize], v: &[f32]| dev.tensor_from_f32(shape, dtype, v).map_err(|e| format!("upload: {e}"));
+    let dense = |view: &MatrixView, src: &[f32], batches: usize, rows: usize, cols: usize| -> Vec<f32> {
+        let mut out = Vec::with_capacity(batches * rows * cols);
+        for bt in 0..batches {
+            for r in 0..rows {
+                for c in 0..cols {
+                    out.push(src[view.index(bt, r, c)]);
+                }
+            }
+        }
+        out
+    };
+    let (ar, ac) = desc.a_stored();
+    let (br, bc) = desc.b_stored();
+    let a_shape = if batched { vec![desc.batch, ar, ac] } else { vec![ar, ac] };
+    let a = up(&a_shape, &dense(&desc.a, &inp.a, desc.batch, ar, ac))?;
+    let b = up(&[br, bc], &dense(&desc.b, &inp.b, 1, br, bc))?;
+    let c = match (desc.c, &inp.c) {
+        (Some(cv), Some(c)) => Some(up(&[desc.batch, desc.m, desc.n], &dense(&cv, c, desc.batch, desc.m, desc.n))?),
+        _ => None,
+    };
+    let bias = match (desc.bias_offset, &inp.bias) {
+        (Some(off), Some(bias)) => Some(up(&[desc.n], &bias[off..off + desc.n])?),
+        _ => None,
+    };
+    let packed = dev.pack_matmul_weights(&b, desc.trans_b).map_err(|e| format!("pack: {e}"))?;
+    let opts = tilekit::MatmulOptions::new()
+        .trans_a(desc.trans_a)
+        .alpha(desc.alpha)
+        .beta(desc.beta)
+        .bias(bias.as_ref())
+        .c(c.as_ref())
+        .activation(desc.activation)
+        .precision(desc.precision);
+    let out = dev.matmul_packed(&a, &packed, &opts).map_err(|e| e.to_string())?;
+    out.to_f32_vec().map_err(|e| format!("download: {e}"))
 }
 
 /// Builds tensors for a depthwise conv case, runs it on every backend that has `dtype` (through

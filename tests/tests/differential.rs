@@ -339,6 +339,91 @@ fn dense_api_matches_strided_api() {
     }
 }
 
+/// A weight packed by `pack_matmul_weights` through `matmul_packed`, on every path of the
+/// CPU's strip kernel (`M` from 1 to past its 64-row tasks, `K` past its 256-row passes, `N`
+/// around the 16-column strips, one task and many in parallel) and on every other backend
+/// present: exact-integer data, so every product must be exact, and the same bits as
+/// `matmul` with the weight unpacked where the docs promise it (every GPU backend; the CPU
+/// from a `[K, N]` weight for `M ≤ 16`).
+#[test]
+fn packed_weights_are_exact_on_every_path() {
+    // (M, N, K); the CPU runs all of them, the GPU backends the first four.
+    let cases = [
+        (1, 17, 5),
+        (6, 16, 300),
+        (17, 33, 40),
+        (3, 1, 513),
+        (16, 47, 600),
+        (13, 200, 257),
+        (64, 31, 70),
+        (65, 100, 300),
+        (130, 18, 33),
+        (7, 4099, 130),
+    ];
+    for be in backends_for(DType::F32) {
+        let dev = &be.device;
+        let cases = if be.label == "cpu" { &cases[..] } else { &cases[..4] };
+        for (row, &(m, n, k)) in cases.iter().enumerate() {
+            for trans_b in [false, true] {
+                let mut rng = Rng::new(row as u64 * 2 + trans_b as u64);
+                let av: Vec<f32> = (0..m * k).map(|_| rng.int(-3, 3) as f32).collect();
+                let bv: Vec<f32> = (0..k * n).map(|_| rng.int(-3, 3) as f32).collect();
+                let biasv: Vec<f32> = (0..n).map(|_| rng.int(-9, 9) as f32).collect();
+                let t = |s: &[usize], v: &[f32]| dev.tensor(s, v).unwrap_or_else(|e| panic!("{e}"));
+                let b_shape = if trans_b { [n, k] } else { [k, n] };
+                let (a, b, bias) = (t(&[m, k], &av), t(&b_shape, &bv), t(&[n], &biasv));
+                let what = format!("{} {m}x{n}x{k} trans_b {trans_b}", be.label);
+                let packed = dev.pack_matmul_weights(&b, trans_b).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!((packed.k(), packed.n()), (k, n), "{what}");
+                assert_eq!(packed.is_strips(), be.label == "cpu", "{what}");
+                let opts = MatmulOptions::new().bias(Some(&bias)).activation(Activation::Relu);
+                let got = dev.matmul_packed(&a, &packed, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(got.shape(), [m, n], "{what}");
+                let got = got.to_f32_vec().unwrap_or_else(|e| panic!("{what}: {e}"));
+                for i in 0..m {
+                    for j in 0..n {
+                        let bj = |q: usize| if trans_b { bv[j * k + q] } else { bv[q * n + j] };
+                        let sum: f32 = (0..k).map(|q| av[i * k + q] * bj(q)).sum::<f32>() + biasv[j];
+                        assert_eq!(got[i * n + j], sum.max(0.0), "{what}: element ({i}, {j})");
+                    }
+                }
+                if be.label != "cpu" || (m <= 16 && !trans_b) {
+                    let plain = dev
+                        .matmul(&a, &b, &opts.trans_b(trans_b))
+                        .and_then(|t| t.to_f32_vec())
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&plain), "{what}: packed and unpacked differ");
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_packed`'s own errors: `trans_b` set (the packed weight has its layout), a `K` that
+/// is not the weight's, a dtype that is not the weight's, a batched weight to pack.
+#[test]
+fn packed_weights_reject_bad_calls() {
+    for be in backends_for(DType::F32) {
+        let dev = &be.device;
+        let t = |s: &[usize]| dev.zeros(s, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+        let packed = dev.pack_matmul_weights(&t(&[8, 5]), false).unwrap_or_else(|e| panic!("{e}"));
+        let bad = [
+            (dev.matmul_packed(&t(&[2, 8]), &packed, &MatmulOptions::new().trans_b(true)), "trans_b"),
+            (dev.matmul_packed(&t(&[2, 7]), &packed, &MatmulOptions::new()), "K"),
+            (dev.matmul_packed(&dev.zeros(&[2, 8], DType::F16).expect("f16"), &packed, &MatmulOptions::new()), "dtype"),
+        ];
+        for (result, what) in bad {
+            assert!(result.is_err(), "{}: a bad {what} was accepted", be.label);
+        }
+        assert!(
+            matches!(dev.pack_matmul_weights(&t(&[2, 8, 5]), false), Err(tilekit::Error::WrongRank { .. })),
+            "{}: a batched weight was packed",
+            be.label
+        );
+    }
+}
+
 /// Exact-integer depthwise conv: small integer inputs and weights with few taps make every sum
 /// exact, so every backend must match bit for bit.
 #[test]

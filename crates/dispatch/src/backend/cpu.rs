@@ -454,29 +454,20 @@ impl BackendOps for CpuBackend {
         c: Option<&CpuStorage>,
         out: &CpuStorage,
     ) -> Result<()> {
-        let mut locks = Locks::take(&[Some(a), Some(b), bias, c], out)?;
-        let (ins, out_data) = locks.split();
-        let bias_f32 = match (bias, desc.bias_offset) {
-            (Some(s), Some(off)) => {
-                let all = ins.get(s)?.as_f32()?;
-                if off.checked_add(desc.n).is_none_or(|end| end > all.len()) {
-                    return Err(internal("bias view out of bounds".into()));
-                }
-                Some((all, off))
-            }
-            _ => None,
-        };
-        let ops = MatmulOperands {
-            a: operand(ins.get(a)?, desc.precision)?,
-            b: operand(ins.get(b)?, desc.precision)?,
-            bias: bias_f32.as_ref().map(|(all, off)| &all[*off..*off + desc.n]),
-            c: c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?,
-        };
-        match out_data {
-            CpuData::F32(o) => ops.run(desc, o.slice_mut("matmul")?),
-            CpuData::F16(o) => ops.run(desc, o.slice_mut("matmul")?),
-            CpuData::Bf16(o) => ops.run(desc, o.slice_mut("matmul")?),
-        }
+        matmul(desc, a, b, false, bias, c, out)
+    }
+
+    fn matmul_strips(
+        &self,
+        desc: &MatmulDesc,
+        _dtype: DType,
+        a: &CpuStorage,
+        strips: &CpuStorage,
+        bias: Option<&CpuStorage>,
+        c: Option<&CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        matmul(desc, a, strips, true, bias, c, out)
     }
 
     fn matmul_quant(
@@ -652,6 +643,43 @@ fn operand(data: &CpuData, precision: Precision) -> Result<Cow<'_, [f32]>> {
 /// dtype there is today is supported).
 fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
     Error::UnsupportedDType { op, dtype, backend: BackendKind::Cpu, reason: "no CPU storage for it".into() }
+}
+
+/// [`BackendOps::matmul`] on the CPU; `strips`: `b` is a weight packed in strips
+/// (`crate::PackedMatmul`).
+fn matmul(
+    desc: &MatmulDesc,
+    a: &CpuStorage,
+    b: &CpuStorage,
+    strips: bool,
+    bias: Option<&CpuStorage>,
+    c: Option<&CpuStorage>,
+    out: &CpuStorage,
+) -> Result<()> {
+    let mut locks = Locks::take(&[Some(a), Some(b), bias, c], out)?;
+    let (ins, out_data) = locks.split();
+    let bias_f32 = match (bias, desc.bias_offset) {
+        (Some(s), Some(off)) => {
+            let all = ins.get(s)?.as_f32()?;
+            if off.checked_add(desc.n).is_none_or(|end| end > all.len()) {
+                return Err(internal("bias view out of bounds".into()));
+            }
+            Some((all, off))
+        }
+        _ => None,
+    };
+    let ops = MatmulOperands {
+        a: operand(ins.get(a)?, desc.precision)?,
+        b: operand(ins.get(b)?, desc.precision)?,
+        bias: bias_f32.as_ref().map(|(all, off)| &all[*off..*off + desc.n]),
+        c: c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?,
+        strips,
+    };
+    match out_data {
+        CpuData::F32(o) => ops.run(desc, o.slice_mut("matmul")?),
+        CpuData::F16(o) => ops.run(desc, o.slice_mut("matmul")?),
+        CpuData::Bf16(o) => ops.run(desc, o.slice_mut("matmul")?),
+    }
 }
 
 /// [`BackendOps::depthwise_conv2d`] on the CPU; `packed`: `weight` is `[kh, kw, C·m]`.

@@ -108,6 +108,26 @@ pub(crate) trait BackendOps {
         c: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// `Device::matmul_packed` with `B` packed in strips (`crate::PackedMatmul` on the CPU:
+    /// `[⌈N/16⌉, K, 16]`, zero-padded; `desc.b` and `desc.trans_b` are unused). Only the CPU
+    /// packs into strips; the GPU backends keep the weight as given and run
+    /// [`BackendOps::matmul`], so they never get this call.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_strips(
+        &self,
+        _desc: &MatmulDesc,
+        _dtype: DType,
+        _a: &Self::Storage,
+        _strips: &Self::Storage,
+        _bias: Option<&Self::Storage>,
+        _c: Option<&Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<()> {
+        Err(Error::Backend {
+            backend: Self::KIND,
+            message: "this backend does not pack matmul weights into strips".into(),
+        })
+    }
     /// `Device::matmul_quant`: `desc` with `trans_b` and `B` the quantized `w` (`desc.b` is
     /// unused). Backends without kernels for `w.ty` return [`Error::UnsupportedQuantType`].
     #[allow(clippy::too_many_arguments)]

@@ -25,6 +25,7 @@ mod conv;
 mod glu;
 mod im2col;
 mod matmul;
+mod packed_matmul;
 mod pointwise;
 mod pool;
 mod quant;
@@ -33,6 +34,8 @@ pub use block::{BlockOptions, BlockWeights};
 pub use conv::{Conv2dOptions, PackedDepthwise};
 pub use im2col::Im2colOptions;
 pub use matmul::MatmulOptions;
+pub use packed_matmul::PackedMatmul;
+pub(crate) use packed_matmul::STRIP as MATMUL_STRIP;
 pub use pointwise::PointwiseOptions;
 
 use crate::backend::BackendOps;

@@ -28,6 +28,9 @@ use super::pool::for_each_index;
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, scratch};
 use crate::Result;
+/// Columns per register tile of the `K × N` kernels (two 8-lane vectors), and per strip of a
+/// packed weight (`crate::PackedMatmul`).
+use crate::ops::MATMUL_STRIP as STRIP;
 use std::borrow::Cow;
 use tilekit_kernels::MatmulDesc;
 
@@ -229,6 +232,52 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
     }
 }
 
+/// Rows of `A` per task of the packed product ([`MatmulOperands::strips_product`]): each task
+/// streams its columns' strips of `B` from memory once, so a product of `M` rows streams `B`
+/// `⌈M/64⌉` times; 64 rows of 16-column register tiles keep that far below the arithmetic
+/// (at 64 × 4096 × 4096 the strips ran as fast as the skinny panels, 2.5× `gemm`'s time).
+const STRIP_ROWS: usize = 64;
+
+/// `K` rows per pass of the register tiles over a strip of packed `B` (16 KiB: L1), which
+/// every row group of `A` then reads from L1.
+const STRIP_KC: usize = 256;
+
+/// `acc[i][s·16..s·16 + 16] = Σ_p a[i][p] · strip[s0 + s][p][..]` for the `ns` strips of
+/// packed `B` from strip `s0` (`[⌈N/16⌉, K, 16]`), `acc`'s rows `ldc` apart: each strip is
+/// read in storage order, [`STRIP_KC`] rows at a time, and every row of `A` meets those rows
+/// from L1. One fused multiply-add per `K` step in order, as [`rows_plain`] and the panel
+/// kernel: the same bits.
+#[inline(always)]
+fn strips_inner<const FMA: bool>(p: &Block, s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe { avx::strips(p, s0, ns, acc, ldc) };
+        return;
+    }
+    let (a, lda, m, k) = (p.a, p.lda, p.m, p.k);
+    for s in 0..ns {
+        let strip = &p.b[(s0 + s) * k * STRIP..][..k * STRIP];
+        for q0 in (0..k).step_by(STRIP_KC) {
+            let kb = STRIP_KC.min(k - q0);
+            for i in 0..m {
+                let ar = &a[i * lda + q0..][..kb];
+                let row: &mut [f32; STRIP] = (&mut acc[i * ldc + s * STRIP..][..STRIP]).try_into().expect("16 columns");
+                for (&av, br) in ar.iter().zip(strip[q0 * STRIP..][..kb * STRIP].chunks_exact(STRIP)) {
+                    for (r, &bv) in row.iter_mut().zip(br) {
+                        *r = madd::<FMA>(av, bv, *r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+multiversion! {
+    fn strips_block(p: &Block, s0: usize, ns: usize, acc: &mut [f32], ldc: usize) => strips_inner
+}
+
 /// The skinny kernels' AVX register tiles: the panel kernel for `B` stored `K × N`
 /// ([`rows_panels`](avx::rows_panels)) and the `N × K` tile ([`chunk_tile`](avx::chunk_tile)).
 /// The plain-loop `N × K` tile compiles to the same 12 FMAs a step, but with its row pointers
@@ -236,7 +285,7 @@ fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
 /// time on the `N × K` decode shapes (in-process A/B, one and two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::{Block, DOT_LANES, rows_plain};
+    use super::{Block, DOT_LANES, STRIP, STRIP_KC, rows_plain};
     use std::arch::x86_64::*;
 
     /// Rows of `B` per panel of [`rows_panels`].
@@ -245,8 +294,6 @@ mod avx {
     /// time than 64 × 128 on the M = 16 decode shapes, and 256 or 128 × 32 (runs of `B` of
     /// 128 bytes) a third more.
     const PANEL_N: usize = 64;
-    /// Columns per register tile (two 8-lane vectors).
-    const STRIP: usize = 16;
     /// Rows of `A` per register tile (12 accumulators, 2 vectors of `B`, a broadcast).
     const TILE_M: usize = 6;
 
@@ -324,12 +371,12 @@ mod avx {
                     // SAFETY: the caller promises AVX2 and FMA.
                     unsafe {
                         match r {
-                            6 => tile::<6>(a, p.lda, panel, kb, c, nb),
-                            5 => tile::<5>(a, p.lda, panel, kb, c, nb),
-                            4 => tile::<4>(a, p.lda, panel, kb, c, nb),
-                            3 => tile::<3>(a, p.lda, panel, kb, c, nb),
-                            2 => tile::<2>(a, p.lda, panel, kb, c, nb),
-                            _ => tile::<1>(a, p.lda, panel, kb, c, nb),
+                            6 => tile::<6, false>(a, p.lda, panel, kb, c, nb, 0),
+                            5 => tile::<5, false>(a, p.lda, panel, kb, c, nb, 0),
+                            4 => tile::<4, false>(a, p.lda, panel, kb, c, nb, 0),
+                            3 => tile::<3, false>(a, p.lda, panel, kb, c, nb, 0),
+                            2 => tile::<2, false>(a, p.lda, panel, kb, c, nb, 0),
+                            _ => tile::<1, false>(a, p.lda, panel, kb, c, nb, 0),
                         }
                     }
                     g0 += r;
@@ -349,14 +396,69 @@ mod avx {
         }
     }
 
-    /// One `R × 16` tile over the `kb` rows of a strip: `a` from `A[g0][q0]` (rows `lda`
-    /// apart), `panel` the strip's rows back to back, the sums from and back to `c` (rows
-    /// `nb` apart).
+    /// [`super::strips_inner`] with each row group's `6 × 16` sums in registers. The first
+    /// row group prefetches, one cache line per row of `B` it reads, the line [`STRIP_KC`]
+    /// rows further on: the next pass's rows of this strip, or the next strip's first (they
+    /// follow in memory), so each pass finds its 16 KiB in L1. Without it the hardware
+    /// prefetchers alone left the strips 1.3–1.7× slower from memory on the decode shapes
+    /// (M = 1 and 16, 4096–11008 columns, separate processes alternated).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[inline(always)]
-    unsafe fn tile<const R: usize>(a: &[f32], lda: usize, panel: &[f32], kb: usize, c: &mut [f32], nb: usize) {
+    pub(super) unsafe fn strips(p: &Block, s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
+        let (m, k) = (p.m, p.k);
+        for s in 0..ns {
+            let strip = &p.b[(s0 + s) * k * STRIP..][..k * STRIP];
+            for q0 in (0..k).step_by(STRIP_KC) {
+                let kb = STRIP_KC.min(k - q0);
+                let panel = &strip[q0 * STRIP..][..kb * STRIP];
+                let ahead = STRIP_KC * STRIP;
+                let mut g0 = 0;
+                while g0 < m {
+                    let r = TILE_M.min(m - g0);
+                    let a = &p.a[g0 * p.lda + q0..];
+                    let c = &mut acc[g0 * ldc + s * STRIP..];
+                    // SAFETY: the caller promises AVX2 and FMA.
+                    unsafe {
+                        match (r, g0 == 0) {
+                            (6, true) => tile::<6, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (5, true) => tile::<5, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (4, true) => tile::<4, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (3, true) => tile::<3, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (2, true) => tile::<2, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (1, true) => tile::<1, true>(a, p.lda, panel, kb, c, ldc, ahead),
+                            (6, _) => tile::<6, false>(a, p.lda, panel, kb, c, ldc, 0),
+                            (5, _) => tile::<5, false>(a, p.lda, panel, kb, c, ldc, 0),
+                            (4, _) => tile::<4, false>(a, p.lda, panel, kb, c, ldc, 0),
+                            (3, _) => tile::<3, false>(a, p.lda, panel, kb, c, ldc, 0),
+                            (2, _) => tile::<2, false>(a, p.lda, panel, kb, c, ldc, 0),
+                            _ => tile::<1, false>(a, p.lda, panel, kb, c, ldc, 0),
+                        }
+                    }
+                    g0 += r;
+                }
+            }
+        }
+    }
+
+    /// One `R × 16` tile over the `kb` rows of a strip: `a` from `A[g0][q0]` (rows `lda`
+    /// apart), `panel` the strip's rows back to back, the sums from and back to `c` (rows
+    /// `nb` apart). With `PREFETCH`, each row also prefetches the line `ahead` elements on.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const PREFETCH: bool>(
+        a: &[f32],
+        lda: usize,
+        panel: &[f32],
+        kb: usize,
+        c: &mut [f32],
+        nb: usize,
+        ahead: usize,
+    ) {
         assert!(
             kb > 0 && (R - 1) * lda + kb <= a.len() && kb * STRIP <= panel.len() && (R - 1) * nb + STRIP <= c.len(),
             "register tile past its operands"
@@ -372,6 +474,11 @@ mod avx {
             }
             for q in 0..kb {
                 let br = bp.add(q * STRIP);
+                if PREFETCH {
+                    // A prefetch never faults: the address may be past B's end (`wrapping_add`
+                    // keeps computing it defined).
+                    _mm_prefetch::<_MM_HINT_T0>(br.wrapping_add(ahead) as *const i8);
+                }
                 let (b0, b1) = (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)));
                 for (i, s) in s.iter_mut().enumerate() {
                     let av = _mm256_broadcast_ss(&*ap.add(i * lda + q));
@@ -525,6 +632,21 @@ multiversion! {
 }
 
 impl MatmulOperands<'_> {
+    /// `op(A)` of one batch as dense rows and their stride: in place when its columns are
+    /// contiguous, copied otherwise.
+    fn dense_a(&self, g: Geometry, m: usize, k: usize) -> Result<(Cow<'_, [f32]>, usize)> {
+        if g.a_cs == 1 {
+            return Ok((Cow::Borrowed(&self.a[g.a0..]), g.a_rs));
+        }
+        let mut packed = scratch(m * k)?;
+        for i in 0..m {
+            for (q, v) in packed[i * k..][..k].iter_mut().enumerate() {
+                *v = self.a[g.a0 + i * g.a_rs + q * g.a_cs];
+            }
+        }
+        Ok((Cow::Owned(packed), k))
+    }
+
     /// The skinny product of one batch into `dst` (its output region, rows `row_step` apart).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn skinny<E: Elem>(
@@ -538,19 +660,7 @@ impl MatmulOperands<'_> {
         dst: &mut [E],
     ) -> Result<()> {
         let (m, n, k) = (desc.m, desc.n, desc.k);
-        // op(A) as dense rows: in place when its columns are contiguous, packed otherwise.
-        let a: Cow<'_, [f32]> = if g.a_cs == 1 {
-            Cow::Borrowed(&self.a[g.a0..])
-        } else {
-            let mut packed = scratch(m * k)?;
-            for i in 0..m {
-                for (q, v) in packed[i * k..][..k].iter_mut().enumerate() {
-                    *v = self.a[g.a0 + i * g.a_rs + q * g.a_cs];
-                }
-            }
-            Cow::Owned(packed)
-        };
-        let lda = if g.a_cs == 1 { g.a_rs } else { k };
+        let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
         let apack = if by_rows { Vec::new() } else { pack_groups(&a, lda, m, k)? };
         let block =
@@ -613,6 +723,80 @@ impl MatmulOperands<'_> {
         } else {
             for bi in 0..blocks {
                 run(bi, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MatmulOperands<'_> {
+    /// The product of one batch with `B` packed in strips ([`crate::PackedMatmul`]) into `dst`
+    /// (its output region, rows `row_step` apart), for any `M`: the output is cut into tasks
+    /// of up to [`STRIP_ROWS`] rows × a block of columns (the rows' accumulators at most
+    /// [`ACC`], equal blocks, as many tasks as threads at least); each task streams its strips
+    /// once ([`strips_block`]), then applies the epilogue to its block while it is in L1/L2.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn strips_product<E: Elem>(
+        &self,
+        isa: Isa,
+        desc: &MatmulDesc,
+        g: Geometry,
+        epi: &Epilogue,
+        may_split: bool,
+        row_step: usize,
+        dst: &mut [E],
+    ) -> Result<()> {
+        let (m, n, k) = (desc.m, desc.n, desc.k);
+        let (a, lda) = self.dense_a(g, m, k)?;
+        let row_tasks = m.div_ceil(STRIP_ROWS);
+        let rows = m.div_ceil(row_tasks);
+        let threads = rayon::current_num_threads().max(1);
+        let widest = (ACC / rows) / STRIP * STRIP;
+        let want = threads.div_ceil(row_tasks);
+        let blocks = want * n.div_ceil(want * widest);
+        let nb_max = n.div_ceil(blocks).next_multiple_of(STRIP);
+        let blocks = n.div_ceil(nb_max);
+        // Computes task `t` and hands each of its rows to `store(row, first column, values)`.
+        let run = |t: usize, store: &mut dyn FnMut(usize, usize, &[f32])| {
+            let (i0, j0) = (t / blocks * rows, t % blocks * nb_max);
+            let (r, nb) = (rows.min(m - i0), nb_max.min(n - j0));
+            // The last block's last strip is zero-padded: its accumulators are 16 wide.
+            let ldc = nb.next_multiple_of(STRIP);
+            let block = Block { a: &a[i0 * lda..], lda, apack: &[], b: &self.b, ldb: STRIP, m: r, k };
+            ACC_BUF.with_borrow_mut(|buf| {
+                if buf.len() < r * ldc {
+                    buf.resize(r * ldc, 0.0);
+                }
+                let acc = &mut buf[..r * ldc];
+                acc.fill(0.0);
+                strips_block(isa, &block, j0 / STRIP, ldc / STRIP, acc, ldc);
+                for (i, row) in acc.chunks_mut(ldc).enumerate() {
+                    let row = &mut row[..nb];
+                    epilogue_rows(isa, epi, i0 + i, j0, nb, row);
+                    store(i0 + i, j0, row);
+                }
+            })
+        };
+        let tasks = row_tasks * blocks;
+        if may_split && m * n * k >= PARALLEL_MIN && tasks > 1 {
+            let ptr = SendPtr(dst.as_mut_ptr());
+            let len = dst.len();
+            for_each_index(tasks, &|t| {
+                let p = &ptr;
+                run(t, &mut |i, j0, src| {
+                    let start = i * row_step + j0;
+                    assert!(start + src.len() <= len, "packed product's task past the output region");
+                    // SAFETY: `dst` is exclusively borrowed for this whole call and outlives
+                    // the tasks; `start..start + len` is inside it (asserted), and it is
+                    // columns j0..j0 + nb of row i, which only task `t` writes: the slices
+                    // made by different tasks never overlap.
+                    let seg = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), src.len()) };
+                    E::narrow_into(src, seg);
+                });
+            });
+        } else {
+            for t in 0..tasks {
+                run(t, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
             }
         }
         Ok(())

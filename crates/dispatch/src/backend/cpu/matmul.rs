@@ -30,6 +30,7 @@ use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal, scratch};
 use crate::Result;
+use crate::ops::MATMUL_STRIP as STRIP;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use tilekit_kernels::{Activation, MatmulDesc};
@@ -73,6 +74,9 @@ pub(super) struct MatmulOperands<'d> {
     pub(super) bias: Option<&'d [f32]>,
     /// `C`'s whole buffer.
     pub(super) c: Option<Cow<'d, [f32]>>,
+    /// `B` is packed in strips (`[⌈N/16⌉, K, 16]`, `crate::PackedMatmul`); `desc.b` and
+    /// `desc.trans_b` are then unused.
+    pub(super) strips: bool,
 }
 
 /// The epilogue of one batch: `act(alpha·acc + bias + beta·C)`.
@@ -227,9 +231,14 @@ impl MatmulOperands<'_> {
         }
         let end = ov.offset + (desc.batch - 1) * step + region;
         let out = out.get_mut(ov.offset..end).ok_or_else(|| internal("output view out of bounds".into()))?;
+        let b_need = if self.strips {
+            n.div_ceil(STRIP).checked_mul(k * STRIP)
+        } else {
+            desc.b.required_len(desc.batch, desc.b_stored().0, desc.b_stored().1)
+        };
         for (name, need, len) in [
             ("a", desc.a.required_len(desc.batch, desc.a_stored().0, desc.a_stored().1), self.a.len()),
-            ("b", desc.b.required_len(desc.batch, desc.b_stored().0, desc.b_stored().1), self.b.len()),
+            ("b", b_need, self.b.len()),
         ] {
             if need.is_none_or(|need| need > len) {
                 return Err(internal(format!("{name}'s view is out of bounds")));
@@ -257,6 +266,9 @@ impl MatmulOperands<'_> {
                 batch: bt,
             };
             let g = Geometry::new(desc, bt);
+            if self.strips && k > 0 {
+                return self.strips_product(isa, desc, g, &epi, !small, row_step, dst);
+            }
             if m <= SKINNY_M && k > 0 {
                 return self.skinny(isa, desc, g, &epi, !small, row_step, dst);
             }

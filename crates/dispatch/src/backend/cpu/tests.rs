@@ -53,6 +53,9 @@ fn load<E: Elem>(v: &[E]) -> Vec<f32> {
     out
 }
 
+/// What the words of an output outside its view hold before and after a product.
+const SENTINEL: f32 = -77.0;
+
 /// Runs a matmul case in every dtype and compares every output word with the reference (and
 /// the words outside the view with their sentinel).
 fn check_matmul(desc: &MatmulDesc, seed: u64) {
@@ -66,7 +69,6 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
     let bias = desc.bias_offset.map(|off| rng.ints(off + desc.n + 2, 3));
     let c = desc.c.map(|cv| rng.ints(cv.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 2, 3));
     let out_len = desc.out.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 4;
-    const SENTINEL: f32 = -77.0;
     let mut want = vec![SENTINEL as f64; out_len];
     let w = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     reference::matmul(
@@ -77,12 +79,44 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
         c.as_deref().map(w).as_deref(),
         &mut want,
     );
+    // Where B is one matrix for every batch, the same product with it packed in strips
+    // (`PackedMatmul`'s CPU layout), which must give the same words.
+    let strips = (desc.batch == 1 || desc.b.batch_stride == 0).then(|| {
+        let (k, n) = (desc.k, desc.n);
+        let mut s = vec![0.0f32; n.div_ceil(16) * k * 16];
+        for q in 0..k {
+            for j in 0..n {
+                s[(j / 16 * k + q) * 16 + j % 16] = b[desc.b_index(0, q, j)];
+            }
+        }
+        s
+    });
+    let variants = [Some((&b, false)), strips.as_ref().map(|s| (s, true))];
+    for (b, strips) in variants.into_iter().flatten() {
+        check_matmul_with(desc, seed, &a, b, strips, bias.as_deref(), c.as_deref(), &want, out_len);
+    }
+}
+
+/// [`check_matmul`] on given operands (`strips`: `b` is packed in strips).
+#[allow(clippy::too_many_arguments)]
+fn check_matmul_with(
+    desc: &MatmulDesc,
+    seed: u64,
+    a: &[f32],
+    b: &[f32],
+    strips: bool,
+    bias: Option<&[f32]>,
+    c: Option<&[f32]>,
+    want: &[f64],
+    out_len: usize,
+) {
     each_dtype(|dtype, round| {
         let ops = MatmulOperands {
-            a: Cow::Owned(a.clone()),
-            b: Cow::Owned(b.clone()),
-            bias: bias.as_deref().map(|v| &v[desc.bias_offset.unwrap_or(0)..][..desc.n]),
-            c: c.as_ref().map(|v| Cow::Owned(v.clone())),
+            a: Cow::Borrowed(a),
+            b: Cow::Borrowed(b),
+            bias: bias.map(|v| &v[desc.bias_offset.unwrap_or(0)..][..desc.n]),
+            c: c.map(Cow::Borrowed),
+            strips,
         };
         let init = vec![SENTINEL; out_len];
         let got = match dtype {
@@ -105,7 +139,7 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
         };
         let want32: Vec<f32> = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
         for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
-            assert!(g == x, "{dtype} {desc:?} seed {seed}: word {i} is {g}, expected {x}");
+            assert!(g == x, "{dtype} {desc:?} seed {seed} strips {strips}: word {i} is {g}, expected {x}");
         }
     });
 }
@@ -189,6 +223,23 @@ fn skinny_panels_are_exact() {
                     check_matmul(&d, seed);
                     seed += 1;
                 }
+            }
+        }
+    });
+}
+
+/// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
+/// kernel's own edges: K within and across its 256-row passes, M across its 6-row groups and
+/// 64-row tasks, N around the strips (the last one zero-padded), A transposed or not, every
+/// epilogue, in every instruction set.
+#[test]
+fn strips_are_exact() {
+    in_each_isa(|_| {
+        let mut seed = 1500;
+        for &(m, n, k) in &[(1, 17, 300), (6, 16, 257), (17, 33, 513), (64, 15, 40), (65, 47, 256), (130, 31, 20)] {
+            for variant in 0..4 {
+                check_matmul(&matmul_desc(m, n, k, variant % 2 == 1, variant == 2, variant), seed);
+                seed += 1;
             }
         }
     });
