@@ -6,8 +6,9 @@ use tilekit::{Activation, Conv2dDesc, DType, Layout, MatmulDesc};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Case {
     /// `act(A·B + bias)`, row-major; B stored `[K, N]`, or `[N, K]` (`trans_b`: nn.Linear and
-    /// GGUF weights, `A·Bᵀ`).
-    Matmul { m: usize, n: usize, k: usize, bias: bool, activation: Activation, trans_b: bool },
+    /// GGUF weights, `A·Bᵀ`); `packed`: B packed once by `Device::pack_matmul_weights` and
+    /// multiplied by `Device::matmul_packed_into` (as an engine does with a layer's weights).
+    Matmul { m: usize, n: usize, k: usize, bias: bool, activation: Activation, trans_b: bool, packed: bool },
     /// A 3×3 depthwise convolution with padding 1, bias and ReLU6 (MobileNetV2's block).
     Conv { batch: usize, channels: usize, size: usize, stride: usize, layout: Layout },
     /// `act(x + bias)` on `[rows, cols]`.
@@ -36,7 +37,8 @@ pub const SUITES: [&str; 4] = ["square", "decode", "mobilenet", "transformer"];
 pub fn entries(scale: Scale) -> Vec<Entry> {
     let mut out = Vec::new();
     let mut push = |suite, case| out.push(Entry { suite, case });
-    let plain = |m, n, k| Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false };
+    let plain =
+        |m, n, k| Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false, packed: false };
 
     // square: the classic GEMM sweep. 64–256 fit lavapipe in --quick; 2048 and 4096 only make
     // sense on a real GPU (4096³ takes ~2 s per run with the gemm crate on two cores).
@@ -49,7 +51,18 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
         push("square", plain(s, s, s));
     }
     // The fused epilogue of a transformer MLP (bias + GELU) at one mid size.
-    push("square", Case::Matmul { m: 256, n: 256, k: 256, bias: true, activation: Activation::Gelu, trans_b: false });
+    push(
+        "square",
+        Case::Matmul {
+            m: 256,
+            n: 256,
+            k: 256,
+            bias: true,
+            activation: Activation::Gelu,
+            trans_b: false,
+            packed: false,
+        },
+    );
 
     // decode: one token (or 16) against a weight matrix: memory-bound, the LLM decode step.
     // Full sizes are LLaMA-7B's projections, N × K = 4096×4096 (attention), 11008×4096 (gate
@@ -59,11 +72,21 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
     } else {
         &[(4096, 4096), (11008, 4096), (4096, 11008)]
     };
+    // Then the same products with the weight packed once, at load (`PackedMatmul`): the
+    // layout of the stored weight no longer matters, so one row per shape. ONNX Runtime packs
+    // a constant weight the same way at session creation, in both layouts.
     for m in [1, 16] {
         for &(n, k) in dense {
             for trans_b in [false, true] {
-                push("decode", Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b });
+                push(
+                    "decode",
+                    Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b, packed: false },
+                );
             }
+            push(
+                "decode",
+                Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false, packed: true },
+            );
         }
     }
     if scale.gpu && !scale.quick {
@@ -121,8 +144,12 @@ impl Case {
     /// The shape and options, readable.
     pub fn shape(&self) -> String {
         match *self {
-            Case::Matmul { m, n, k, bias, activation, trans_b } => {
-                let layout = if trans_b { " B[N,K]" } else { "" };
+            Case::Matmul { m, n, k, bias, activation, trans_b, packed } => {
+                let layout = match (packed, trans_b) {
+                    (true, _) => " packed",
+                    (false, true) => " B[N,K]",
+                    (false, false) => "",
+                };
                 let epi = match (bias, activation) {
                     (false, Activation::None) => String::new(),
                     (true, Activation::None) => " +bias".into(),
@@ -147,7 +174,7 @@ impl Case {
 
     /// The matmul descriptor of a matmul case.
     pub fn matmul_desc(&self) -> Option<MatmulDesc> {
-        let Case::Matmul { m, n, k, bias, activation, trans_b } = *self else { return None };
+        let Case::Matmul { m, n, k, bias, activation, trans_b, .. } = *self else { return None };
         Some(matmul_desc(m, n, k, bias, activation, trans_b))
     }
 
@@ -193,7 +220,9 @@ impl Case {
     /// The plain product that `Device::naive_matmul` can compare against.
     pub fn plain_matmul(&self) -> Option<(usize, usize, usize)> {
         match *self {
-            Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false } => Some((m, n, k)),
+            Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false, packed: false } => {
+                Some((m, n, k))
+            }
             _ => None,
         }
     }
@@ -234,7 +263,8 @@ mod tests {
 
     #[test]
     fn traffic_and_flops() {
-        let c = Case::Matmul { m: 2, n: 3, k: 4, bias: true, activation: Activation::None, trans_b: true };
+        let c =
+            Case::Matmul { m: 2, n: 3, k: 4, bias: true, activation: Activation::None, trans_b: true, packed: false };
         assert_eq!(c.flops(), Some(48.0));
         assert_eq!(c.bytes(DType::F32), ((8 + 12 + 6 + 3) * 4) as f64);
         let a = Case::Activation { rows: 2, cols: 8, bias: false, activation: Activation::Gelu };

@@ -52,7 +52,7 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
     let mut mag = Vec::new();
     let (terms, activation, against);
     match *case {
-        Case::Matmul { m, n, k, bias: has_bias, activation: act, trans_b } => {
+        Case::Matmul { m, n, k, bias: has_bias, activation: act, trans_b, .. } => {
             let mut desc = matmul_desc(m, n, k, has_bias, act, trans_b);
             desc.activation = Activation::None;
             let (a, b) = (f64s(0), f64s(1));
@@ -312,7 +312,18 @@ mod tests {
     #[test]
     fn accepts_correct_and_rejects_wrong_outputs() {
         for (case, dtype) in [
-            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu, trans_b: false }, DType::F32),
+            (
+                Case::Matmul {
+                    m: 9,
+                    n: 7,
+                    k: 33,
+                    bias: true,
+                    activation: Activation::Gelu,
+                    trans_b: false,
+                    packed: false,
+                },
+                DType::F32,
+            ),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
             (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
         ] {
@@ -336,11 +347,53 @@ mod tests {
     #[test]
     fn exact_check_accepts_correct_outputs_and_rejects_one_step_off() {
         for (case, dtype) in [
-            (Case::Matmul { m: 9, n: 7, k: 33, bias: true, activation: Activation::Gelu, trans_b: false }, DType::F32),
-            (Case::Matmul { m: 5, n: 6, k: 300, bias: true, activation: Activation::None, trans_b: true }, DType::F16),
             (
-                Case::Matmul { m: 17, n: 4, k: 64, bias: false, activation: Activation::None, trans_b: false },
+                Case::Matmul {
+                    m: 9,
+                    n: 7,
+                    k: 33,
+                    bias: true,
+                    activation: Activation::Gelu,
+                    trans_b: false,
+                    packed: false,
+                },
+                DType::F32,
+            ),
+            (
+                Case::Matmul {
+                    m: 5,
+                    n: 6,
+                    k: 300,
+                    bias: true,
+                    activation: Activation::None,
+                    trans_b: true,
+                    packed: false,
+                },
+                DType::F16,
+            ),
+            (
+                Case::Matmul {
+                    m: 17,
+                    n: 4,
+                    k: 64,
+                    bias: false,
+                    activation: Activation::None,
+                    trans_b: false,
+                    packed: false,
+                },
                 DType::Bf16,
+            ),
+            (
+                Case::Matmul {
+                    m: 20,
+                    n: 37,
+                    k: 300,
+                    bias: true,
+                    activation: Activation::Relu,
+                    trans_b: false,
+                    packed: true,
+                },
+                DType::F32,
             ),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
             (Case::Conv { batch: 2, channels: 4, size: 5, stride: 1, layout: Layout::Nchw }, DType::F16),
@@ -374,7 +427,15 @@ mod tests {
     #[test]
     fn one_wrong_index_fails_the_check_at_bench_sizes() {
         let random = Host::new(
-            &Case::Matmul { m: 1, n: 4096, k: 4096, bias: false, activation: Activation::None, trans_b: false },
+            &Case::Matmul {
+                m: 1,
+                n: 4096,
+                k: 4096,
+                bias: false,
+                activation: Activation::None,
+                trans_b: false,
+                packed: false,
+            },
             DType::F32,
         );
         let (a, b) = (&random.inputs[0].1, &random.inputs[1].1);
@@ -384,7 +445,8 @@ mod tests {
         assert!(wide > 0.25, "the worst-case bound at K = 4096 is {wide}");
 
         for (m, n, k) in [(1, 4096, 4096), (1024, 1024, 1024)] {
-            let case = Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false };
+            let case =
+                Case::Matmul { m, n, k, bias: false, activation: Activation::None, trans_b: false, packed: false };
             let host = Host::exact(&case, DType::F32);
             let (a, b) = (&host.inputs[0].1, &host.inputs[1].1);
             let good = cpu_output(&case, DType::F32, &host);

@@ -542,7 +542,7 @@ fn measure_case(
             row.push_ref(Reference::new("naive", s.ok()));
         }
     }
-    if let Case::Matmul { m: ..=16, bias: false, activation: Activation::None, trans_b, .. } = *case
+    if let Case::Matmul { m: ..=16, bias: false, activation: Activation::None, trans_b, packed: false, .. } = *case
         && let Some((a, b)) = bound.matmul_operands()
     {
         // The skinny-M kernel the GEMV kernel replaced; `Ok(None)` where the backend has none.
@@ -680,7 +680,7 @@ fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
     let mut out = vec![0.0f64; host.out_shape.iter().product()];
     let kernels = tilekit_kernels::reference::matmul;
     match *case {
-        Case::Matmul { m, n, k, bias, activation, trans_b } => {
+        Case::Matmul { m, n, k, bias, activation, trans_b, .. } => {
             let desc = cases::matmul_desc(m, n, k, bias, activation, trans_b);
             measure::time(plan, || {
                 kernels(&desc, &inputs[0], &inputs[1], inputs.get(2).map(Vec::as_slice), None, &mut out);

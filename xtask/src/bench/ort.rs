@@ -64,7 +64,7 @@ impl Ort {
     /// `flush_bytes` of memory when that is not 0.
     pub fn time(&mut self, case: &Case, runs: usize, warmup: usize, flush_bytes: usize) -> Result<Stats> {
         let mut req = match *case {
-            Case::Matmul { m, n, k, bias, activation, trans_b } => serde_json::json!({
+            Case::Matmul { m, n, k, bias, activation, trans_b, .. } => serde_json::json!({
                 "op": "matmul", "m": m, "n": n, "k": k, "bias": bias, "activation": activation.name(),
                 "trans_b": trans_b,
             }),

@@ -12,7 +12,10 @@ The answer is {"ok": true, "samples": [seconds, ...]} or {"ok": false, "error": 
 request builds a tiny ONNX graph of the op (MatMul; Gemm-free MatMul + Add + Gelu for the fused
 epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip), opens a session with
 2 intra-op threads (the bench machine's two cores) and times `run` on f32 inputs, warm, or
-after writing `flush_bytes` of memory before every run when the bench flushes caches.
+after writing `flush_bytes` of memory before every run when the bench flushes caches. The
+matmul weight is a graph initializer, as in an exported model, so ONNX Runtime packs it once
+at session creation (MatMul and Gemm pre-pack constant B); tilekit's `packed` rows do the same
+with `pack_matmul_weights`, its other rows multiply the weight as stored at every call.
 Layout "nhwc" runs the NCHW graph between transposes of nothing: ONNX Runtime's CPU Conv is
 NCHW only, so the timing is of its NCHW kernel on the same shape (said in the bench output).
 """

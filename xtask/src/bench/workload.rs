@@ -2,7 +2,7 @@
 
 use super::cases::{Case, conv_desc, matmul_desc};
 use anyhow::{Context, Result};
-use tilekit::{Conv2dOptions, DType, Device, Tensor};
+use tilekit::{Conv2dOptions, DType, Device, MatmulOptions, PackedMatmul, Tensor};
 
 /// A deterministic generator (64-bit LCG, Knuth's constants): the bench needs reproducible
 /// inputs, not good randomness, and this keeps a dependency out.
@@ -141,6 +141,8 @@ pub struct Bound {
     pub device: Device,
     case: Case,
     inputs: Vec<Tensor>,
+    /// B packed by `pack_matmul_weights` (a `packed` matmul case).
+    packed: Option<PackedMatmul>,
     out: Tensor,
 }
 
@@ -153,17 +155,29 @@ impl Bound {
             .collect::<tilekit::Result<Vec<_>>>()
             .context("uploading the inputs")?;
         let out = device.zeros(&host.out_shape, dtype).context("allocating the output")?;
-        Ok(Bound { device: device.clone(), case: case.clone(), inputs, out })
+        let packed = match *case {
+            Case::Matmul { packed: true, trans_b, .. } => {
+                Some(device.pack_matmul_weights(&inputs[1], trans_b).context("packing the weight")?)
+            }
+            _ => None,
+        };
+        Ok(Bound { device: device.clone(), case: case.clone(), inputs, packed, out })
     }
 
     /// Queues the op (into the preallocated output, so nothing is allocated per run).
     pub fn run(&self) -> Result<()> {
         let dev = &self.device;
         match &self.case {
-            &Case::Matmul { m, n, k, bias, activation, trans_b } => {
-                let desc = matmul_desc(m, n, k, bias, activation, trans_b);
-                dev.matmul_into(&desc, &self.inputs[0], &self.inputs[1], self.inputs.get(2), None, &self.out)?;
-            }
+            &Case::Matmul { m, n, k, bias, activation, trans_b, .. } => match &self.packed {
+                Some(w) => {
+                    let opts = MatmulOptions::new().bias(self.inputs.get(2)).activation(activation);
+                    dev.matmul_packed_into(&self.inputs[0], w, &opts, &self.out)?;
+                }
+                None => {
+                    let desc = matmul_desc(m, n, k, bias, activation, trans_b);
+                    dev.matmul_into(&desc, &self.inputs[0], &self.inputs[1], self.inputs.get(2), None, &self.out)?;
+                }
+            },
             &Case::Conv { batch, channels, size, stride, layout } => {
                 let d = conv_desc(batch, channels, size, stride, layout);
                 let opts = Conv2dOptions::default()
