@@ -1,4 +1,6 @@
-//! The skinny matmul (`M ≤ 16`, the decode step): streams `B` once, in either layout.
+//! The skinny matmul (`M ≤ 16`, the decode step; with `B` stored `K × N`, up to
+//! `PANELS_KN_M` rows): streams `B` once, in either layout; and the product with a weight
+//! packed in strips (`crate::PackedMatmul`, any `M`).
 //!
 //! The output's columns are cut into blocks; a block's `M × width` accumulators live in a
 //! buffer kept per thread (up to 256 KiB, L2: 4096 columns at M = 16), and the blocks are
@@ -82,6 +84,11 @@ fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
         return;
     }
     rows_plain::<FMA>(p, j0, nb, acc);
+}
+
+/// Whether [`avx::rows_panels`] runs in `isa` (x86-64 with AVX2 and FMA).
+pub(super) fn has_panels(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa != Isa::Portable
 }
 
 /// The fewest rows of `A` that take the panel kernel ([`avx::rows_panels`]) with `B` stored
@@ -285,6 +292,7 @@ multiversion! {
 /// time on the `N × K` decode shapes (in-process A/B, one and two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::super::matmul::PANELS_KN_M;
     use super::{Block, DOT_LANES, STRIP, STRIP_KC, rows_plain};
     use std::arch::x86_64::*;
 
@@ -388,7 +396,7 @@ mod avx {
         if full < nb {
             // The last nb mod 16 columns, streamed row by row into a small buffer.
             let w = nb - full;
-            let mut rest = [0.0f32; 16 * STRIP];
+            let mut rest = [0.0f32; PANELS_KN_M * STRIP];
             rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
             for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
                 acc[i * nb + full..][..w].copy_from_slice(r);

@@ -1,7 +1,7 @@
 //! Matmul on the CPU: the `gemm` crate for the product, a streaming kernel for skinny
 //! products, and the fused epilogue applied to cache-resident output tiles.
 //!
-//! Four paths, chosen per call:
+//! Five paths, chosen per call:
 //! - **Plain f32** (f32 output, no bias, no C, `alpha = 1`, no activation): `gemm` writes
 //!   straight into the output view (no scratch, no second pass). Below [`SMALL_GEMM`]
 //!   multiply-adds it is one single-threaded call. Above it, with `op(B)` of at most
@@ -10,7 +10,10 @@
 //!   own split, so that it is streamed from memory once.
 //! - **Skinny** (`M ≤ 16`, the decode step): [`gemv`](super::gemv). It streams `B` exactly
 //!   once in either layout, splits `N` across threads when there is enough work, and applies
-//!   the epilogue to each block of columns while it is still in L1/L2.
+//!   the epilogue to each block of columns while it is still in L1/L2. With `B` stored `K × N`
+//!   (at least [`SHARED_B`] elements) it takes up to [`PANELS_KN_M`] rows where the CPU has
+//!   AVX2 and FMA: `gemm` is 2–3× slower there.
+//! - **Packed `B`** (`crate::PackedMatmul`, any `M`): the strip kernel of [`gemv`](super::gemv).
 //! - **Small f32 outputs with an epilogue** (at most [`CACHED_OUT`] elements, 1 MiB): as the
 //!   plain path, each block of rows followed at once by the epilogue on it, in the L2 of the
 //!   core that computed it (with a large `B`: one `gemm` call, then the epilogue in tasks of
@@ -46,6 +49,14 @@ const PARALLEL_MIN: usize = 1 << 20;
 /// The largest `M` the skinny kernel takes: up to 16 rows of `A` reuse each loaded row of `B`
 /// from registers and L1, which keeps it memory-bound up to here on AVX-512 hardware.
 pub(super) const SKINNY_M: usize = 16;
+
+/// With `B` stored `K × N` and at least [`SHARED_B`] elements, products of up to this many rows
+/// take the skinny kernel's panels too (`gemv.rs`, where the CPU has AVX2 and FMA) instead of
+/// `gemm`: in-process A/B on two threads, `gemm` took 27, 41, 68 and 97 ms at M = 17, 32, 64
+/// and 96 × 4096 × 4096 against 15, 20, 19–25 and 38 ms, and 3.6 against 1.5 ms at 64 × 1024 ×
+/// 1024; at M = 128 the two were level, at 256 `gemm` was ahead, and below 2^20 elements of `B`
+/// (32 × 512 × 512) level.
+pub(super) const PANELS_KN_M: usize = 96;
 
 /// Output elements of one epilogue panel (256 KiB of f32: L2-resident on any current core).
 const PANEL: usize = 1 << 16;
@@ -269,7 +280,8 @@ impl MatmulOperands<'_> {
             if self.strips && k > 0 {
                 return self.strips_product(isa, desc, g, &epi, !small, row_step, dst);
             }
-            if m <= SKINNY_M && k > 0 {
+            let panels_kn = g.b_cs == 1 && m <= PANELS_KN_M && k * n >= SHARED_B && super::gemv::has_panels(isa);
+            if (m <= SKINNY_M || panels_kn) && k > 0 {
                 return self.skinny(isa, desc, g, &epi, !small, row_step, dst);
             }
             if let Some(o) = E::as_f32_mut(dst)

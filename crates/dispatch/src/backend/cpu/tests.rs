@@ -228,6 +228,18 @@ fn skinny_panels_are_exact() {
     });
 }
 
+/// `B` stored `K × N` with at least 2^20 elements: up to `PANELS_KN_M` (96) rows take the
+/// skinny panels where the CPU has AVX2 and FMA (`gemm` in the portable copy), with the last
+/// `N mod 16` columns (here 6) streamed row by row for all 96 rows.
+#[test]
+fn mid_m_panels_are_exact() {
+    in_each_isa(|_| {
+        for (i, &(m, n, k)) in [(17, 1024, 1024), (96, 1030, 1020)].iter().enumerate() {
+            check_matmul(&matmul_desc(m, n, k, i == 1, false, i), 1700 + i as u64);
+        }
+    });
+}
+
 /// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
 /// kernel's own edges: K within and across its 256-row passes, M across its 6-row groups and
 /// 64-row tasks, N around the strips (the last one zero-padded), A transposed or not, every
