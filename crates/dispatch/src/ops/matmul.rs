@@ -1,9 +1,9 @@
 //! `matmul`: `out = act(alpha · op(A) · op(B) + bias + beta · C)`.
 
-use super::{check_alias, check_device, check_dtype, check_finite, check_fits, storage};
+use super::{check_alias, check_device, check_dtype, check_finite, check_fits, check_precision, storage};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::{Activation, DType, MatmulDesc, MatrixView, Precision};
+use tilekit_kernels::{Activation, MatmulDesc, MatrixView, Precision};
 
 const OP: &str = "matmul";
 
@@ -203,13 +203,7 @@ impl Device {
         }
         check_finite(OP, "alpha", desc.alpha)?;
         check_finite(OP, "beta", desc.beta)?;
-        if desc.precision == Precision::F16 && dtype != DType::F16 {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                param: "precision",
-                reason: format!("Precision::F16 multiplies f16 storage only, not {dtype}"),
-            });
-        }
+        check_precision(OP, desc.precision, dtype)?;
         if desc.bias_offset.is_some() != bias.is_some() {
             return Err(Error::InvalidParameter {
                 op: OP,

@@ -40,7 +40,7 @@ pub use pointwise::PointwiseOptions;
 
 use crate::backend::BackendOps;
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::{Conv2dDesc, DType};
+use tilekit_kernels::{Conv2dDesc, DType, Precision};
 
 /// Checks that `t` lives on `device`.
 pub(crate) fn check_device(op: &'static str, device: &Device, name: &'static str, t: &Tensor) -> Result<()> {
@@ -81,6 +81,19 @@ pub(crate) fn check_fits(op: &'static str, name: &'static str, needed: Option<us
 pub(crate) fn check_finite(op: &'static str, param: &'static str, v: f32) -> Result<()> {
     if !v.is_finite() {
         return Err(Error::InvalidParameter { op, param, reason: format!("{v} is not finite") });
+    }
+    Ok(())
+}
+
+/// Checks that a matmul's precision fits its dtype: [`Precision::F16`] multiplies f16 storage
+/// only.
+pub(crate) fn check_precision(op: &'static str, precision: Precision, dtype: DType) -> Result<()> {
+    if precision == Precision::F16 && dtype != DType::F16 {
+        return Err(Error::InvalidParameter {
+            op,
+            param: "precision",
+            reason: format!("Precision::F16 multiplies f16 storage only, not {dtype}"),
+        });
     }
     Ok(())
 }

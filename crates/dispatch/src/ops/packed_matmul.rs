@@ -2,10 +2,10 @@
 //! device's kernels stream best ([`PackedMatmul`]).
 
 use super::matmul::{dense_view, dims, epilogue_view};
-use super::{check_alias, check_device, check_dtype, check_finite, check_fits, storage};
+use super::{check_alias, check_device, check_dtype, check_finite, check_fits, check_precision, storage};
 use crate::backend::{BackendOps, with_backend};
 use crate::{BackendKind, Device, Error, MatmulOptions, Result, Tensor};
-use tilekit_kernels::{DType, MatmulDesc, MatrixView, Precision};
+use tilekit_kernels::{DType, MatmulDesc, MatrixView};
 
 const OP: &str = "matmul_packed";
 const PACK_OP: &str = "pack_matmul_weights";
@@ -231,13 +231,7 @@ impl Device {
         }
         check_finite(OP, "alpha", desc.alpha)?;
         check_finite(OP, "beta", desc.beta)?;
-        if desc.precision == Precision::F16 && dtype != DType::F16 {
-            return Err(Error::InvalidParameter {
-                op: OP,
-                param: "precision",
-                reason: format!("Precision::F16 multiplies f16 storage only, not {dtype}"),
-            });
-        }
+        check_precision(OP, desc.precision, dtype)?;
         self.check_dtype(dtype)?;
         let (batch, m, n, k) = (desc.batch, desc.m, desc.n, desc.k);
         let (ar, ac) = desc.a_stored();

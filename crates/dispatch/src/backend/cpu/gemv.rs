@@ -840,29 +840,7 @@ impl MatmulOperands<'_> {
             })
         };
         let blocks = n.div_ceil(nb_max);
-        if may_split && m * n * k >= PARALLEL_MIN && blocks > 1 {
-            // Each task writes only its own columns of every row, so the rows are shared: the
-            // tasks get a raw pointer and build a slice over just their own columns.
-            let ptr = SendPtr(dst.as_mut_ptr());
-            let len = dst.len();
-            for_each_index(blocks, &|bi| {
-                let p = &ptr;
-                run(bi, &mut |i, j0, src| {
-                    let start = i * row_step + j0;
-                    assert!(start + src.len() <= len, "skinny block past the output region");
-                    // SAFETY: `dst` is exclusively borrowed for this whole call and outlives
-                    // the tasks; `start..start + len` is inside it (asserted), and it is
-                    // columns j0..j0 + nb of row i, which only block `bi` writes: the slices
-                    // made by different tasks never overlap.
-                    let seg = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), src.len()) };
-                    E::narrow_into(src, seg);
-                });
-            });
-        } else {
-            for bi in 0..blocks {
-                run(bi, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
-            }
-        }
+        run_tasks(blocks, may_split && m * n * k >= PARALLEL_MIN, row_step, dst, &run);
         Ok(())
     }
 }
@@ -924,29 +902,41 @@ impl MatmulOperands<'_> {
                 }
             })
         };
-        let tasks = row_tasks * blocks;
-        if may_split && m * n * k >= PARALLEL_MIN && tasks > 1 {
-            let ptr = SendPtr(dst.as_mut_ptr());
-            let len = dst.len();
-            for_each_index(tasks, &|t| {
-                let p = &ptr;
-                run(t, &mut |i, j0, src| {
-                    let start = i * row_step + j0;
-                    assert!(start + src.len() <= len, "packed product's task past the output region");
-                    // SAFETY: `dst` is exclusively borrowed for this whole call and outlives
-                    // the tasks; `start..start + len` is inside it (asserted), and it is
-                    // columns j0..j0 + nb of row i, which only task `t` writes: the slices
-                    // made by different tasks never overlap.
-                    let seg = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), src.len()) };
-                    E::narrow_into(src, seg);
-                });
-            });
-        } else {
-            for t in 0..tasks {
-                run(t, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
-            }
-        }
+        run_tasks(row_tasks * blocks, may_split && m * n * k >= PARALLEL_MIN, row_step, dst, &run);
         Ok(())
+    }
+}
+
+/// Runs tasks `0..tasks`, in parallel when `parallel` and there is more than one. Task `t`
+/// computes one block of the output and hands each of its rows to `store(row, first column,
+/// values)`, which rounds them into `dst` (rows `row_step` apart). The tasks' blocks must not
+/// overlap (each writes its own columns of its own rows).
+fn run_tasks<E: Elem, F>(tasks: usize, parallel: bool, row_step: usize, dst: &mut [E], run: &F)
+where
+    F: Fn(usize, &mut dyn FnMut(usize, usize, &[f32])) + Sync,
+{
+    if parallel && tasks > 1 {
+        // The rows are shared between tasks: they get a raw pointer and build a slice over
+        // just their own columns.
+        let ptr = SendPtr(dst.as_mut_ptr());
+        let len = dst.len();
+        for_each_index(tasks, &|t| {
+            let p = &ptr;
+            run(t, &mut |i, j0, src| {
+                let start = i * row_step + j0;
+                assert!(start + src.len() <= len, "a task's block past the output region");
+                // SAFETY: `dst` is exclusively borrowed for this whole call and outlives the
+                // tasks; `start..start + len` is inside it (asserted), and it is the columns of
+                // row i that only task `t` writes: the slices made by different tasks never
+                // overlap.
+                let seg = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), src.len()) };
+                E::narrow_into(src, seg);
+            });
+        });
+    } else {
+        for t in 0..tasks {
+            run(t, &mut |i, j0, src| E::narrow_into(src, &mut dst[i * row_step + j0..][..src.len()]));
+        }
     }
 }
 
