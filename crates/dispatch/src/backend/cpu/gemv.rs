@@ -12,7 +12,8 @@
 //!   and each load of `B` from L1 serves two rows. From 14 rows of `A` on AVX2, instead, `B`
 //!   is copied in 128 × 64 panels (the next panel prefetched while one is computed) and each
 //!   16-column strip of a panel meets the rows of `A` six at a time with the sums in
-//!   registers ([`avx::rows_panels`]);
+//!   registers ([`avx::rows_panels`]; on AVX-512, eight rows and two strips at a time,
+//!   [`avx512`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
@@ -80,7 +81,7 @@ fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
     if FMA && p.m >= PANEL_MIN_M {
         // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
         // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
-        unsafe { avx::rows_panels(p, j0, nb, acc) };
+        unsafe { avx::rows_panels::<false>(p, j0, nb, acc) };
         return;
     }
     rows_plain::<FMA>(p, j0, nb, acc);
@@ -329,10 +330,13 @@ mod avx {
     /// the panels were slower than the row-streaming kernel from memory (copy and compute do
     /// not overlap), and a kernel on `B` in place (no copy) lost to the set conflicts.
     ///
+    /// With `WIDE`, the register tiles are the AVX-512 ones ([`super::avx512`]: 8 rows × two
+    /// strips, the same sums in the same order).
+    ///
     /// # Safety
-    /// The CPU has AVX2 and FMA.
+    /// The CPU has AVX2 and FMA, and AVX-512F when `WIDE`.
     #[inline(always)]
-    pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    pub(super) unsafe fn rows_panels<const WIDE: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
         let (m, k) = (p.m, p.k);
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
@@ -361,11 +365,15 @@ mod avx {
             let (nq, ns0) = next(q0, s0);
             let (nkb, lines) =
                 if nq < k { (PANEL_K.min(k - nq), PANEL_N.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
-            let tiles = strips * m.div_ceil(TILE_M);
+            // Strips side by side and rows of A per register tile.
+            let (width, rows) = if WIDE { (2, super::avx512::ROWS) } else { (1, TILE_M) };
+            let tiles = strips.div_ceil(width) * m.div_ceil(rows);
             let per_tile = (nkb * lines).div_ceil(tiles);
             let mut line = 0;
-            for st in 0..strips {
-                let panel = &buf[st * kb * STRIP..][..kb * STRIP];
+            let mut st = 0;
+            while st < strips {
+                let w = width.min(strips - st);
+                let panel = &buf[st * kb * STRIP..][..w * kb * STRIP];
                 let mut g0 = 0;
                 while g0 < m {
                     for _ in 0..per_tile.min(nkb * lines - line) {
@@ -374,22 +382,27 @@ mod avx {
                         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.b[at..].as_ptr() as *const i8) };
                         line += 1;
                     }
-                    let r = TILE_M.min(m - g0);
+                    let r = rows.min(m - g0);
                     let a = &p.a[g0 * p.lda + q0..];
                     let c = &mut acc[g0 * nb + s0 + st * STRIP..];
-                    // SAFETY: the caller promises AVX2 and FMA.
+                    // SAFETY: the caller promises AVX2 and FMA, and AVX-512F when `WIDE`.
                     unsafe {
-                        match r {
-                            6 => tile::<6, false>(a, p.lda, panel, kb, c, nb, 0),
-                            5 => tile::<5, false>(a, p.lda, panel, kb, c, nb, 0),
-                            4 => tile::<4, false>(a, p.lda, panel, kb, c, nb, 0),
-                            3 => tile::<3, false>(a, p.lda, panel, kb, c, nb, 0),
-                            2 => tile::<2, false>(a, p.lda, panel, kb, c, nb, 0),
-                            _ => tile::<1, false>(a, p.lda, panel, kb, c, nb, 0),
+                        if WIDE {
+                            super::avx512::tile_any(r, w, a, p.lda, panel, kb, 0, kb, c, nb, false);
+                        } else {
+                            match r {
+                                6 => tile::<6, false>(a, p.lda, panel, kb, c, nb, 0),
+                                5 => tile::<5, false>(a, p.lda, panel, kb, c, nb, 0),
+                                4 => tile::<4, false>(a, p.lda, panel, kb, c, nb, 0),
+                                3 => tile::<3, false>(a, p.lda, panel, kb, c, nb, 0),
+                                2 => tile::<2, false>(a, p.lda, panel, kb, c, nb, 0),
+                                _ => tile::<1, false>(a, p.lda, panel, kb, c, nb, 0),
+                            }
                         }
                     }
                     g0 += r;
                 }
+                st += w;
             }
             (q0, s0) = next(q0, s0);
         }
@@ -555,19 +568,21 @@ mod avx {
     }
 }
 
-/// The strip kernel in AVX-512: a strip's 16 columns are one `zmm` vector, so a register
-/// tile takes two strips side by side and up to 8 rows of `A` (16 sums in registers, 2 loads of
-/// `B` and 8 broadcasts per 16 multiply-adds), where the AVX2 tile needs two vectors per strip.
-/// On a 2-core AVX-512 Xeon (in-process A/B against the AVX2 tiles): 16 × 4096 × 4096 in 3.4
-/// ms against 6.0, 16 × 11008 × 4096 in 12–13 against 18–21, 64 × 4096 × 4096 in 15 against
-/// 21; M = 1 (memory-bound) level.
+/// The strip kernel and the `K × N` panels' register tiles in AVX-512: a strip's 16 columns
+/// are one `zmm` vector, so a register tile takes two strips side by side and up to 8 rows of
+/// `A` (16 sums in registers, 2 loads of `B` and 8 broadcasts per 16 multiply-adds), where the
+/// AVX2 tile needs two vectors per strip. On a 2-core AVX-512 Xeon (in-process A/B against the
+/// AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
+/// 12–13 against 18–21, 64 × 4096 × 4096 in 15 against 21, M = 1 (memory-bound) level;
+/// `K × N` panels, 16 × 4096 × 4096 in 12–13.5 ms against 17–21 and 16 × 11008 × 4096 in 34
+/// against 40–53 (alternated runs).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Block, STRIP, STRIP_KC};
     use std::arch::x86_64::*;
 
     /// Rows of `A` per register tile.
-    const ROWS: usize = 8;
+    pub(super) const ROWS: usize = 8;
 
     /// [`super::strips_inner`] (the same sums in the same order: the same bits) with two
     /// strips per register tile (the last one alone when their count is odd). The first row
@@ -580,8 +595,7 @@ mod avx512 {
         let (m, k) = (p.m, p.k);
         let mut s = 0;
         while s < ns {
-            let pair = ns - s >= 2;
-            let width = if pair { 2 } else { 1 };
+            let width = 2.min(ns - s);
             let strips = &p.b[(s0 + s) * k * STRIP..][..width * k * STRIP];
             for q0 in (0..k).step_by(STRIP_KC) {
                 let kb = STRIP_KC.min(k - q0);
@@ -590,32 +604,65 @@ mod avx512 {
                     let r = ROWS.min(m - g0);
                     let a = &p.a[g0 * p.lda + q0..];
                     let c = &mut acc[g0 * ldc + s * STRIP..];
-                    let first = g0 == 0;
                     // SAFETY: the caller promises AVX-512F.
-                    unsafe {
-                        match (r, pair) {
-                            (8, true) => tile::<8, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (7, true) => tile::<7, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (6, true) => tile::<6, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (5, true) => tile::<5, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (4, true) => tile::<4, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (3, true) => tile::<3, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (2, true) => tile::<2, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (_, true) => tile::<1, 2>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (8, false) => tile::<8, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (7, false) => tile::<7, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (6, false) => tile::<6, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (5, false) => tile::<5, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (4, false) => tile::<4, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (3, false) => tile::<3, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (2, false) => tile::<2, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                            (_, false) => tile::<1, 1>(a, p.lda, strips, k, q0, kb, c, ldc, first),
-                        }
-                    }
+                    unsafe { tile_any(r, width, a, p.lda, strips, k, q0, kb, c, ldc, g0 == 0) };
                     g0 += r;
                 }
             }
             s += width;
+        }
+    }
+
+    /// [`super::avx::rows_panels`] with these register tiles.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        // SAFETY: the caller promises AVX-512F (and so AVX2 and FMA).
+        unsafe { super::avx::rows_panels::<true>(p, j0, nb, acc) }
+    }
+
+    /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 or 2).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_any(
+        r: usize,
+        w: usize,
+        a: &[f32],
+        lda: usize,
+        strips: &[f32],
+        k: usize,
+        q0: usize,
+        kb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        prefetch: bool,
+    ) {
+        // SAFETY: the caller promises AVX-512F; `tile` asserts its bounds.
+        unsafe {
+            match (r, w == 2) {
+                (8, true) => tile::<8, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (7, true) => tile::<7, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (6, true) => tile::<6, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (5, true) => tile::<5, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (4, true) => tile::<4, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (3, true) => tile::<3, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (2, true) => tile::<2, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (_, true) => tile::<1, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (8, false) => tile::<8, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (7, false) => tile::<7, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (6, false) => tile::<6, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (5, false) => tile::<5, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (4, false) => tile::<4, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (3, false) => tile::<3, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (2, false) => tile::<2, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (_, false) => tile::<1, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+            }
         }
     }
 
@@ -769,6 +816,25 @@ multiversion! {
     fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
 }
 
+/// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
+/// (the panels with AVX-512 register tiles where `isa` is AVX-512), [`cols_block`] for
+/// `N × K`. An AVX-512 `N × K` tile (two rows of a group per `zmm`, half the multiply-add
+/// instructions) was tried and left out: level with the AVX2 tile in alternated runs at
+/// 16 × 4096 × 4096, which is bound by reading `B`, not by arithmetic.
+fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if by_rows && isa == Isa::Avx512 && p.m >= PANEL_MIN_M {
+        // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
+        unsafe { avx512::rows_panels(p, j0, nb, acc) };
+        return;
+    }
+    if by_rows {
+        rows_block(isa, p, j0, nb, acc);
+    } else {
+        cols_block(isa, p, j0, nb, acc);
+    }
+}
+
 impl MatmulOperands<'_> {
     /// `op(A)` of one batch as dense rows and their stride: in place when its columns are
     /// contiguous, copied otherwise.
@@ -828,11 +894,7 @@ impl MatmulOperands<'_> {
                     buf.resize(m * nb, 0.0);
                 }
                 let acc = &mut buf[..m * nb];
-                if by_rows {
-                    rows_block(isa, &block, j0, nb, acc);
-                } else {
-                    cols_block(isa, &block, j0, nb, acc);
-                }
+                skinny_block(isa, &block, by_rows, j0, nb, acc);
                 epilogue_rows(isa, epi, 0, j0, nb, acc);
                 for (i, src) in acc.chunks(nb).enumerate() {
                     store(i, j0, src);

@@ -208,16 +208,17 @@ fn skinny_k_chunks_are_exact() {
     });
 }
 
-/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2): K within one and across
-/// 128-row panels with a short last one, widths across 64-column panels with short last
-/// panels and 1–15 columns left to the row-streaming kernel, every row-group remainder
-/// (M mod 6), padded views, in every instruction set.
+/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2 and AVX-512): K within one and
+/// across 128-row panels with a short last one, widths across 64-column panels with short last
+/// panels (of one, two and three strips: the AVX-512 tiles take strips in pairs) and 1–15
+/// columns left to the row-streaming kernel, every row-group remainder (M mod 6; M mod 8 on
+/// AVX-512), padded views, in every instruction set.
 #[test]
 fn skinny_panels_are_exact() {
     in_each_isa(|_| {
         let mut seed = 1200;
         for m in [14, 15, 16] {
-            for &(n, k) in &[(16, 64), (47, 65), (130, 200), (300, 129), (129, 1), (512, 64)] {
+            for &(n, k) in &[(16, 64), (47, 65), (130, 200), (300, 129), (129, 1), (512, 64), (115, 70)] {
                 for variant in [0, 1] {
                     let d = matmul_desc(m, n, k, m == 15, false, variant);
                     check_matmul(&d, seed);
