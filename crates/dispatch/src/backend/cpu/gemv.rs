@@ -300,29 +300,34 @@ mod avx {
 
     /// Rows of `B` per panel of [`rows_panels`].
     const PANEL_K: usize = 128;
-    /// Columns per panel (4 strips of [`STRIP`]): a panel is 32 KiB. 128 × 64 took 6–10% less
-    /// time than 64 × 128 on the M = 16 decode shapes, and 256 or 128 × 32 (runs of `B` of
-    /// 128 bytes) a third more.
+    /// Columns per panel (4 strips of [`STRIP`]): a panel is 32 KiB. With the AVX2 tiles (on a
+    /// Zen 3 EPYC) 128 × 64 took 6–10% less time than 64 × 128 on the M = 16 decode shapes,
+    /// and 256 or 128 × 32 (runs of `B` of 128 bytes) a third more.
     const PANEL_N: usize = 64;
+    /// The panel's rows and columns with the AVX-512 tiles (`WIDE`), also 32 KiB: on a 2-core
+    /// AVX-512 Xeon, 16 × 4096 × 4096 took 5.2–9 ms against 10–15 with 128 × 64 (one thread:
+    /// 10.5–16.6 against 16–24), 16 × 11008 × 4096 16–30 against 27–35 (alternated runs);
+    /// 32 × 128 was level with it, 32 × 256 level at one thread, 64 × 256 (64 KiB) slower.
+    const WIDE_PANEL: (usize, usize) = (64, 128);
     /// Rows of `A` per register tile (12 accumulators, 2 vectors of `B`, a broadcast).
     const TILE_M: usize = 6;
 
     thread_local! {
-        /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] ×
-        /// [`PANEL_N`] elements). Taken out for the call and put back: a closure (as
-        /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and
-        /// the intrinsics in it would become calls.
+        /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] × [`PANEL_N`]
+        /// elements, as many as [`WIDE_PANEL`]). Taken out for the call and put back: a closure (as
+        /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and the
+        /// intrinsics in it would become calls.
         static PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
 
-    /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows
-    /// × [`PANEL_N`] columns of `B` are copied into a buffer strip by strip (each 16-column
-    /// strip's rows back to back, so a tile reads one contiguous stream with no L1 set
-    /// conflicts: rows of `B` 16 KiB apart all fall in one set), then every strip meets each
-    /// group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
-    /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and
-    /// stored once per panel). While a panel is computed, the next one's rows of `B` are
-    /// prefetched in storage order, spread over its tiles, so the copy finds them in L1.
+    /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows ×
+    /// [`PANEL_N`] columns ([`WIDE_PANEL`] with `WIDE`) of `B` are copied into a buffer strip by
+    /// strip (each 16-column strip's rows back to back, so a tile reads one contiguous stream with
+    /// no L1 set conflicts: rows of `B` 16 KiB apart all fall in one set), then every strip meets
+    /// each group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
+    /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and stored
+    /// once per panel). While a panel is computed, the next one's rows of `B` are prefetched in
+    /// storage order, spread over its tiles, so the copy finds them in L1.
     ///
     /// Against the row-streaming kernel ([`rows_plain`]), whose two rows of accumulators per
     /// pass come from L2 for every four multiply-adds: 1.4× in cache (16 × 512 × 256, one
@@ -338,21 +343,22 @@ mod avx {
     #[inline(always)]
     pub(super) unsafe fn rows_panels<const WIDE: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
         let (m, k) = (p.m, p.k);
+        let (panel_k, panel_n) = if WIDE { WIDE_PANEL } else { (PANEL_K, PANEL_N) };
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
         acc.fill(0.0);
         let mut buf = PANEL.take();
-        if buf.len() < PANEL_K * PANEL_N {
-            buf.resize(PANEL_K * PANEL_N, 0.0);
+        if buf.len() < panel_k * panel_n {
+            buf.resize(panel_k * panel_n, 0.0);
         }
         // Panels in order: K steps outside, column steps inside.
         let next = |q0: usize, s0: usize| {
-            let kb = PANEL_K.min(k - q0);
-            if s0 + PANEL_N < full { (q0, s0 + PANEL_N) } else { (q0 + kb, 0) }
+            let kb = panel_k.min(k - q0);
+            if s0 + panel_n < full { (q0, s0 + panel_n) } else { (q0 + kb, 0) }
         };
         let (mut q0, mut s0) = (0, 0);
         while q0 < k && s0 < full {
-            let (kb, ns) = (PANEL_K.min(k - q0), PANEL_N.min(full - s0));
+            let (kb, ns) = (panel_k.min(k - q0), panel_n.min(full - s0));
             let strips = ns / STRIP;
             for q in 0..kb {
                 let src = &p.b[(q0 + q) * p.ldb + j0 + s0..][..ns];
@@ -364,7 +370,7 @@ mod avx {
             // this panel's tiles.
             let (nq, ns0) = next(q0, s0);
             let (nkb, lines) =
-                if nq < k { (PANEL_K.min(k - nq), PANEL_N.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
+                if nq < k { (panel_k.min(k - nq), panel_n.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
             // Strips side by side and rows of A per register tile.
             let (width, rows) = if WIDE { (2, super::avx512::ROWS) } else { (1, TILE_M) };
             let tiles = strips.div_ceil(width) * m.div_ceil(rows);
@@ -575,7 +581,8 @@ mod avx {
 /// AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
 /// 12–13 against 18–21, 64 × 4096 × 4096 in 15 against 21, M = 1 (memory-bound) level;
 /// `K × N` panels, 16 × 4096 × 4096 in 12–13.5 ms against 17–21 and 16 × 11008 × 4096 in 34
-/// against 40–53 (alternated runs).
+/// against 40–53 (alternated runs), and with 64 × 128 panels ([`avx`]'s `WIDE_PANEL`) 16 ×
+/// 4096 × 4096 in 5.3–7.7 ms.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Block, STRIP, STRIP_KC};

@@ -56,7 +56,9 @@ pub(super) const SKINNY_M: usize = 16;
 /// and 96 × 4096 × 4096 against 15, 20, 19–25 and 38 ms, and 3.6 against 1.5 ms at 64 × 1024 ×
 /// 1024; at M = 128 the two were level, at 256 `gemm` was ahead, and below 2^20 elements of `B`
 /// (32 × 512 × 512) level. On an AVX-512 Xeon, both with their AVX-512 kernels (best of
-/// alternated runs): `gemm` 9.7, 16.5, 31.8 and 43.4 ms against 8.4, 12.5, 19.9 and 19.8 ms.
+/// alternated runs): `gemm` 9.7, 16.5, 31.8 and 43.4 ms against 8.4, 12.5, 19.9 and 19.8 ms;
+/// with the panels at 64 × 128 (medians), 128 and 256 rows still went to `gemm` (18.8 against
+/// 20.6 ms, 35 against 38).
 pub(super) const PANELS_KN_M: usize = 96;
 
 /// Output elements of one epilogue panel (256 KiB of f32: L2-resident on any current core).

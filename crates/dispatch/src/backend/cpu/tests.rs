@@ -208,11 +208,11 @@ fn skinny_k_chunks_are_exact() {
     });
 }
 
-/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2 and AVX-512): K within one and
-/// across 128-row panels with a short last one, widths across 64-column panels with short last
-/// panels (of one, two and three strips: the AVX-512 tiles take strips in pairs) and 1–15
-/// columns left to the row-streaming kernel, every row-group remainder (M mod 6; M mod 8 on
-/// AVX-512), padded views, in every instruction set.
+/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2 and AVX-512): K within one and across
+/// 128-row panels (64 on AVX-512) with a short last one, widths across 64-column panels (128 on
+/// AVX-512) with short last panels (of odd and even strip counts: the AVX-512 tiles take strips in
+/// pairs) and 1–15 columns left to the row-streaming kernel, every row-group remainder (M mod 6; M
+/// mod 8 on AVX-512), padded views, in every instruction set.
 #[test]
 fn skinny_panels_are_exact() {
     in_each_isa(|_| {
