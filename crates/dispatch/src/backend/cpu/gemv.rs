@@ -1,6 +1,6 @@
-//! The skinny matmul (`M ≤ 16`, the decode step; with `B` stored `K × N`, up to
-//! `PANELS_KN_M` rows): streams `B` once, in either layout; and the product with a weight
-//! packed in strips (`crate::PackedMatmul`, any `M`).
+//! The skinny matmul (`M ≤ 16`, the decode step; with `B` stored `K × N`, or `N × K` on
+//! AVX-512, up to `PANELS_KN_M` rows): streams `B` once, in either layout; and the product
+//! with a weight packed in strips (`crate::PackedMatmul`, any `M`).
 //!
 //! The output's columns are cut into blocks; a block's `M × width` accumulators live in a
 //! buffer kept per thread (up to 256 KiB, L2: 4096 columns at M = 16), and the blocks are
@@ -22,6 +22,9 @@
 //!   AVX2 and FMA). The tile's chunk of `B` (12 KiB) is read from
 //!   memory once, in page-long runs and in storage order, and from L1 by the other groups;
 //!   the partial sums carry across chunks in an 8-lane buffer and are summed pairwise at the end.
+//!   On AVX-512, from 14 rows of `A`, instead, `B` is gathered into panels of two 16-column
+//!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
+//!   tiles ([`avx512::cols_panels`]).
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
 //! the output.
@@ -630,6 +633,102 @@ mod avx512 {
         unsafe { super::avx::rows_panels::<true>(p, j0, nb, acc) }
     }
 
+    /// `K` rows per panel of [`cols_panels`] (runs of 1 KiB from each row of `B`).
+    const NK_PANEL_K: usize = 256;
+
+    thread_local! {
+        /// This thread's panel for [`cols_panels`] (two strips of [`NK_PANEL_K`] rows, 32 KiB).
+        /// Taken out for the call and put back (see `avx::PANEL`).
+        static NK_PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+
+    /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` (rows `ldb` apart, `ldb` below
+    /// 2^31 / 16): panel by panel of two strips (32 rows of `B`) × [`NK_PANEL_K`], each
+    /// strip gathered into the packed weight's layout (a `K` step's 16 columns side by side:
+    /// one 16-lane gather of a column of 16 rows), then every group of up to 8 rows of `A`
+    /// meets the panel with [`tile`]'s sums in registers. The panels go along `K` first, so
+    /// the 32 rows of `B` are read as 32 sequential streams. The sums run in `K` order, one
+    /// fused multiply-add a step: the same bits as the `K × N` kernels. The last `nb mod 16`
+    /// columns are dot products in 16 lanes, summed pairwise.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn cols_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        let (m, k, ldb) = (p.m, p.k, p.ldb);
+        assert!(
+            ldb < (1 << 27) && (j0 + nb - 1) * ldb + k <= p.b.len() && (m - 1) * p.lda + k <= p.a.len(),
+            "panel past its operands"
+        );
+        let full = nb - nb % STRIP;
+        let acc = &mut acc[..m * nb];
+        acc.fill(0.0);
+        let mut buf = NK_PANEL.take();
+        if buf.len() < 2 * NK_PANEL_K * STRIP {
+            buf.resize(2 * NK_PANEL_K * STRIP, 0.0);
+        }
+        // SAFETY (the gathers): the caller promises AVX-512F; a gather reads B[j][q] for the
+        // 16 rows j of a strip (j < j0 + full) at q < k, inside B (asserted above).
+        unsafe {
+            let rows = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(ldb as i32),
+            );
+            let mut s0 = 0;
+            while s0 < full {
+                let w = 2.min((full - s0) / STRIP);
+                for q0 in (0..k).step_by(NK_PANEL_K) {
+                    let kb = NK_PANEL_K.min(k - q0);
+                    for st in 0..w {
+                        let base = p.b.as_ptr().add((j0 + s0 + st * STRIP) * ldb + q0);
+                        let dst = buf.as_mut_ptr().add(st * kb * STRIP);
+                        for q in 0..kb {
+                            let v = _mm512_i32gather_ps::<4>(rows, base.add(q));
+                            _mm512_storeu_ps(dst.add(q * STRIP), v);
+                        }
+                    }
+                    let panel = &buf[..w * kb * STRIP];
+                    let mut g0 = 0;
+                    while g0 < m {
+                        let r = ROWS.min(m - g0);
+                        let a = &p.a[g0 * p.lda + q0..];
+                        let c = &mut acc[g0 * nb + s0..];
+                        tile_any(r, w, a, p.lda, panel, kb, 0, kb, c, nb, false);
+                        g0 += r;
+                    }
+                }
+                s0 += w * STRIP;
+            }
+        }
+        NK_PANEL.set(buf);
+        for j in full..nb {
+            let br = &p.b[(j0 + j) * ldb..][..k];
+            for i in 0..m {
+                let ar = &p.a[i * p.lda..][..k];
+                let mut lanes = [0.0f32; STRIP];
+                let mut q = 0;
+                while q + STRIP <= k {
+                    for l in 0..STRIP {
+                        lanes[l] = ar[q + l].mul_add(br[q + l], lanes[l]);
+                    }
+                    q += STRIP;
+                }
+                let mut w = STRIP / 2;
+                while w > 0 {
+                    for l in 0..w {
+                        lanes[l] += lanes[l + w];
+                    }
+                    w /= 2;
+                }
+                let mut t = lanes[0];
+                for q in q..k {
+                    t = ar[q].mul_add(br[q], t);
+                }
+                acc[i * nb + j] = t;
+            }
+        }
+    }
+
     /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 or 2).
     ///
     /// # Safety
@@ -823,16 +922,40 @@ multiversion! {
     fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
 }
 
+/// Whether `B` stored `N × K` (rows `ldb` apart) takes [`avx512::cols_panels`] at `m` rows:
+/// on AVX-512 from [`PANEL_MIN_M`] rows. In alternated runs on a 2-core AVX-512 Xeon (medians,
+/// ms), against [`cols_block`] up to 16 rows and `gemm` above: 16 × 4096 × 4096 4.9–5.5
+/// against 6.4–7.0, 16 × 11008 × 4096 13.7–14.9 against 16.4–20, 32, 64 and 96 × 4096 × 4096
+/// 6.9–8.6, 13–20 and 16.5–19 against 14.6–19.4, 17–39 and 26–27.7; level at 12 rows, and at
+/// 1–8 rows [`cols_block`] took half the time. A 16 × 16 in-register transpose (64 shuffles,
+/// masked loads) in place of the gathers was level or slower.
+pub(super) fn nk_panels(isa: Isa, m: usize, ldb: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512 && m >= PANEL_MIN_M && ldb < 1 << 27;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, m, ldb);
+        false
+    }
+}
+
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
 /// (the panels with AVX-512 register tiles where `isa` is AVX-512), [`cols_block`] for
-/// `N × K`. An AVX-512 `N × K` tile (two rows of a group per `zmm`, half the multiply-add
-/// instructions) was tried and left out: level with the AVX2 tile in alternated runs at
-/// 16 × 4096 × 4096, which is bound by reading `B`, not by arithmetic.
+/// `N × K`, or its AVX-512 panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s tile
+/// (two rows of a group per `zmm`, half the multiply-add instructions) was tried and left out:
+/// level with the AVX2 tile in alternated runs at 16 × 4096 × 4096, which is bound by reading
+/// `B`, not by arithmetic.
 fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if by_rows && isa == Isa::Avx512 && p.m >= PANEL_MIN_M {
         // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
         unsafe { avx512::rows_panels(p, j0, nb, acc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !by_rows && nk_panels(isa, p.m, p.ldb) {
+        // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
+        unsafe { avx512::cols_panels(p, j0, nb, acc) };
         return;
     }
     if by_rows {
@@ -873,7 +996,8 @@ impl MatmulOperands<'_> {
         let (m, n, k) = (desc.m, desc.n, desc.k);
         let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
-        let apack = if by_rows { Vec::new() } else { pack_groups(&a, lda, m, k)? };
+        let ldb = if by_rows { g.b_rs } else { g.b_cs };
+        let apack = if by_rows || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
         let block =
             Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous

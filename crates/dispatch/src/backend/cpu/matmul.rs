@@ -12,7 +12,8 @@
 //!   once in either layout, splits `N` across threads when there is enough work, and applies
 //!   the epilogue to each block of columns while it is still in L1/L2. With `B` stored `K × N`
 //!   (at least [`SHARED_B`] elements) it takes up to [`PANELS_KN_M`] rows where the CPU has
-//!   AVX2 and FMA: `gemm` is 2–3× slower there.
+//!   AVX2 and FMA, and with `B` stored `N × K` where it has AVX-512: `gemm` is 1.2–3× slower
+//!   there.
 //! - **Packed `B`** (`crate::PackedMatmul`, any `M`): the strip kernel of [`gemv`](super::gemv).
 //! - **Small f32 outputs with an epilogue** (at most [`CACHED_OUT`] elements, 1 MiB): as the
 //!   plain path, each block of rows followed at once by the epilogue on it, in the L2 of the
@@ -58,7 +59,8 @@ pub(super) const SKINNY_M: usize = 16;
 /// (32 × 512 × 512) level. On an AVX-512 Xeon, both with their AVX-512 kernels (best of
 /// alternated runs): `gemm` 9.7, 16.5, 31.8 and 43.4 ms against 8.4, 12.5, 19.9 and 19.8 ms;
 /// with the panels at 64 × 128 (medians), 128 and 256 rows still went to `gemm` (18.8 against
-/// 20.6 ms, 35 against 38).
+/// 20.6 ms, 35 against 38). With `B` stored `N × K`, on AVX-512 only (`gemv::nk_panels`),
+/// the same bound: 32, 64 and 96 rows took half to two thirds of `gemm`'s time.
 pub(super) const PANELS_KN_M: usize = 96;
 
 /// Output elements of one epilogue panel (256 KiB of f32: L2-resident on any current core).
@@ -283,8 +285,12 @@ impl MatmulOperands<'_> {
             if self.strips && k > 0 {
                 return self.strips_product(isa, desc, g, &epi, !small, row_step, dst);
             }
-            let panels_kn = g.b_cs == 1 && m <= PANELS_KN_M && k * n >= SHARED_B && super::gemv::has_panels(isa);
-            if (m <= SKINNY_M || panels_kn) && k > 0 {
+            // Mid-sized products over a large B: the skinny kernel's panels (B [K, N] on AVX2 and
+            // AVX-512, B [N, K] on AVX-512).
+            let panels = m <= PANELS_KN_M
+                && k * n >= SHARED_B
+                && if g.b_cs == 1 { super::gemv::has_panels(isa) } else { super::gemv::nk_panels(isa, m, g.b_cs) };
+            if (m <= SKINNY_M || panels) && k > 0 {
                 return self.skinny(isa, desc, g, &epi, !small, row_step, dst);
             }
             if let Some(o) = E::as_f32_mut(dst)

@@ -229,14 +229,18 @@ fn skinny_panels_are_exact() {
     });
 }
 
-/// `B` stored `K × N` with at least 2^20 elements: up to `PANELS_KN_M` (96) rows take the
-/// skinny panels where the CPU has AVX2 and FMA (`gemm` in the portable copy), with the last
-/// `N mod 16` columns (here 6) streamed row by row for all 96 rows.
+/// `B` with at least 2^20 elements: up to `PANELS_KN_M` (96) rows take the skinny panels,
+/// stored `K × N` where the CPU has AVX2 and FMA, `N × K` on AVX-512 (`gemm` otherwise), with
+/// the last `N mod 16` columns (here 6) streamed row by row or as dot products for all rows;
+/// `N` a multiple of 16 with `K` not, and the reverse.
 #[test]
 fn mid_m_panels_are_exact() {
     in_each_isa(|_| {
-        for (i, &(m, n, k)) in [(17, 1024, 1024), (96, 1030, 1020)].iter().enumerate() {
-            check_matmul(&matmul_desc(m, n, k, i == 1, false, i), 1700 + i as u64);
+        for (i, &(m, n, k)) in
+            [(17, 1024, 1024), (96, 1030, 1020), (17, 1030, 1024), (96, 1024, 1030)].iter().enumerate()
+        {
+            // The last two with B stored N × K (the AVX-512 gathered panels).
+            check_matmul(&matmul_desc(m, n, k, i % 2 == 1, i >= 2, i), 1700 + i as u64);
         }
     });
 }
