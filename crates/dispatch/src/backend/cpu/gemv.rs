@@ -647,9 +647,10 @@ mod avx512 {
     /// strip gathered into the packed weight's layout (a `K` step's 16 columns side by side:
     /// one 16-lane gather of a column of 16 rows), then every group of up to 8 rows of `A`
     /// meets the panel with [`tile`]'s sums in registers. The panels go along `K` first, so
-    /// the 32 rows of `B` are read as 32 sequential streams. The sums run in `K` order, one
-    /// fused multiply-add a step: the same bits as the `K × N` kernels. The last `nb mod 16`
-    /// columns are dot products in 16 lanes, summed pairwise.
+    /// the 32 rows of `B` are read as 32 sequential streams. In the strips the sums run in `K`
+    /// order, one fused multiply-add a step: the same bits as the `K × N` kernels. The last
+    /// `nb mod 16` columns are dot products in 16 lanes, summed pairwise (other bits, within
+    /// the same bound).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
