@@ -13,7 +13,10 @@
 //!   is copied in 128 × 64 panels (the next panel prefetched while one is computed) and each
 //!   16-column strip of a panel meets the rows of `A` six at a time with the sums in
 //!   registers ([`avx::rows_panels`]; on AVX-512, eight rows and two strips at a time,
-//!   [`avx512`]);
+//!   [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place instead: passes of 32 or
+//!   64 of its rows, strip by strip along them (each pass's rows are sequential streams), with
+//!   up to 16 rows' sums in registers and the lines ahead prefetched into L2
+//!   ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
@@ -74,6 +77,8 @@ pub(super) struct Block<'a> {
     ldb: usize,
     m: usize,
     k: usize,
+    /// `B` stored `K × N` goes through [`avx512::rows_direct`] ([`direct_kn`]).
+    direct: bool,
 }
 
 /// `acc[i][0..nb] = Σ_p a[i][p] · B[p][j0 + ..]` for `B` stored `K × N`: [`avx::rows_panels`]
@@ -633,6 +638,156 @@ mod avx512 {
         unsafe { super::avx::rows_panels::<true>(p, j0, nb, acc) }
     }
 
+    /// Rows of `A` that take [`rows_direct`] (`B` stored `K × N`). Below 3 the row-streaming
+    /// kernel was faster (1.26× at M = 1, 1.06× at 2); from 48 the panels were level or faster
+    /// (0.97–1.16× at 48–80 rows, 4096 × 4096, in-process A/B alternated per round).
+    pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=32;
+    /// Rows of `A` per register tile of [`rows_direct`]: 16 sums, one vector of `B`.
+    const DIRECT_ROWS: usize = 16;
+    /// Strips ahead of the one being read that [`rows_direct`] prefetches, into L2.
+    const DIRECT_AHEAD: usize = 4;
+
+    /// Rows of `B` per pass of [`rows_direct`] for `m` rows of `A`: 16 × 4096 × 4096 took
+    /// 3.4–3.6 ms at 64 against 3.7–4.8 at 16–32 and 3.5–3.8 at 128; from 3 to 12 rows 32 was
+    /// as fast as 16 or 64, or faster (M = 8: 2.4 ms against 3.0).
+    fn direct_kb(m: usize) -> usize {
+        if m < super::PANEL_MIN_M { 32 } else { 64 }
+    }
+
+    /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
+    /// passes of [`direct_kb`] rows; within a pass, strip by strip along the rows, each group of
+    /// up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with its sums in
+    /// registers ([`direct_tile`]: one load of `B` and up to 16 broadcast multiply-adds a step,
+    /// from a copy of the pass's columns of `A` laid out step by step). So a pass reads its rows
+    /// of `B` as 32 or 64 sequential streams, each element once from memory for up to 16 rows
+    /// (more rows: the other groups find the strip's lines in L1 or L2). Each step prefetches,
+    /// into L2, the line [`DIRECT_AHEAD`] strips further along its row: rows a power of two
+    /// apart all fall in one L1 set, so lines prefetched into L1 were gone before their use.
+    ///
+    /// Sums run in `K` order, one fused multiply-add a step from zero: the same bits as the
+    /// panels ([`super::avx::rows_panels`]) and the packed weight's strips. Against the panels
+    /// (in-process A/B, alternated per round, 2 threads): 16 × 4096 × 4096 in 0.67–0.73 of
+    /// the time, 16 × 11008 × 4096 and 16 × 4096 × 11008 0.70–0.78, 32 rows 0.9; against the
+    /// row-streaming kernel at 3–12 rows, 0.41–0.86 of the time (M = 6 and 10: 0.57 and 0.44).
+    /// The panels copy `B` first and read it back from L1, and their copy's next-panel
+    /// prefetch had the same L1 set conflicts.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn rows_direct(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        let (m, k) = (p.m, p.k);
+        assert!(DIRECT_M.contains(&m), "{m} rows outside the direct kernel's range");
+        let kbmax = direct_kb(m);
+        let full = nb - nb % STRIP;
+        let acc = &mut acc[..m * nb];
+        acc.fill(0.0);
+        // Equal groups of at most 16 rows (17 rows: 9 + 8, not 16 + 1).
+        let rows = m.div_ceil(m.div_ceil(DIRECT_ROWS));
+        // The pass's columns of A, group after group, each step's `r` values side by side.
+        let mut at = [0.0f32; 64 * 32];
+        for q0 in (0..k).step_by(kbmax) {
+            let kb = kbmax.min(k - q0);
+            let mut g0 = 0;
+            while g0 < m {
+                let r = rows.min(m - g0);
+                for (q, step) in at[g0 * kb..][..kb * r].chunks_exact_mut(r).enumerate() {
+                    for (i, v) in step.iter_mut().enumerate() {
+                        *v = p.a[(g0 + i) * p.lda + q0 + q];
+                    }
+                }
+                g0 += r;
+            }
+            for s in (0..full).step_by(STRIP) {
+                let b = &p.b[q0 * p.ldb + j0 + s..];
+                let mut g0 = 0;
+                while g0 < m {
+                    let r = rows.min(m - g0);
+                    let a = &at[g0 * kb..][..kb * r];
+                    let c = &mut acc[g0 * nb + s..];
+                    // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
+                    unsafe { direct_tile_any(r, a, b, p.ldb, kb, c, nb) };
+                    g0 += r;
+                }
+            }
+        }
+        if full < nb {
+            // The last nb mod 16 columns, streamed row by row into a small buffer.
+            let w = nb - full;
+            let mut rest = [0.0f32; 32 * STRIP];
+            super::rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
+            for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
+                acc[i * nb + full..][..w].copy_from_slice(r);
+            }
+        }
+    }
+
+    /// [`direct_tile`] for `r` rows (1..=[`DIRECT_ROWS`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn direct_tile_any(r: usize, a: &[f32], b: &[f32], ldb: usize, kb: usize, c: &mut [f32], ldc: usize) {
+        // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
+        unsafe {
+            match r {
+                16 => direct_tile::<16>(a, b, ldb, kb, c, ldc),
+                15 => direct_tile::<15>(a, b, ldb, kb, c, ldc),
+                14 => direct_tile::<14>(a, b, ldb, kb, c, ldc),
+                13 => direct_tile::<13>(a, b, ldb, kb, c, ldc),
+                12 => direct_tile::<12>(a, b, ldb, kb, c, ldc),
+                11 => direct_tile::<11>(a, b, ldb, kb, c, ldc),
+                10 => direct_tile::<10>(a, b, ldb, kb, c, ldc),
+                9 => direct_tile::<9>(a, b, ldb, kb, c, ldc),
+                8 => direct_tile::<8>(a, b, ldb, kb, c, ldc),
+                7 => direct_tile::<7>(a, b, ldb, kb, c, ldc),
+                6 => direct_tile::<6>(a, b, ldb, kb, c, ldc),
+                5 => direct_tile::<5>(a, b, ldb, kb, c, ldc),
+                4 => direct_tile::<4>(a, b, ldb, kb, c, ldc),
+                3 => direct_tile::<3>(a, b, ldb, kb, c, ldc),
+                2 => direct_tile::<2>(a, b, ldb, kb, c, ldc),
+                _ => direct_tile::<1>(a, b, ldb, kb, c, ldc),
+            }
+        }
+    }
+
+    /// One `R × 16` tile over `kb` rows of `B` (`b` from the strip's first, rows `ldb` apart):
+    /// `a` holds the rows' `A` values step by step (`kb × R`), the sums come from and go back
+    /// to `c` (rows `ldc` apart). Each step prefetches the line [`DIRECT_AHEAD`] strips on.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn direct_tile<const R: usize>(a: &[f32], b: &[f32], ldb: usize, kb: usize, c: &mut [f32], ldc: usize) {
+        assert!(
+            kb > 0 && kb * R <= a.len() && (kb - 1) * ldb + STRIP <= b.len() && (R - 1) * ldc + STRIP <= c.len(),
+            "register tile past its operands"
+        );
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX-512F; the
+        // assert bounds every access: a's kb steps of R, b's rows q < kb at 16 columns, c's
+        // rows i < R at 16 columns. The prefetch address is only computed (wrapping) and
+        // prefetched, which never faults.
+        unsafe {
+            let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+            let mut sum = [_mm512_setzero_ps(); R];
+            for (i, v) in sum.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(cp.add(i * ldc));
+            }
+            for q in 0..kb {
+                let bv = _mm512_loadu_ps(bp.add(q * ldb));
+                _mm_prefetch::<_MM_HINT_T1>(bp.wrapping_add(q * ldb + DIRECT_AHEAD * STRIP) as *const i8);
+                for (i, v) in sum.iter_mut().enumerate() {
+                    *v = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(q * R + i)), bv, *v);
+                }
+            }
+            for (i, v) in sum.iter().enumerate() {
+                _mm512_storeu_ps(cp.add(i * ldc), *v);
+            }
+        }
+    }
+
     /// `K` rows per panel of [`cols_panels`] (runs of 1 KiB from each row of `B`).
     const NK_PANEL_K: usize = 256;
 
@@ -940,13 +1095,51 @@ pub(super) fn nk_panels(isa: Isa, m: usize, ldb: usize) -> bool {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Set by [`without_direct`] on the calling thread.
+    static NO_DIRECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the direct kernel left out (tests: so the `K × N` panels' edges are reached
+/// from 14 rows on AVX-512 too).
+#[cfg(test)]
+pub(super) fn without_direct(f: impl FnOnce()) {
+    NO_DIRECT.set(true);
+    f();
+    NO_DIRECT.set(false);
+}
+
+/// Whether `m` rows with `B` stored `K × N` take [`avx512::rows_direct`] in `isa`.
+fn direct_kn(isa: Isa, m: usize) -> bool {
+    #[cfg(test)]
+    if NO_DIRECT.get() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512 && avx512::DIRECT_M.contains(&m);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, m);
+        false
+    }
+}
+
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
-/// (the panels with AVX-512 register tiles where `isa` is AVX-512), [`cols_block`] for
+/// (on AVX-512 the direct kernel where [`Block::direct`], else from 14 rows the panels with
+/// AVX-512 register tiles), [`cols_block`] for
 /// `N × K`, or its AVX-512 panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s tile
 /// (two rows of a group per `zmm`, half the multiply-add instructions) was tried and left out:
 /// level with the AVX2 tile in alternated runs at 16 × 4096 × 4096, which is bound by reading
 /// `B`, not by arithmetic.
 fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if by_rows && p.direct {
+        // SAFETY: `direct_kn` is only true for `Isa::Avx512`, which is only made where the CPU
+        // reported AVX-512F.
+        unsafe { avx512::rows_direct(p, j0, nb, acc) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if by_rows && isa == Isa::Avx512 && p.m >= PANEL_MIN_M {
         // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
@@ -1000,7 +1193,7 @@ impl MatmulOperands<'_> {
         let ldb = if by_rows { g.b_rs } else { g.b_cs };
         let apack = if by_rows || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
         let block =
-            Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb: if by_rows { g.b_rs } else { g.b_cs }, m, k };
+            Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb, m, k, direct: by_rows && direct_kn(isa, m) };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
         // runs of each row of B for the prefetchers), in the fewest equal blocks that are a
         // multiple of the thread count (two per thread where one would do made the runs half
@@ -1073,7 +1266,7 @@ impl MatmulOperands<'_> {
             let (r, nb) = (rows.min(m - i0), nb_max.min(n - j0));
             // The last block's last strip is zero-padded: its accumulators are 16 wide.
             let ldc = nb.next_multiple_of(STRIP);
-            let block = Block { a: &a[i0 * lda..], lda, apack: &[], b: &self.b, ldb: STRIP, m: r, k };
+            let block = Block { a: &a[i0 * lda..], lda, apack: &[], b: &self.b, ldb: STRIP, m: r, k, direct: false };
             ACC_BUF.with_borrow_mut(|buf| {
                 if buf.len() < r * ldc {
                     buf.resize(r * ldc, 0.0);

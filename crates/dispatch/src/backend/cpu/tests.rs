@@ -208,29 +208,35 @@ fn skinny_k_chunks_are_exact() {
     });
 }
 
-/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2 and AVX-512): K within one and across
-/// 128-row panels (64 on AVX-512) with a short last one, widths across 64-column panels (128 on
-/// AVX-512) with short last panels (of odd and even strip counts: the AVX-512 tiles take strips in
-/// pairs) and 1–15 columns left to the row-streaming kernel, every row-group remainder (M mod 6; M
-/// mod 8 on AVX-512), padded views, in every instruction set.
+/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2; on AVX-512 from 33 rows, and here
+/// from 14 with the direct kernel left out, as well as with it): K within one and across 128-row
+/// panels (64 on AVX-512) with a short last one, widths across 64-column panels (128 on AVX-512)
+/// with short last panels (of odd and even strip counts: the AVX-512 tiles take strips in pairs)
+/// and 1–15 columns left to the row-streaming kernel, every row-group remainder (M mod 6; M mod 8
+/// on AVX-512), padded views, in every instruction set.
 #[test]
 fn skinny_panels_are_exact() {
-    in_each_isa(|_| {
-        let mut seed = 1200;
-        for m in [14, 15, 16] {
-            for &(n, k) in &[(16, 64), (47, 65), (130, 200), (300, 129), (129, 1), (512, 64), (115, 70)] {
-                for variant in [0, 1] {
-                    let d = matmul_desc(m, n, k, m == 15, false, variant);
-                    check_matmul(&d, seed);
-                    seed += 1;
+    let grid = || {
+        in_each_isa(|_| {
+            let mut seed = 1200;
+            for m in [14, 15, 16] {
+                for &(n, k) in &[(16, 64), (47, 65), (130, 200), (300, 129), (129, 1), (512, 64), (115, 70)] {
+                    for variant in [0, 1] {
+                        let d = matmul_desc(m, n, k, m == 15, false, variant);
+                        check_matmul(&d, seed);
+                        seed += 1;
+                    }
                 }
             }
-        }
-    });
+        })
+    };
+    grid();
+    super::gemv::without_direct(grid);
 }
 
 /// `B` with at least 2^20 elements: up to `PANELS_KN_M` (96) rows take the skinny panels,
-/// stored `K × N` where the CPU has AVX2 and FMA, `N × K` on AVX-512 (`gemm` otherwise), with
+/// stored `K × N` where the CPU has AVX2 and FMA (on AVX-512 the direct kernel up to 32 rows),
+/// `N × K` on AVX-512 (`gemm` otherwise), with
 /// the last `N mod 16` columns (here 6) streamed row by row or as dot products for all rows;
 /// `N` a multiple of 16 with `K` not, and the reverse.
 #[test]
@@ -241,6 +247,58 @@ fn mid_m_panels_are_exact() {
         {
             // The last two with B stored N × K (the AVX-512 gathered panels).
             check_matmul(&matmul_desc(m, n, k, i % 2 == 1, i >= 2, i), 1700 + i as u64);
+        }
+    });
+}
+
+/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
+/// passes (below 14 rows) and 64-row passes with short last ones, one and two row groups
+/// (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15 columns to the row-streaming kernel;
+/// from 17 rows `B` has 2^20 elements (smaller ones go to `gemm`). In every instruction set.
+#[test]
+fn direct_kn_is_exact() {
+    in_each_isa(|_| {
+        let shapes = [(3, 40, 97), (13, 33, 64), (14, 47, 129), (24, 1025, 1100), (31, 1040, 1030)];
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            check_matmul(&matmul_desc(m, n, k, m % 2 == 1, false, i), 1800 + i as u64);
+        }
+    });
+}
+
+/// With `B` stored `K × N`, the skinny kernels (row-streaming, direct, panels) sum each output
+/// in `K` order, one multiply-add a step, as the packed weight's strips do: on random data
+/// (inexact sums) the packed and unpacked products give the same bits, in every instruction
+/// set, through every path up to 16 rows, and up to 96 where the CPU has AVX2 and FMA (the
+/// portable copy hands more than 16 rows to `gemm`).
+#[test]
+fn kn_kernels_match_the_strips_bit_for_bit() {
+    in_each_isa(|isa| {
+        let mut rng = Rng(77);
+        for &(m, n, k) in
+            &[(1, 70, 300), (2, 33, 129), (5, 1030, 1024), (16, 1030, 1030), (32, 1024, 1025), (40, 1030, 1024)]
+        {
+            if m > 16 && isa == Isa::Portable {
+                continue;
+            }
+            let desc = MatmulDesc::new(m, n, k);
+            let a: Vec<f32> = (0..m * k).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+            let mut s = vec![0.0f32; n.div_ceil(16) * k * 16];
+            for q in 0..k {
+                for j in 0..n {
+                    s[(j / 16 * k + q) * 16 + j % 16] = b[q * n + j];
+                }
+            }
+            let run = |b: &[f32], strips: bool| {
+                let ops = MatmulOperands { a: Cow::Borrowed(&a), b: Cow::Borrowed(b), bias: None, c: None, strips };
+                let mut o = vec![0.0f32; m * n];
+                ops.run(&desc, &mut o).expect("run");
+                o
+            };
+            let (plain, packed) = (run(&b, false), run(&s, true));
+            for (i, (x, y)) in plain.iter().zip(&packed).enumerate() {
+                assert!(x.to_bits() == y.to_bits(), "{isa:?} {m}x{n}x{k}: element {i} is {x} unpacked, {y} packed");
+            }
         }
     });
 }
