@@ -116,8 +116,8 @@ pub fn run(args: Args) -> Result<()> {
         match ort::Ort::start() {
             Ok(o) => {
                 println!(
-                    "ONNX Runtime reference (vs ort, CPU f32 rows): onnxruntime {} through a python3 helper, \
-                     2 intra-op threads, f32, cache flushing as the row's",
+                    "ONNX Runtime reference (vs ort, and vs ort-in for unpacked matmul rows; CPU f32 rows): \
+                     onnxruntime {} through a python3 helper, 2 intra-op threads, f32, cache flushing as the row's",
                     o.version
                 );
                 ctx.ort = Some(o);
@@ -516,7 +516,13 @@ fn measure_case(
         // The same number of runs as tilekit's own row (bounded), flushed when the row is.
         let runs = row.stats.map_or(20, |s| s.runs).clamp(10, 100);
         let flush_bytes = if row.flushed { ctx.flusher.as_ref().map_or(0, Flusher::bytes) } else { 0 };
-        row.push_ref(Reference::new("ort", o.time(case, runs, 3, flush_bytes).ok()));
+        row.push_ref(Reference::new("ort", o.time(case, runs, 3, flush_bytes, false).ok()));
+        // Rows that multiply the weight as stored at every call also get ONNX Runtime doing
+        // the same (the weight a graph input, packed within each run): the like-for-like
+        // reference, next to the pre-packed one an exported model gets.
+        if let Case::Matmul { packed: false, .. } = *case {
+            row.push_ref(Reference::new("ort-in", o.time(case, runs, 3, flush_bytes, true).ok()));
+        }
     }
     if dev.kind() != BackendKind::Cpu {
         let cpu = refs

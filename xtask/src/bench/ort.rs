@@ -61,12 +61,20 @@ impl Ort {
     }
 
     /// Times `case` in ONNX Runtime (f32): `runs` timed runs after `warmup`, each after writing
-    /// `flush_bytes` of memory when that is not 0.
-    pub fn time(&mut self, case: &Case, runs: usize, warmup: usize, flush_bytes: usize) -> Result<Stats> {
+    /// `flush_bytes` of memory when that is not 0. `weight_input` (matmul only): the weight is a
+    /// graph input fed at every run instead of a constant ONNX Runtime packs at session creation.
+    pub fn time(
+        &mut self,
+        case: &Case,
+        runs: usize,
+        warmup: usize,
+        flush_bytes: usize,
+        weight_input: bool,
+    ) -> Result<Stats> {
         let mut req = match *case {
             Case::Matmul { m, n, k, bias, activation, trans_b, .. } => serde_json::json!({
                 "op": "matmul", "m": m, "n": n, "k": k, "bias": bias, "activation": activation.name(),
-                "trans_b": trans_b,
+                "trans_b": trans_b, "weight_input": weight_input,
             }),
             Case::Conv { batch, channels, size, stride, layout } => serde_json::json!({
                 "op": "conv", "batch": batch, "channels": channels, "size": size, "stride": stride,

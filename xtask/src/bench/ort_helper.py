@@ -15,7 +15,10 @@ epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip), opens
 after writing `flush_bytes` of memory before every run when the bench flushes caches. The
 matmul weight is a graph initializer, as in an exported model, so ONNX Runtime packs it once
 at session creation (MatMul and Gemm pre-pack constant B); tilekit's `packed` rows do the same
-with `pack_matmul_weights`, its other rows multiply the weight as stored at every call.
+with `pack_matmul_weights`, its other rows multiply the weight as stored at every call. With
+"weight_input": true the weight is a graph input instead, fed at every run, so ONNX Runtime
+multiplies it as stored too (packing it within the run): the like-for-like reference for
+those rows.
 Layout "nhwc" runs the NCHW graph between transposes of nothing: ONNX Runtime's CPU Conv is
 NCHW only, so the timing is of its NCHW kernel on the same shape (said in the bench output).
 """
@@ -83,20 +86,27 @@ def main():
             feeds = {}
             if op == "matmul":
                 m, n, k = req["m"], req["n"], req["k"]
+                # B stored [N, K] (nn.Linear / GGUF): Gemm with transB, as PyTorch exports Linear.
+                w_shape = (n, k) if req.get("trans_b") else (k, n)
+                w = rng.uniform(-1, 1, w_shape).astype(np.float32)
                 if req.get("trans_b"):
-                    # B stored [N, K] (nn.Linear / GGUF): Gemm with transB, as PyTorch exports Linear.
-                    inits = [init("w", rng.uniform(-1, 1, (n, k)).astype(np.float32))]
                     nodes = [helper.make_node("Gemm", ["x", "w"], ["mm"], transB=1)]
                 else:
-                    inits = [init("w", rng.uniform(-1, 1, (k, n)).astype(np.float32))]
                     nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+                inputs = [tensor("x", [m, k])]
+                if req.get("weight_input"):
+                    inits = []
+                    inputs.append(tensor("w", list(w_shape)))
+                    feeds["w"] = w
+                else:
+                    inits = [init("w", w)]
                 cur = "mm"
                 if req["bias"]:
                     inits.append(init("b", rng.uniform(-1, 1, (n,))))
                     nodes.append(helper.make_node("Add", [cur, "b"], ["mb"]))
                     cur = "mb"
                 an, ai = act_nodes(req["activation"], cur, "y")
-                sess = session(nodes + an, [tensor("x", [m, k])], [tensor("y", [m, n])], inits + ai)
+                sess = session(nodes + an, inputs, [tensor("y", [m, n])], inits + ai)
                 feeds["x"] = rng.uniform(-1, 1, (m, k)).astype(np.float32)
             elif op == "conv":
                 b, c, s, st = req["batch"], req["channels"], req["size"], req["stride"]

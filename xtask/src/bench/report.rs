@@ -181,11 +181,12 @@ pub fn print_legend() {
          tiles), or for dwconv3x3 the general depthwise kernel the tiled one replaced, same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
          of the CPU backend, same shape, 2 intra-op threads; the matmul weight is a constant, which it packs once at \
          session creation, as tilekit's `packed` rows do; its Conv is NCHW only, so nhwc rows compare with its \
-         NCHW kernel)."
+         NCHW kernel);\nort-in = ONNX Runtime with the matmul weight a graph input fed at every run (it multiplies \
+         the weight as stored, as tilekit's unpacked rows do)."
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort  vs f16x2";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort  vs ort-in  vs f16x2";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -208,7 +209,7 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}  {:>8}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}  {:>9}  {:>8}",
         if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
@@ -224,6 +225,7 @@ pub fn print_row(row: &Row) {
         row.speedup("prev"),
         row.speedup("f64-ref"),
         row.speedup("ort"),
+        row.speedup("ort-in"),
         row.speedup("f16x2"),
     );
     println!("{line}");
@@ -280,32 +282,52 @@ pub fn print_f16x2_summary(rows: &[Row]) {
 }
 
 /// The geometric mean of ONNX Runtime time / tilekit time per backend and dtype, with the
-/// lowest row: the headline figure for the CPU backend.
+/// lowest row: the headline figure for the CPU backend. Twice: against ONNX Runtime with every
+/// matmul weight pre-packed (`ort`), and like for like (`ort-in` where the row has it: tilekit's
+/// unpacked matmul rows against ONNX Runtime multiplying the weight as stored).
 pub fn print_ort_summary(rows: &[Row]) {
-    /// (backend, dtype) and its rows' (speedup, row name).
-    type Group<'r> = ((&'r str, &'r str), Vec<(f64, String)>);
-    let mut groups: Vec<Group> = Vec::new();
-    for r in rows {
-        let Some(x) = r.references.iter().find(|x| x.name == "ort").and_then(|x| x.speedup) else { continue };
-        if !(x.is_finite() && x > 0.0) {
+    let speedup = |r: &Row, name: &str| {
+        r.references.iter().find(|x| x.name == name).and_then(|x| x.speedup).filter(|x| x.is_finite() && *x > 0.0)
+    };
+    let pre_packed = |r: &Row| speedup(r, "ort");
+    let like_for_like = |r: &Row| speedup(r, "ort-in").or_else(|| speedup(r, "ort"));
+    let kinds: [(&str, &dyn Fn(&Row) -> Option<f64>); 2] = [
+        ("vs ort (ORT's weights pre-packed)", &pre_packed),
+        ("like for like (vs ort-in where present)", &like_for_like),
+    ];
+    let mut printed = false;
+    for (what, pick) in kinds {
+        /// (backend, dtype) and its rows' (speedup, row name).
+        type Group<'r> = ((&'r str, &'r str), Vec<(f64, String)>);
+        let mut groups: Vec<Group> = Vec::new();
+        for r in rows {
+            let Some(x) = pick(r) else { continue };
+            let key = (r.backend, r.dtype);
+            let item = (x, format!("{} {}", r.op, r.shape));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(item),
+                None => groups.push((key, vec![item])),
+            }
+        }
+        if groups.is_empty() {
             continue;
         }
-        let key = (r.backend, r.dtype);
-        let item = (x, format!("{} {}", r.op, r.shape));
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(item),
-            None => groups.push((key, vec![item])),
+        if !printed {
+            println!(
+                "\n== tilekit vs ONNX Runtime (geometric mean of ORT time / tilekit time; above 1: tilekit is faster)"
+            );
+            printed = true;
         }
-    }
-    if groups.is_empty() {
-        return;
-    }
-    println!("\n== tilekit vs ONNX Runtime (geometric mean of ORT time / tilekit time; above 1: tilekit is faster)");
-    for ((backend, dtype), v) in groups {
-        let ratios: Vec<f64> = v.iter().map(|(x, _)| *x).collect();
-        let geo = super::ort::geomean(&ratios).unwrap_or(f64::NAN);
-        let (lo, lo_case) = v.iter().fold((f64::INFINITY, ""), |acc, (x, c)| if *x < acc.0 { (*x, c) } else { acc });
-        println!("   {backend:<5} {dtype:<5} {geo:.2}x over {} row(s); lowest {lo:.2}x ({lo_case})", v.len());
+        for ((backend, dtype), v) in groups {
+            let ratios: Vec<f64> = v.iter().map(|(x, _)| *x).collect();
+            let geo = super::ort::geomean(&ratios).unwrap_or(f64::NAN);
+            let (lo, lo_case) =
+                v.iter().fold((f64::INFINITY, ""), |acc, (x, c)| if *x < acc.0 { (*x, c) } else { acc });
+            println!(
+                "   {backend:<5} {dtype:<5} {what}: {geo:.2}x over {} row(s); lowest {lo:.2}x ({lo_case})",
+                v.len()
+            );
+        }
     }
 }
 
@@ -327,7 +349,7 @@ pub fn write(path: &Path, meta: &Meta, rows: &[Row]) -> Result<()> {
 }
 
 fn csv(rows: &[Row]) -> String {
-    let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort", "f16x2"];
+    let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort", "ort-in", "f16x2"];
     let mut out = String::from(
         "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
          tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",

@@ -647,15 +647,18 @@ mod avx512 {
     /// Strips ahead of the one being read that [`rows_direct`] prefetches, into L2.
     const DIRECT_AHEAD: usize = 4;
 
-    /// Rows of `B` per pass of [`rows_direct`] for `m` rows of `A`: 16 × 4096 × 4096 took
-    /// 3.4–3.6 ms at 64 against 3.7–4.8 at 16–32 and 3.5–3.8 at 128; from 3 to 12 rows 32 was
-    /// as fast as 16 or 64, or faster (M = 8: 2.4 ms against 3.0).
-    fn direct_kb(m: usize) -> usize {
-        if m < super::PANEL_MIN_M { 32 } else { 64 }
+    /// Rows of `B` per pass of [`rows_direct`] for `m` rows of `A` and rows of `B` `ldb` apart:
+    /// 64 from 14 rows of `A` with rows at most 6144 elements apart, else 32. Measured at 16 ×
+    /// N × 4096 (in-process A/B alternated per round, medians): 64 took 0.90–0.95 of 32's time
+    /// at N = 3072–5120, level at 6144, 1.1–1.3× at 7168–24576; 16 took 1.1–1.2× of 32's at
+    /// N = 4096 and 24576. From 3 to 12 rows 32 was as fast as 16 or 64, or faster (8 × 4096 ×
+    /// 4096: 2.4 ms against 3.0 at 64).
+    fn direct_kb(m: usize, ldb: usize) -> usize {
+        if m >= super::PANEL_MIN_M && ldb <= 6144 { 64 } else { 32 }
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
-    /// passes of [`direct_kb`] rows; within a pass, strip by strip along the rows, each group of
+    /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows, each group of
     /// up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with its sums in
     /// registers ([`direct_tile`]: one load of `B` and up to 16 broadcast multiply-adds a step,
     /// from a copy of the pass's columns of `A` laid out step by step). So a pass reads its rows
@@ -678,7 +681,7 @@ mod avx512 {
     pub(super) unsafe fn rows_direct(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
         let (m, k) = (p.m, p.k);
         assert!(DIRECT_M.contains(&m), "{m} rows outside the direct kernel's range");
-        let kbmax = direct_kb(m);
+        let kbmax = direct_kb(m, p.ldb);
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
         acc.fill(0.0);

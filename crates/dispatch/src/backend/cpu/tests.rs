@@ -252,13 +252,14 @@ fn mid_m_panels_are_exact() {
 }
 
 /// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
-/// passes (below 14 rows) and 64-row passes with short last ones, one and two row groups
-/// (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15 columns to the row-streaming kernel;
-/// from 17 rows `B` has 2^20 elements (smaller ones go to `gemm`). In every instruction set.
+/// passes (below 14 rows, or rows of `B` over 6144 elements apart) and 64-row passes with short
+/// last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15
+/// columns to the row-streaming kernel; from 17 rows `B` has 2^20 elements (smaller ones go to
+/// `gemm`). In every instruction set.
 #[test]
 fn direct_kn_is_exact() {
     in_each_isa(|_| {
-        let shapes = [(3, 40, 97), (13, 33, 64), (14, 47, 129), (24, 1025, 1100), (31, 1040, 1030)];
+        let shapes = [(3, 40, 97), (13, 33, 64), (14, 47, 129), (16, 6150, 70), (24, 1025, 1100), (31, 1040, 1030)];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(&matmul_desc(m, n, k, m % 2 == 1, false, i), 1800 + i as u64);
         }
