@@ -670,9 +670,9 @@ mod avx512 {
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
-    /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows, each group of
-    /// up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with its sums in
-    /// registers ([`direct_tile`]: one load of `B` and up to 16 broadcast multiply-adds a step,
+    /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows,
+    /// each group of up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with
+    /// its sums in registers ([`direct_tile`]: one load of `B` and up to 16 broadcast multiply-adds a step,
     /// from a copy of the pass's columns of `A` laid out step by step). So a pass reads its rows
     /// of `B` as 32 or 64 sequential streams, each element once from memory for up to 16 rows
     /// (more rows: the other groups find the strip's lines in L1 or L2). Each step prefetches,
@@ -684,8 +684,8 @@ mod avx512 {
     /// (in-process A/B, alternated per round, 2 threads): 16 × 4096 × 4096 in 0.67–0.73 of
     /// the time, 16 × 11008 × 4096 and 16 × 4096 × 11008 0.70–0.78, 32 rows 0.9; against the
     /// row-streaming kernel at 3–12 rows, 0.41–0.86 of the time (M = 6 and 10: 0.57 and 0.44).
-    /// The panels copy `B` first and read it back from L1, and their copy's next-panel
-    /// prefetch had the same L1 set conflicts.
+    /// The panels copy `B` first and read it back from L1 (prefetching their next panel into
+    /// L2 instead of L1 did not change their time).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -699,7 +699,8 @@ mod avx512 {
         acc.fill(0.0);
         // Equal groups of at most 16 rows (17 rows: 9 + 8, not 16 + 1).
         let rows = m.div_ceil(m.div_ceil(DIRECT_ROWS));
-        // The pass's columns of A, group after group, each step's `r` values side by side.
+        // The pass's columns of A, group after group, each step's `r` values side by side (at
+        // most 64 steps of 32 rows).
         let mut at = [0.0f32; 64 * 32];
         for q0 in (0..k).step_by(kbmax) {
             let kb = kbmax.min(k - q0);
