@@ -289,14 +289,14 @@ pub fn print_ort_summary(rows: &[Row]) {
     let speedup = |r: &Row, name: &str| {
         r.references.iter().find(|x| x.name == name).and_then(|x| x.speedup).filter(|x| x.is_finite() && *x > 0.0)
     };
-    let pre_packed = |r: &Row| speedup(r, "ort");
-    let like_for_like = |r: &Row| speedup(r, "ort-in").or_else(|| speedup(r, "ort"));
-    let kinds: [(&str, &dyn Fn(&Row) -> Option<f64>); 2] = [
-        ("vs ort (ORT's weights pre-packed)", &pre_packed),
-        ("like for like (vs ort-in where present)", &like_for_like),
+    // Each summary and the references it takes, the first one a row has.
+    let kinds = [
+        ("vs ort (ORT's weights pre-packed)", &["ort"][..]),
+        ("like for like (vs ort-in where present)", &["ort-in", "ort"][..]),
     ];
     let mut printed = false;
-    for (what, pick) in kinds {
+    for (what, names) in kinds {
+        let pick = |r: &Row| names.iter().find_map(|n| speedup(r, n));
         /// (backend, dtype) and its rows' (speedup, row name).
         type Group<'r> = ((&'r str, &'r str), Vec<(f64, String)>);
         let mut groups: Vec<Group> = Vec::new();
