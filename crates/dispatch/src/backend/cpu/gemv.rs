@@ -107,6 +107,36 @@ pub(super) fn has_panels(isa: Isa) -> bool {
 #[cfg(target_arch = "x86_64")]
 const PANEL_MIN_M: usize = 14;
 
+/// The last `nb mod 16` columns of a `K × N` block (from `full` on) for the panel and direct
+/// kernels: streamed row by row ([`rows_plain`]) into a small buffer, then copied into `acc`
+/// (rows `nb` apart).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn rows_tail(p: &Block, j0: usize, full: usize, nb: usize, acc: &mut [f32]) {
+    if full < nb {
+        let (m, w) = (p.m, nb - full);
+        let mut rest = [0.0f32; super::matmul::PANELS_KN_M * STRIP];
+        rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
+        for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
+            acc[i * nb + full..][..w].copy_from_slice(r);
+        }
+    }
+}
+
+/// The sum of `v`'s lanes, pairwise: the upper half added to the lower, lane by lane, until
+/// one lane is left.
+#[inline(always)]
+fn pairwise_sum<const L: usize>(mut v: [f32; L]) -> f32 {
+    let mut w = L / 2;
+    while w > 0 {
+        for l in 0..w {
+            v[l] += v[l + w];
+        }
+        w /= 2;
+    }
+    v[0]
+}
+
 /// [`rows_inner`] with `B` streamed row by row: four rows of `B` at a time into two rows of
 /// accumulators at a time.
 #[inline(always)]
@@ -305,8 +335,7 @@ multiversion! {
 /// time on the `N × K` decode shapes (in-process A/B, one and two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::super::matmul::PANELS_KN_M;
-    use super::{Block, DOT_LANES, STRIP, STRIP_KC, rows_plain};
+    use super::{Block, DOT_LANES, STRIP, STRIP_KC};
     use std::arch::x86_64::*;
 
     /// Rows of `B` per panel of [`rows_panels`].
@@ -340,11 +369,13 @@ mod avx {
     /// once per panel). While a panel is computed, the next one's rows of `B` are prefetched in
     /// storage order, spread over its tiles, so the copy finds them in L1.
     ///
-    /// Against the row-streaming kernel ([`rows_plain`]), whose two rows of accumulators per
-    /// pass come from L2 for every four multiply-adds: 1.4× in cache (16 × 512 × 256, one
-    /// thread), 1.15–1.3× on the M = 16 decode shapes (in-process A/B). Without the prefetch
-    /// the panels were slower than the row-streaming kernel from memory (copy and compute do
-    /// not overlap), and a kernel on `B` in place (no copy) lost to the set conflicts.
+    /// Against the row-streaming kernel ([`rows_plain`](super::rows_plain)), whose two rows of
+    /// accumulators per pass come from L2 for every four multiply-adds: 1.4× in cache (16 ×
+    /// 512 × 256, one thread), 1.15–1.3× on the M = 16 decode shapes (in-process A/B). Without
+    /// the prefetch the panels were slower than the row-streaming kernel from memory (copy and
+    /// compute do not overlap), and a kernel on `B` in place (no copy) with these tiles lost
+    /// to the set conflicts (the AVX-512 direct kernel, [`super::avx512::rows_direct`], reads
+    /// `B` in place with 16-row tiles and prefetches into L2).
     ///
     /// With `WIDE`, the register tiles are the AVX-512 ones ([`super::avx512`]: 8 rows × two
     /// strips, the same sums in the same order).
@@ -424,15 +455,7 @@ mod avx {
             (q0, s0) = next(q0, s0);
         }
         PANEL.set(buf);
-        if full < nb {
-            // The last nb mod 16 columns, streamed row by row into a small buffer.
-            let w = nb - full;
-            let mut rest = [0.0f32; PANELS_KN_M * STRIP];
-            rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
-            for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
-                acc[i * nb + full..][..w].copy_from_slice(r);
-            }
-        }
+        super::rows_tail(p, j0, full, nb, acc);
     }
 
     /// [`super::strips_inner`] with each row group's `6 × 16` sums in registers. The first
@@ -672,8 +695,9 @@ mod avx512 {
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
     /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows,
     /// each group of up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with
-    /// its sums in registers ([`direct_tile`]: one load of `B` and up to 16 broadcast multiply-adds a step,
-    /// from a copy of the pass's columns of `A` laid out step by step). So a pass reads its rows
+    /// its sums in registers ([`direct_tile`]: one load of `B` and up to 16 broadcast
+    /// multiply-adds a step, from a copy of the pass's columns of `A` laid out step by step).
+    /// So a pass reads its rows
     /// of `B` as 32 or 64 sequential streams, each element once from memory for up to 16 rows
     /// (more rows: the other groups find the strip's lines in L1 or L2). Each step prefetches,
     /// into L2, the line [`DIRECT_AHEAD`] strips further along its row: rows a power of two
@@ -727,15 +751,7 @@ mod avx512 {
                 }
             }
         }
-        if full < nb {
-            // The last nb mod 16 columns, streamed row by row into a small buffer.
-            let w = nb - full;
-            let mut rest = [0.0f32; 32 * STRIP];
-            super::rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
-            for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
-                acc[i * nb + full..][..w].copy_from_slice(r);
-            }
-        }
+        super::rows_tail(p, j0, full, nb, acc);
     }
 
     /// [`direct_tile`] for `r` rows (1..=[`DIRECT_ROWS`]).
@@ -885,14 +901,7 @@ mod avx512 {
                     }
                     q += STRIP;
                 }
-                let mut w = STRIP / 2;
-                while w > 0 {
-                    for l in 0..w {
-                        lanes[l] += lanes[l + w];
-                    }
-                    w /= 2;
-                }
-                let mut t = lanes[0];
+                let mut t = super::pairwise_sum(lanes);
                 for q in q..k {
                     t = ar[q].mul_add(br[q], t);
                 }
@@ -1079,16 +1088,8 @@ fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
     }
     for i in 0..m {
         for j in 0..nb {
-            let mut v = part[i * nb + j];
-            let mut w = DOT_LANES / 2;
-            while w > 0 {
-                for l in 0..w {
-                    v[l] += v[l + w];
-                }
-                w /= 2;
-            }
             let (ar, br) = (&p.a[i * p.lda..], &p.b[(j0 + j) * p.ldb..]);
-            let mut t = v[0];
+            let mut t = pairwise_sum(part[i * nb + j]);
             for q in full..k {
                 t = madd::<FMA>(ar[q], br[q], t);
             }
