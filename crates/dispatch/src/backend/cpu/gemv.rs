@@ -342,7 +342,15 @@ mod avx {
     const PANEL_K: usize = 128;
     /// Columns per panel (4 strips of [`STRIP`]): a panel is 32 KiB. With the AVX2 tiles (on a
     /// Zen 3 EPYC) 128 × 64 took 6–10% less time than 64 × 128 on the M = 16 decode shapes,
-    /// and 256 or 128 × 32 (runs of `B` of 128 bytes) a third more.
+    /// and 256 or 128 × 32 (runs of `B` of 128 bytes) a third more. Larger panels in L2 (16–128
+    /// rows × 256–2048 columns), copied row by row or four rows at a time (four rows at a time
+    /// is the faster way to read `B`; see [`super::avx512::DIRECT_M`]), with the next panel
+    /// prefetched into L1 or L2 or not at all, took 0.83–1.19× the time of 128 × 64 at 16 ×
+    /// 4096 × 4096 (in-process A/B on a Zen 3 EPYC, whose medians swung 6.7–14 ms between
+    /// runs); the best, 64 × 1024 copied four rows at a time, 0.83 and 0.91 in two runs and
+    /// 1.02 in a third, so 128 × 64 stays. There the copy is most of the time: 16 × 4096 ×
+    /// 4096 with the copies and no register tiles took 0.74 of the whole product's time, and
+    /// the packed weight's strips (no copy) 0.55–0.65 of it.
     const PANEL_N: usize = 64;
     /// The panel's rows and columns with the AVX-512 tiles (`WIDE`), also 32 KiB: on a 2-core
     /// AVX-512 Xeon, 16 × 4096 × 4096 took 5.2–9 ms against 10–15 with 128 × 64 (one thread:
@@ -463,7 +471,8 @@ mod avx {
     /// rows further on: the next pass's rows of this strip, or the next strip's first (they
     /// follow in memory), so each pass finds its 16 KiB in L1. Without it the hardware
     /// prefetchers alone left the strips 1.3–1.7× slower from memory on the decode shapes
-    /// (M = 1 and 16, 4096–11008 columns, separate processes alternated).
+    /// (M = 1 and 16, 4096–11008 columns, separate processes alternated); on a Zen 3 EPYC,
+    /// 1.2–1.26× at M = 4 and 16 and level at M = 1 (in-process A/B, 4096 × 4096).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
@@ -676,6 +685,16 @@ mod avx512 {
     /// Rows of `A` that take [`rows_direct`] (`B` stored `K × N`). Below 3 the row-streaming
     /// kernel was faster (1.26× at M = 1, 1.06× at 2); from 48 the panels were level or faster
     /// (0.97–1.16× at 48–80 rows, 4096 × 4096, in-process A/B alternated per round).
+    ///
+    /// Only on AVX-512. On a 2-core Zen 3 EPYC (AVX2) the same kernel with AVX2 tiles (6 rows ×
+    /// two vectors, or 8–12 rows × one vector; with and without the L2 prefetch) took
+    /// 1.04–1.84× the panels' time at 16 × 4096 × 4096 in passes of 16–64 rows (in-process
+    /// A/B, results bit for bit the same), and 2.3–3.8× in passes of 4–8 rows. Reading `B`
+    /// in place from many rows at once streams slowly there: a read-only loop over a 4096 ×
+    /// 4096 f32 array (two threads, each on half of every row, 16 columns from each of `r`
+    /// rows in turn) ran at 10.3, 17.4, 19.6, 17.8, 12.5 and 8.7 GB/s for `r` = 1, 2, 4, 8, 16
+    /// and 32, against 18.8 for one sequential stream per thread; and at 4–8 rows a pass, the
+    /// sums' loads and stores (the block's accumulators are in L2) took over.
     pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=32;
     /// Rows of `A` per register tile of [`rows_direct`]: 16 sums, one vector of `B`.
     const DIRECT_ROWS: usize = 16;
