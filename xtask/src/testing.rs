@@ -113,8 +113,11 @@ fn ensure_vulkan(no_install: bool) {
         return;
     }
     println!("== Vulkan: {missing} missing; installing {}", VULKAN_PACKAGES.join(" "));
+    // Waits up to 10 minutes for dpkg's lock, which another apt-get (a fresh machine's own
+    // updates) may hold: without the wait the install fails at once.
     let apt = |args: &[&str]| {
         Command::new("apt-get")
+            .args(["-o", "DPkg::Lock::Timeout=600"])
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
