@@ -19,12 +19,13 @@
 //!   ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
-//!   cut into chunks of 1024, and within a chunk each tile of 3 rows of `B` meets every row
-//!   group in turn, with 4 × 3 eight-lane accumulators in registers (7 loads per 12 vector
-//!   multiply-adds; 4 columns a tile at M ≤ 2; written in AVX intrinsics where the CPU has
-//!   AVX2 and FMA). The tile's chunk of `B` (12 KiB) is read from
-//!   memory once, in page-long runs and in storage order, and from L1 by the other groups;
-//!   the partial sums carry across chunks in an 8-lane buffer and are summed pairwise at the end.
+//!   cut into chunks of 1024 (4096 with one row group, M ≤ 4), and within a chunk each tile
+//!   of 3 rows of `B` meets every row group in turn, with 4 × 3 eight-lane accumulators in
+//!   registers (7 loads per 12 vector multiply-adds; 4 columns a tile at M ≤ 2; written in AVX
+//!   intrinsics where the CPU has AVX2 and FMA). The tile's chunk of `B` (12 KiB) is read from
+//!   memory once, in runs of a page or more and in storage order, and from L1 by the other
+//!   groups; the partial sums carry across chunks in an 8-lane buffer and are summed pairwise
+//!   at the end.
 //!   On AVX-512, from 14 rows of `A`, instead, `B` is gathered into panels of two 16-column
 //!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
 //!   tiles ([`avx512::cols_panels`]).
@@ -200,10 +201,24 @@ const DOT_LANES: usize = 8;
 /// Rows of `A` per register tile of the `N × K` kernel.
 const GROUP: usize = 4;
 
-/// K elements per chunk of the `N × K` kernel: a tile's rows of `B` over one chunk (3 × 4 KiB)
-/// stay in L1 while the row groups of `A` pass over them, and each row of `B` is read from
-/// memory in page-long runs.
-pub(super) const KC: usize = 1024;
+/// K elements per chunk of the `N × K` kernel with more than one row group of `A`: a tile's rows
+/// of `B` over one chunk (3 × 4 KiB) stay in L1 while the row groups pass over them, and each
+/// row of `B` is read from memory in page-long runs.
+const KC: usize = 1024;
+
+/// K elements per chunk with one row group (`M ≤ 4`): nothing reads a tile's chunk again, so
+/// the chunk only sets how long the runs of each row of `B` are, and longer runs stream better.
+/// On a 2-core Zen 3 EPYC (in-process A/B alternated per round, 2 threads, results bit for bit
+/// the same) 4096 took 0.85, 0.84 and 0.91 of 1024's time at M = 1, 2 and 4 (N = K = 4096),
+/// 0.88 at 1 × 11008 × 4096 and 0.96 at 1 × 4096 × 11008. With two and four groups (M = 8,
+/// 16) it took 0.89–0.97; 1024 stays there, where the other groups find the chunk in L1, until
+/// it is measured on AVX-512 too.
+const KC_ONE_GROUP: usize = 4096;
+
+/// K elements per chunk of the `N × K` kernel for `m` rows of `A`.
+pub(super) fn kc(m: usize) -> usize {
+    if m <= GROUP { KC_ONE_GROUP } else { KC }
+}
 
 /// `A`'s rows for the `N × K` kernel, packed so that a register tile reads one contiguous
 /// stream: rows in groups of [`GROUP`] (the last group 1–3 rows), and within a group, step by
@@ -1052,10 +1067,11 @@ fn chunk_cols<const FMA: bool, const C: usize>(
     let (m, full) = (p.m, p.k - p.k % DOT_LANES);
     let b = &p.b[(j0 + jj) * p.ldb + q0..];
     // The next tile's rows of B in this chunk, prefetched into L2 by the first row group (the
-    // others read this tile's rows from L1): the tile's runs are a page long, too short for the
-    // hardware prefetchers to get going. On a 2-core AVX-512 Xeon (in-process A/B alternated per
-    // round, 2 threads, 4096 × 4096) M = 1, 4 and 8 took 0.67, 0.57–0.64 and 0.75 of the time
-    // without it; into L1, 0.67, 0.62 and 0.84; the same rows' next chunk instead, 0.75–0.80.
+    // others read this tile's rows from L1): the tile's runs are one to four pages long, too
+    // short for the hardware prefetchers to get going. On a 2-core AVX-512 Xeon (in-process A/B
+    // alternated per round, 2 threads, 4096 × 4096, chunks of 1024) M = 1, 4 and 8 took 0.67,
+    // 0.57–0.64 and 0.75 of the time without it; into L1, 0.67, 0.62 and 0.84; the same rows'
+    // next chunk instead, 0.75–0.80.
     let next = b.as_ptr().wrapping_add(C * p.ldb);
     for g0 in (0..m).step_by(GROUP) {
         let r = GROUP.min(m - g0);
@@ -1074,9 +1090,9 @@ fn chunk_cols<const FMA: bool, const C: usize>(
 
 /// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`, K chunk by K chunk. Within a
 /// chunk each tile of 3 rows of `B` (4 with at most 2 rows of `A`) meets every row group of
-/// `A` back to back: its chunk of `B`, read from memory in page-long runs by the first group,
-/// is in L1 for the others, and the rows of `B` are visited in storage order, so `B` streams
-/// from memory once. `A` (packed, at most 16 rows) stays in L2. The 8-lane partial sums
+/// `A` back to back: its chunk of `B`, read from memory in runs of a page or more by the first
+/// group, is in L1 for the others, and the rows of `B` are visited in storage order, so `B`
+/// streams from memory once. `A` (packed, at most 16 rows) stays in L2. The 8-lane partial sums
 /// carry from chunk to chunk in `part`; they are summed pairwise at the end, then the K tail.
 #[inline(always)]
 fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
@@ -1085,9 +1101,10 @@ fn cols_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
     let mut part = [[0.0f32; DOT_LANES]; 16 * NB_COLS];
     let part = &mut part[..m * nb];
     let wide = m <= 2;
+    let kc = kc(m);
     let mut q0 = 0;
     while q0 < full {
-        let kl = KC.min(full - q0);
+        let kl = kc.min(full - q0);
         let mut jj = 0;
         if wide {
             while jj + 4 <= nb {

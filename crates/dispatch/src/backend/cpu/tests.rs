@@ -189,17 +189,17 @@ fn skinny_matmul_is_exact() {
     });
 }
 
-/// The `N × K` skinny kernel's K chunks ([`super::gemv::KC`]): K across one and two chunk
-/// edges with 8-lane and scalar tails, every row-group remainder (M mod 4) and the two-row
-/// wide tiles, widths leaving every column-tile remainder (N mod 3, N mod 4), in every
-/// instruction set.
+/// The `N × K` skinny kernel's K chunks ([`super::gemv::kc`]: longer with one row group): K
+/// across one and two chunk edges with 8-lane and scalar tails, every row-group remainder
+/// (M mod 4) and the two-row wide tiles, widths leaving every column-tile remainder (N mod 3,
+/// N mod 4), in every instruction set.
 #[test]
 fn skinny_k_chunks_are_exact() {
-    use super::gemv::KC;
     in_each_isa(|_| {
         let mut seed = 900;
         for m in [1, 2, 3, 4, 5, 7, 16] {
-            for &(n, k) in &[(7, KC + 8), (70, KC + 1), (13, 2 * KC + 13), (66, KC - 3)] {
+            let kc = super::gemv::kc(m);
+            for &(n, k) in &[(7, kc + 8), (70, kc + 1), (13, 2 * kc + 13), (66, kc - 3)] {
                 let d = matmul_desc(m, n, k, m % 2 == 1, true, seed as usize);
                 check_matmul(&d, seed);
                 seed += 1;
