@@ -22,9 +22,9 @@
 //!   cut into chunks of 1024 (4096 with one row group, M ≤ 4), and within a chunk each tile
 //!   of 3 rows of `B` meets every row group in turn, with 4 × 3 eight-lane accumulators in
 //!   registers (7 loads per 12 vector multiply-adds; 4 columns a tile at M ≤ 2; written in AVX
-//!   intrinsics where the CPU has AVX2 and FMA). The tile's chunk of `B` (12 KiB) is read from
-//!   memory once, in runs of a page or more and in storage order, and from L1 by the other
-//!   groups; the partial sums carry across chunks in an 8-lane buffer and are summed pairwise
+//!   intrinsics where the CPU has AVX2 and FMA). The tile's chunk of `B` (12 KiB; with one
+//!   group 48 or 64 KiB, which no other group reads) is read from memory once, in runs of a
+//!   page or more and in storage order, and from L1 by the other groups; the partial sums carry across chunks in an 8-lane buffer and are summed pairwise
 //!   at the end.
 //!   On AVX-512, from 14 rows of `A`, instead, `B` is gathered into panels of two 16-column
 //!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
