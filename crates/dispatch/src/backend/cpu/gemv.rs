@@ -11,10 +11,11 @@
 //!   a_i,p+3·B_p+3`), so each load and store of an accumulator carries four fused multiply-adds
 //!   and each load of `B` from L1 serves two rows. From 14 rows of `A` on AVX2, instead, `B`
 //!   is copied in 128 × 64 panels (the next panel prefetched while one is computed) and each
-//!   16-column strip of a panel meets the rows of `A` six at a time with the sums in
-//!   registers ([`avx::rows_panels`]; on AVX-512, eight rows and two strips at a time,
-//!   [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place instead: passes of 32 or
-//!   64 of its rows, strip by strip along them (each pass's rows are sequential streams), with
+//!   16-column strip of a panel meets the rows of `A` (packed six rows side by side) six at
+//!   a time with the sums in registers ([`avx::rows_panels`]; on AVX-512, eight rows and two
+//!   strips at a time, [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place
+//!   instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
+//!   sequential streams), with
 //!   up to 16 rows' sums in registers and the lines ahead prefetched into L2
 //!   ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
