@@ -15,9 +15,8 @@
 //!   a time with the sums in registers ([`avx::rows_panels`]; on AVX-512, eight rows and two
 //!   strips at a time, [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place
 //!   instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
-//!   sequential streams), with
-//!   up to 16 rows' sums in registers and the lines ahead prefetched into L2
-//!   ([`avx512::rows_direct`]);
+//!   sequential streams), with up to 16 rows' sums in registers and the lines ahead
+//!   prefetched into L2 ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024 (4096 with one row group, M ≤ 4), and within a chunk each tile
@@ -398,8 +397,8 @@ mod avx {
     /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and stored
     /// once per panel). While a panel is computed, the next one's rows of `B` are prefetched in
     /// storage order, spread over its tiles, so the copy finds them in L1. The AVX2 tiles read
-    /// `A` packed ([`pack_rows`], once per block), whose six rows in place are `K` elements
-    /// apart: at K = 4096 all in one L1 set. On a Zen 3 EPYC packing took 0.92–0.98 of the time
+    /// `A` packed ([`pack_rows`], once per block), whose six rows in place are `lda` elements
+    /// apart (`K` for a dense `A`): at 4096 all in one L1 set. On a Zen 3 EPYC packing took 0.92–0.98 of the time
     /// on the M = 16 decode shapes and 0.93 at 64 × 4096 × 4096 (in-process A/B).
     ///
     /// Against the row-streaming kernel ([`rows_plain`](super::rows_plain)), whose two rows of
