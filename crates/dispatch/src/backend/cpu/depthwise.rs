@@ -807,26 +807,21 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
         // The last pixel whose rightmost tap lands at w − 1 or before.
         hi = if w + d.pad_left > reach { ((w + d.pad_left - reach - 1) / d.stride_w + 1).min(p.ow) } else { 0 };
-        let mut rows = [(0usize, 0usize); MAX_TAPS];
-        let mut nr = 0;
-        for ky in 0..d.kernel_h {
-            let py = p.oy * d.stride_h + ky * d.dilation_h;
-            if py >= d.pad_top && py - d.pad_top < h {
-                rows[nr] = (ky * d.kernel_w * p.ws, (p.n * h + py - d.pad_top) * w);
-                nr += 1;
-            }
-        }
-        // Every tap's (weight offset, input offset at pixel `lo`): pixel `ox` reads
-        // `(ox − lo)·stride_w·c` further on.
+        // Every tap inside the input rows, as (weight offset, input offset at pixel `lo`): pixel
+        // `ox` reads `(ox − lo)·stride_w·c` further on. (`lo < hi` keeps `lo`'s leftmost tap
+        // inside the row.)
         let mut taps = [(0usize, 0usize); MAX_TAPS];
         let mut nt = 0;
-        if lo < hi {
-            for &(wrow, xrow) in &rows[..nr] {
-                for kx in 0..d.kernel_w {
-                    let px = xrow + lo * d.stride_w + kx * d.dilation_w - d.pad_left;
-                    taps[nt] = (wrow + kx * p.ws, px * c + p.cb0);
-                    nt += 1;
-                }
+        for ky in (0..d.kernel_h).filter(|_| lo < hi) {
+            let py = p.oy * d.stride_h + ky * d.dilation_h;
+            if py < d.pad_top || py - d.pad_top >= h {
+                continue;
+            }
+            let xrow = (p.n * h + py - d.pad_top) * w;
+            for kx in 0..d.kernel_w {
+                let px = xrow + lo * d.stride_w + kx * d.dilation_w - d.pad_left;
+                taps[nt] = ((ky * d.kernel_w + kx) * p.ws, px * c + p.cb0);
+                nt += 1;
             }
         }
         let mut ox = lo;
