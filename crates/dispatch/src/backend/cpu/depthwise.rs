@@ -21,7 +21,11 @@
 //!   where all are valid.
 //! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
-//!   layer's time). With multiplier 1 and whole 16-channel blocks, the pixels of
+//!   layer's time). 3 × 3 kernels with multiplier 1, horizontal dilation 1, stride 1 or 2 and
+//!   whole 8-channel blocks take [`nhwc3`] where the CPU has AVX2 and FMA: the block's nine
+//!   weight vectors stay in registers over a row's pixels, each input vector is loaded once
+//!   per kernel row for the 4 pixels of a tile that read it. Otherwise, with multiplier 1
+//!   and whole 16-channel blocks, the pixels of
 //!   a row whose every tap is inside the input go 4 at a time ([`nhwc_pixels`]): each tap's
 //!   weight vectors are loaded once for the 4 pixels and the 4 × 16 sums stay in registers
 //!   (10 loads per 8 vector multiply-adds, against 4 per 2). The other pixels list their taps
@@ -45,6 +49,8 @@ use super::{Elem, internal};
 use crate::Result;
 use tilekit_kernels::{Conv2dDesc, Layout};
 
+#[cfg(target_arch = "x86_64")]
+mod nhwc3;
 mod tile;
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).
@@ -799,6 +805,35 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     let d = p.d;
     let (h, w, c, m) = (d.height, d.width, d.channels, d.multiplier);
     let nb = p.nb;
+    // 3 × 3 kernels (multiplier 1, whole 8-channel blocks) on AVX2 and FMA: the whole row.
+    #[cfg(target_arch = "x86_64")]
+    if FMA && nhwc3_fits(d, nb) {
+        // The pixels whose three taps are inside the row (as below, with a reach of 2).
+        let lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
+        let hi = if w + d.pad_left > 2 { ((w + d.pad_left - 3) / d.stride_w + 1).min(p.ow) } else { 0 };
+        let g = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow: p.ow };
+        let rows = std::array::from_fn(|ky| {
+            let py = p.oy * d.stride_h + ky * d.dilation_h;
+            (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
+        });
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe {
+            if d.stride_w == 1 {
+                nhwc3::avx::row::<1>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride);
+            } else {
+                nhwc3::avx::row::<2>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride);
+            }
+        }
+        if stride == nb {
+            apply_isa::<FMA>(d.activation, &mut acc[..p.ow * nb]);
+        } else {
+            for j in 0..p.ow {
+                apply_isa::<FMA>(d.activation, &mut acc[j * stride..][..nb]);
+            }
+        }
+        return;
+    }
     // Multiplier 1 with whole channel blocks: the pixels whose every tap is inside the row,
     // PX at a time ([`nhwc_pixels`]); the others (and the rest) one by one below.
     let (mut lo, mut hi) = (0, 0);
@@ -870,6 +905,17 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         }
         apply_isa::<FMA>(d.activation, a);
     }
+}
+
+/// Whether [`nhwc3`]'s kernel takes a layer's rows (where the CPU has AVX2 and FMA): a 3 × 3
+/// kernel with multiplier 1, horizontal dilation 1 and stride 1 or 2, and whole 8-channel
+/// blocks.
+#[cfg(target_arch = "x86_64")]
+fn nhwc3_fits(d: &Conv2dDesc, nb: usize) -> bool {
+    d.multiplier == 1
+        && (d.kernel_h, d.kernel_w, d.dilation_w) == (3, 3, 1)
+        && (1..=2).contains(&d.stride_w)
+        && nb.is_multiple_of(nhwc3::LANES)
 }
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).

@@ -662,6 +662,44 @@ fn depthwise_nhwc_pixel_tiles_are_exact() {
     }
 }
 
+/// The NHWC 3 × 3 row kernel (`depthwise/nhwc3.rs`: multiplier 1, horizontal dilation 1,
+/// stride 1 or 2, whole 8-channel blocks): channel counts of odd and even 8-channel blocks,
+/// widths from 1 (no interior pixel) past several 4-pixel tiles and their remainders, and at
+/// 256 channels past one segment of pixels; left and right paddings 0–2 (border pixels with
+/// one, two or three taps inside the row), kernel rows outside the image at the top and
+/// bottom with vertical strides and dilations, two images; a multiplier of 2 beside them
+/// takes the tap-list path.
+#[test]
+fn depthwise_nhwc_3x3_rows_are_exact() {
+    let mut seed = 8500;
+    for &(c, widths) in &[
+        (8, &[1usize, 2, 3, 5, 7, 9, 14][..]),
+        (24, &[1, 4, 6, 13, 17][..]),
+        (16, &[2, 8, 11][..]),
+        (256, &[40, 70][..]),
+    ] {
+        for &w in widths {
+            for &(sw, pl, pr) in &[(1, 1, 1), (2, 1, 1), (1, 0, 0), (2, 0, 1), (1, 2, 0), (2, 2, 2), (1, 0, 2)] {
+                for &(sh, dh, pt, pb) in &[(1, 1, 1, 1), (2, 2, 2, 0)] {
+                    let g = conv_geometry(
+                        Layout::Nhwc,
+                        [1 + seed as usize % 2, c, 5, w],
+                        [3, 3],
+                        [sh, sw],
+                        [dh, 1],
+                        [pt, pb, pl, pr],
+                    );
+                    let m = if c == 24 && w == 6 { &[2][..] } else { &[1][..] };
+                    if let Some(d) = varied_layer(g, m, seed) {
+                        check_conv(&d, seed);
+                    }
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
 /// MobileNetV2-like layers big enough to split across threads, both layouts, f16 outputs
 /// through the row buffers.
 #[test]

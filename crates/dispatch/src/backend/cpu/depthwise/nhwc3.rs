@@ -1,0 +1,266 @@
+//! NHWC 3 × 3 depthwise rows with the weights in registers (AVX2 and FMA): MobileNet's layers.
+//!
+//! One 8-channel block at a time, the nine taps' weight vectors are loaded into registers
+//! once, and a row's pixels go 4 at a time ([`avx`]'s `P`) with their sums in registers. Each
+//! input vector is loaded once per kernel row and meets every pixel of the tile that reads
+//! it: per kernel row, 6 loads for 12 multiply-adds at stride 1 and 9 at stride 2, where the
+//! tap-list kernel ([`super::nhwc_pixels`]) loads the weights and the input per tap (10 loads
+//! per 8). Border pixels skip the taps outside the row (one pixel at a time, the weights
+//! still in registers). The pixels are cut into segments of at least 8 tiles, more while
+//! their input (three rows, every channel) fits in 16 KiB, and a segment's channel blocks run
+//! one after another, so the two blocks that share an input line tend to meet it in L1.
+//!
+//! The sums are the tap-list kernel's: the bias, then the taps in kernel order (rows outside
+//! the input skipped), one fused multiply-add each: the same bits. On a 2-core Zen 3 EPYC
+//! (in-process A/B against the tap-list kernels, alternated per round, results bit for bit
+//! the same), MobileNetV2's eight layers took 0.58–0.93 of the time on one core and 0.65–0.90
+//! on two (32 × 112²: 0.58 and 0.65; 960 × 7²: 0.90 and 0.90). Segments of 16 KiB alone (a
+//! tile or two at 144–960 channels, so the weights are reloaded every few pixels) took
+//! 0.8–1.05 of the tap-list kernels' time at 144–960 channels, whole rows 1.15 at 96 × 112²
+//! stride 2; prefetching the next segment's input changed nothing.
+
+/// Lanes per channel block (one AVX2 vector).
+pub(super) const LANES: usize = 8;
+
+/// Where one output row's pixels read their input.
+#[derive(Clone, Copy)]
+pub(super) struct RowGeometry {
+    /// Input channels (elements between input pixels).
+    pub(super) c: usize,
+    /// Input pixels per row.
+    pub(super) width: usize,
+    pub(super) pad_left: usize,
+    /// The pixels `lo..hi` have every tap inside the input row.
+    pub(super) lo: usize,
+    pub(super) hi: usize,
+    /// Output pixels per row.
+    pub(super) ow: usize,
+}
+
+pub(super) mod avx {
+    use super::{LANES, RowGeometry};
+    use std::arch::x86_64::*;
+
+    /// Output pixels per register tile (4 sums, 9 weights and the input vector in registers).
+    const P: usize = 4;
+    /// Bytes of input (three rows, every channel) per segment of pixels, unless that is fewer
+    /// than [`MIN_TILES`] tiles.
+    const SEGMENT_BYTES: usize = 16 << 10;
+    /// The fewest tiles per segment.
+    const MIN_TILES: usize = 8;
+
+    /// One output row of a 3 × 3 kernel with dilation 1 and horizontal stride `S`, into `acc`
+    /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias included. `rows[ky]` is the
+    /// offset in `x` of kernel row `ky`'s input row (its first pixel, the block's first
+    /// channel), or `None` where that row is outside the image; input pixels are `c` elements
+    /// apart, `g.width` to a row. Pixels `g.lo..g.hi` have every tap inside the row; the others
+    /// skip the taps left of pixel 0 or right of the last. `wt` holds the block's weights
+    /// `[tap][channel]`, tap `t`'s at `t·ws`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(in super::super) unsafe fn row<const S: usize>(
+        x: &[f32],
+        rows: [Option<usize>; 3],
+        g: &RowGeometry,
+        wt: &[f32],
+        ws: usize,
+        bias: Option<&[f32]>,
+        nb: usize,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
+        let RowGeometry { c, width, pad_left, lo, hi, ow } = *g;
+        if ow == 0 || nb == 0 {
+            return;
+        }
+        assert!(
+            nb.is_multiple_of(LANES)
+                && nb <= c
+                && width > 0
+                && rows.iter().flatten().all(|&r| r + (width - 1) * c + nb <= x.len())
+                && lo <= hi
+                && hi <= ow
+                && (lo == hi || (lo * S >= pad_left && S * (hi - 1) + 2 < width + pad_left))
+                && 8 * ws + nb <= wt.len()
+                && bias.is_none_or(|b| b.len() >= nb)
+                && (ow - 1) * stride + nb <= acc.len(),
+            "NHWC 3 x 3 row past its operands"
+        );
+        // Interior pixels per segment: whole tiles, at least MIN_TILES, else as many as have
+        // their input (three rows, every channel) in SEGMENT_BYTES.
+        let seg = (SEGMENT_BYTES / (3 * S * P * c * 4)).max(MIN_TILES) * P;
+        let count = hi - lo;
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
+        // the assert bounds every access: the interior pixels' taps lie inside the input rows,
+        // the border pixels' taps are clipped to them ([`edge`]), channels stay below nb,
+        // weights of taps below 9, the bias's nb channels, and acc's pixels below ow.
+        unsafe {
+            let rp: [*const f32; 3] = std::array::from_fn(|ky| match rows[ky] {
+                Some(r) => x.as_ptr().add(r),
+                None => std::ptr::null(),
+            });
+            let out = acc.as_mut_ptr();
+            let mut j0 = 0;
+            loop {
+                let j1 = (j0 + seg).min(count);
+                for c0 in (0..nb).step_by(LANES) {
+                    let w: [__m256; 9] = std::array::from_fn(|t| _mm256_loadu_ps(wt.as_ptr().add(t * ws + c0)));
+                    let b = match bias {
+                        Some(b) => _mm256_loadu_ps(b.as_ptr().add(c0)),
+                        None => _mm256_setzero_ps(),
+                    };
+                    // The border pixels with the first and the last segment.
+                    let r = rp.map(|r| if r.is_null() { r } else { r.add(c0) });
+                    if j0 == 0 {
+                        for ox in 0..lo {
+                            edge(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                        }
+                    }
+                    let at = |j: usize| {
+                        let r = rp.map(|r| if r.is_null() { r } else { r.add(((lo + j) * S - pad_left) * c + c0) });
+                        (r, out.add((lo + j) * stride + c0))
+                    };
+                    let mut j = j0;
+                    while j + P <= j1 {
+                        let (r, o) = at(j);
+                        tile::<S, P>(r, c, &w, b, o, stride);
+                        j += P;
+                    }
+                    if j < j1 {
+                        let (r, o) = at(j);
+                        match j1 - j {
+                            3 => tile::<S, 3>(r, c, &w, b, o, stride),
+                            2 => tile::<S, 2>(r, c, &w, b, o, stride),
+                            _ => tile::<S, 1>(r, c, &w, b, o, stride),
+                        }
+                    }
+                    if j1 == count {
+                        for ox in hi..ow {
+                            edge(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                        }
+                    }
+                }
+                if j1 == count {
+                    break;
+                }
+                j0 = j1;
+            }
+        }
+    }
+
+    /// One border pixel of one 8-channel block, whose leftmost tap reads input pixel
+    /// `at − g.pad_left` (possibly negative) of `rows` (at the block's first channel; null:
+    /// outside the image, skipped); the taps outside the row are skipped.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the non-null rows hold `g.width` pixels of 8 lanes, `g.c`
+    /// apart.
+    #[inline(always)]
+    unsafe fn edge(rows: [*const f32; 3], at: usize, g: &RowGeometry, w: &[__m256; 9], b: __m256, out: *mut f32) {
+        // The taps inside the row: kx in ka..kb.
+        let ka = g.pad_left.saturating_sub(at).min(3);
+        let kb = (g.width + g.pad_left).saturating_sub(at).clamp(ka, 3);
+        // Input pixel `at + ka − pad_left`, the first read.
+        let first = (at + ka).saturating_sub(g.pad_left);
+        let r = rows.map(|r| if r.is_null() { r } else { r.wrapping_add(first * g.c) });
+        // SAFETY: the caller's promises; taps ka..kb are inside the row.
+        unsafe {
+            match (ka, kb) {
+                (1, 3) => edge_taps::<1, 3>(r, g.c, w, b, out),
+                (0, 2) => edge_taps::<0, 2>(r, g.c, w, b, out),
+                (2, 3) => edge_taps::<2, 3>(r, g.c, w, b, out),
+                (0, 1) => edge_taps::<0, 1>(r, g.c, w, b, out),
+                (1, 2) => edge_taps::<1, 2>(r, g.c, w, b, out),
+                (0, 3) => edge_taps::<0, 3>(r, g.c, w, b, out),
+                _ => _mm256_storeu_ps(out, b),
+            }
+        }
+    }
+
+    /// [`edge`] with taps `KA..KB` of each row, `rows` at tap `KA`'s input.
+    ///
+    /// # Safety
+    /// [`edge`]'s.
+    #[inline(always)]
+    unsafe fn edge_taps<const KA: usize, const KB: usize>(
+        rows: [*const f32; 3],
+        c: usize,
+        w: &[__m256; 9],
+        b: __m256,
+        out: *mut f32,
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe {
+            let mut s = b;
+            s = edge_row::<0, KA, KB>(rows[0], c, w, s);
+            s = edge_row::<1, KA, KB>(rows[1], c, w, s);
+            s = edge_row::<2, KA, KB>(rows[2], c, w, s);
+            _mm256_storeu_ps(out, s);
+        }
+    }
+
+    /// `s` plus kernel row `KY`'s taps `KA..KB` from `r` (tap `KA`'s input; null: none).
+    /// (One call per kernel row, so that the weights' indices are constants and they stay in
+    /// registers.)
+    ///
+    /// # Safety
+    /// [`edge`]'s.
+    #[inline(always)]
+    unsafe fn edge_row<const KY: usize, const KA: usize, const KB: usize>(
+        r: *const f32,
+        c: usize,
+        w: &[__m256; 9],
+        mut s: __m256,
+    ) -> __m256 {
+        if !r.is_null() {
+            for kx in KA..KB {
+                // SAFETY: the caller's promises.
+                s = unsafe { _mm256_fmadd_ps(w[KY * 3 + kx], _mm256_loadu_ps(r.add((kx - KA) * c)), s) };
+            }
+        }
+        s
+    }
+
+    /// `N` output pixels of one 8-channel block: `rows[ky]` points at kernel row `ky`'s input
+    /// for the first pixel's leftmost tap (null: outside the image, skipped), input pixels `c`
+    /// elements apart; the sums start at `b` and go to `out` (pixels `stride` apart).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the non-null rows hold `S·(N − 1) + 3` pixels of 8 lanes and
+    /// `out` `N` pixels.
+    #[inline(always)]
+    unsafe fn tile<const S: usize, const N: usize>(
+        rows: [*const f32; 3],
+        c: usize,
+        w: &[__m256; 9],
+        b: __m256,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe {
+            let mut s = [b; N];
+            for (ky, &r) in rows.iter().enumerate() {
+                if r.is_null() {
+                    continue;
+                }
+                // Input pixel i meets output pixel p through tap kx = i − S·p; taps in
+                // ascending order for each output pixel.
+                for i in 0..S * (N - 1) + 3 {
+                    let v = _mm256_loadu_ps(r.add(i * c));
+                    for (p, s) in s.iter_mut().enumerate() {
+                        if let Some(kx) = i.checked_sub(S * p).filter(|&kx| kx < 3) {
+                            *s = _mm256_fmadd_ps(w[ky * 3 + kx], v, *s);
+                        }
+                    }
+                }
+            }
+            for (p, s) in s.iter().enumerate() {
+                _mm256_storeu_ps(out.add(p * stride), *s);
+            }
+        }
+    }
+}
