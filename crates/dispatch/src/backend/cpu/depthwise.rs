@@ -816,20 +816,29 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
             let py = p.oy * d.stride_h + ky * d.dilation_h;
             (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
         });
+        use nhwc3::avx::{NONE, RELU, RELU6, row};
+        use tilekit_kernels::Activation;
+        // ReLU and ReLU6 are applied in registers; the other activations after the row.
+        let (relu, relu6) = (d.activation == Activation::Relu, d.activation == Activation::Relu6);
         // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
         // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
         unsafe {
-            if d.stride_w == 1 {
-                nhwc3::avx::row::<1>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride);
-            } else {
-                nhwc3::avx::row::<2>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride);
+            match (d.stride_w, relu, relu6) {
+                (1, true, _) => row::<1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (1, _, true) => row::<1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (1, ..) => row::<1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (_, true, _) => row::<2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (_, _, true) => row::<2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                _ => row::<2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
             }
         }
-        if stride == nb {
-            apply_isa::<FMA>(d.activation, &mut acc[..p.ow * nb]);
-        } else {
-            for j in 0..p.ow {
-                apply_isa::<FMA>(d.activation, &mut acc[j * stride..][..nb]);
+        if !(relu || relu6 || d.activation == Activation::None) {
+            if stride == nb {
+                apply_isa::<FMA>(d.activation, &mut acc[..p.ow * nb]);
+            } else {
+                for j in 0..p.ow {
+                    apply_isa::<FMA>(d.activation, &mut acc[j * stride..][..nb]);
+                }
             }
         }
         return;

@@ -6,7 +6,9 @@
 //! it: per kernel row, 6 loads for 12 multiply-adds at stride 1 and 9 at stride 2, where the
 //! tap-list kernel ([`super::nhwc_pixels`]) loads the weights and the input per tap (10 loads
 //! per 8). Border pixels skip the taps outside the row (one pixel at a time, the weights
-//! still in registers). The pixels are cut into segments of at least 8 tiles, more while
+//! still in registers). ReLU and ReLU6 are applied to the sums in registers before they are
+//! stored (0.8–0.95 of the time of a second pass over the row, two threads, separate
+//! processes alternated); other activations run over the row after it. The pixels are cut into segments of at least 8 tiles, more while
 //! their input (three rows, every channel) fits in 16 KiB, and a segment's channel blocks run
 //! one after another, so the two blocks that share an input line tend to meet it in L1.
 //!
@@ -49,8 +51,33 @@ pub(super) mod avx {
     /// The fewest tiles per segment.
     const MIN_TILES: usize = 8;
 
+    /// [`row`]'s activation, applied to the sums before they are stored: none.
+    pub(in super::super) const NONE: u8 = 0;
+    /// ReLU: `x ≤ 0` (not NaN) gives +0, as `relu` in the activation kernel.
+    pub(in super::super) const RELU: u8 = 1;
+    /// ReLU6: below 0 gives 0 (−0 and NaN kept), then above 6 gives 6, as `relu6` there.
+    pub(in super::super) const RELU6: u8 = 2;
+
+    /// The activation `A` on eight sums.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline(always)]
+    pub(super) unsafe fn finish<const A: u8>(s: __m256) -> __m256 {
+        // SAFETY: the caller promises AVX2.
+        unsafe {
+            let zero = _mm256_setzero_ps();
+            match A {
+                RELU => _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(s, zero), s),
+                // `min(6, y)` keeps a NaN `y` (the second operand where unordered).
+                RELU6 => _mm256_min_ps(_mm256_set1_ps(6.0), _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(s, zero), s)),
+                _ => s,
+            }
+        }
+    }
+
     /// One output row of a 3 × 3 kernel with dilation 1 and horizontal stride `S`, into `acc`
-    /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias included. `rows[ky]` is the
+    /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias and activation `A` included. `rows[ky]` is the
     /// offset in `x` of kernel row `ky`'s input row (its first pixel, the block's first
     /// channel), or `None` where that row is outside the image; input pixels are `c` elements
     /// apart, `g.width` to a row. Pixels `g.lo..g.hi` have every tap inside the row; the others
@@ -61,7 +88,7 @@ pub(super) mod avx {
     /// The CPU has AVX2 and FMA.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(in super::super) unsafe fn row<const S: usize>(
+    pub(in super::super) unsafe fn row<const S: usize, const A: u8>(
         x: &[f32],
         rows: [Option<usize>; 3],
         g: &RowGeometry,
@@ -116,7 +143,7 @@ pub(super) mod avx {
                     let r = rp.map(|r| if r.is_null() { r } else { r.add(c0) });
                     if j0 == 0 {
                         for ox in 0..lo {
-                            edge(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                            edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
                         }
                     }
                     let at = |j: usize| {
@@ -126,20 +153,20 @@ pub(super) mod avx {
                     let mut j = j0;
                     while j + P <= j1 {
                         let (r, o) = at(j);
-                        tile::<S, P>(r, c, &w, b, o, stride);
+                        tile::<S, P, A>(r, c, &w, b, o, stride);
                         j += P;
                     }
                     if j < j1 {
                         let (r, o) = at(j);
                         match j1 - j {
-                            3 => tile::<S, 3>(r, c, &w, b, o, stride),
-                            2 => tile::<S, 2>(r, c, &w, b, o, stride),
-                            _ => tile::<S, 1>(r, c, &w, b, o, stride),
+                            3 => tile::<S, 3, A>(r, c, &w, b, o, stride),
+                            2 => tile::<S, 2, A>(r, c, &w, b, o, stride),
+                            _ => tile::<S, 1, A>(r, c, &w, b, o, stride),
                         }
                     }
                     if j1 == count {
                         for ox in hi..ow {
-                            edge(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                            edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
                         }
                     }
                 }
@@ -159,7 +186,14 @@ pub(super) mod avx {
     /// The CPU has AVX2 and FMA; the non-null rows hold `g.width` pixels of 8 lanes, `g.c`
     /// apart.
     #[inline(always)]
-    unsafe fn edge(rows: [*const f32; 3], at: usize, g: &RowGeometry, w: &[__m256; 9], b: __m256, out: *mut f32) {
+    unsafe fn edge<const A: u8>(
+        rows: [*const f32; 3],
+        at: usize,
+        g: &RowGeometry,
+        w: &[__m256; 9],
+        b: __m256,
+        out: *mut f32,
+    ) {
         // The taps inside the row: kx in ka..kb.
         let ka = g.pad_left.saturating_sub(at).min(3);
         let kb = (g.width + g.pad_left).saturating_sub(at).clamp(ka, 3);
@@ -169,13 +203,13 @@ pub(super) mod avx {
         // SAFETY: the caller's promises; taps ka..kb are inside the row.
         unsafe {
             match (ka, kb) {
-                (1, 3) => edge_taps::<1, 3>(r, g.c, w, b, out),
-                (0, 2) => edge_taps::<0, 2>(r, g.c, w, b, out),
-                (2, 3) => edge_taps::<2, 3>(r, g.c, w, b, out),
-                (0, 1) => edge_taps::<0, 1>(r, g.c, w, b, out),
-                (1, 2) => edge_taps::<1, 2>(r, g.c, w, b, out),
-                (0, 3) => edge_taps::<0, 3>(r, g.c, w, b, out),
-                _ => _mm256_storeu_ps(out, b),
+                (1, 3) => edge_taps::<1, 3, A>(r, g.c, w, b, out),
+                (0, 2) => edge_taps::<0, 2, A>(r, g.c, w, b, out),
+                (2, 3) => edge_taps::<2, 3, A>(r, g.c, w, b, out),
+                (0, 1) => edge_taps::<0, 1, A>(r, g.c, w, b, out),
+                (1, 2) => edge_taps::<1, 2, A>(r, g.c, w, b, out),
+                (0, 3) => edge_taps::<0, 3, A>(r, g.c, w, b, out),
+                _ => _mm256_storeu_ps(out, finish::<A>(b)),
             }
         }
     }
@@ -185,7 +219,7 @@ pub(super) mod avx {
     /// # Safety
     /// [`edge`]'s.
     #[inline(always)]
-    unsafe fn edge_taps<const KA: usize, const KB: usize>(
+    unsafe fn edge_taps<const KA: usize, const KB: usize, const A: u8>(
         rows: [*const f32; 3],
         c: usize,
         w: &[__m256; 9],
@@ -198,7 +232,7 @@ pub(super) mod avx {
             s = edge_row::<0, KA, KB>(rows[0], c, w, s);
             s = edge_row::<1, KA, KB>(rows[1], c, w, s);
             s = edge_row::<2, KA, KB>(rows[2], c, w, s);
-            _mm256_storeu_ps(out, s);
+            _mm256_storeu_ps(out, finish::<A>(s));
         }
     }
 
@@ -232,7 +266,7 @@ pub(super) mod avx {
     /// The CPU has AVX2 and FMA; the non-null rows hold `S·(N − 1) + 3` pixels of 8 lanes and
     /// `out` `N` pixels.
     #[inline(always)]
-    unsafe fn tile<const S: usize, const N: usize>(
+    unsafe fn tile<const S: usize, const N: usize, const A: u8>(
         rows: [*const f32; 3],
         c: usize,
         w: &[__m256; 9],
@@ -259,7 +293,40 @@ pub(super) mod avx {
                 }
             }
             for (p, s) in s.iter().enumerate() {
-                _mm256_storeu_ps(out.add(p * stride), *s);
+                _mm256_storeu_ps(out.add(p * stride), finish::<A>(*s));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::arch::x86_64::*;
+    use tilekit_kernels::Activation;
+
+    /// The in-register ReLU and ReLU6 give what the activation kernel's scalar forms give,
+    /// bit for bit, on the values where their definitions differ: ±0, NaN, ±Inf, 6 and around.
+    #[test]
+    fn fused_activations_match_the_scalar_forms() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("SKIP fused_activations_match_the_scalar_forms: no AVX2 and FMA on this CPU");
+            return;
+        }
+        let xs = [0.0f32, -0.0, f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 6.0, 6.5, 5.9, -1e-30];
+        for (a, act) in [(super::avx::RELU, Activation::Relu), (super::avx::RELU6, Activation::Relu6)] {
+            for x in xs {
+                let mut got = [0.0f32; 8];
+                // SAFETY: AVX2 and FMA were detected above.
+                unsafe {
+                    let v = _mm256_set1_ps(x);
+                    let r = match a {
+                        super::avx::RELU => super::avx::finish::<{ super::avx::RELU }>(v),
+                        _ => super::avx::finish::<{ super::avx::RELU6 }>(v),
+                    };
+                    _mm256_storeu_ps(got.as_mut_ptr(), r);
+                }
+                let want = act.apply_f32(x);
+                assert!(got.iter().all(|g| g.to_bits() == want.to_bits()), "{act:?}({x}): {} against {want}", got[0]);
             }
         }
     }
