@@ -1,7 +1,8 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW planes of at most 16 × 16 pixels, and strided layers of up to 64 × 64 outputs
+//! - NCHW planes of at most 16 × 16 pixels (64 × 64 for 3 × 3 kernels on AVX2), and strided
+//!   layers of up to 64 × 64 outputs
 //!   ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
 //!   as the vector lanes (in bands of rows where the whole padded plane does not fit), each
 //!   tap is one vector load at a fixed offset times the tap's weight vector, 8 output pixels
@@ -182,7 +183,7 @@ impl Conv<'_> {
         let out = &mut out[..total];
         let taps = d.kernel_h * d.kernel_w;
         // Small NCHW planes, and strided ones, go through the channel-vector tile.
-        let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d) } else { None };
+        let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d, isa) } else { None };
         match (d.layout, tile) {
             (Layout::Nchw, Some(t)) => {
                 let plane = oh * ow;

@@ -603,8 +603,11 @@ fn depthwise_channel_tile_is_exact() {
     // Stride 2 up to the largest whole-plane tile (61² with padding 1 is a 63² tile and
     // fits, 63² does not), then in bands of output rows (63²: 31 and 1 rows, 100²: 19, 19
     // and 12) up to 128² (64² outputs, as many as the sums hold; 130² takes the band kernel);
-    // 3 × 3 at stride 1 just inside and past its 16² limit.
-    for &(s, stride) in &[(40, 2), (61, 2), (63, 2), (100, 2), (128, 2), (130, 2), (16, 1), (17, 1)] {
+    // 3 × 3 at stride 1 up to its 64² limit (with padding 1, 62² is the largest plane whose
+    // padded tile fits; 63² and 64² take the band kernel) and past it.
+    for &(s, stride) in
+        &[(40, 2), (61, 2), (63, 2), (100, 2), (128, 2), (130, 2), (16, 1), (17, 1), (45, 1), (62, 1), (63, 1), (65, 1)]
+    {
         let d = conv_geometry(Layout::Nchw, [1, 9, s, s], [3, 3], [stride, stride], [1, 1], [1, 1, 1, 1])
             .has_bias(true)
             .activation(Activation::Relu6);

@@ -1,4 +1,6 @@
 //! NHWC 3 × 3 depthwise rows with the weights in registers (AVX2 and FMA): MobileNet's layers.
+//! The NCHW channel-vector tile (`super::tile`, 8 planes as the lanes) runs its 3 × 3 rows
+//! through the same register tiles ([`avx::dense_rows`]).
 //!
 //! One 8-channel block at a time, the nine taps' weight vectors are loaded into registers
 //! once, and a row's pixels go 4 at a time ([`avx`]'s `P`) with their sums in registers. Each
@@ -174,6 +176,64 @@ pub(super) mod avx {
                     break;
                 }
                 j0 = j1;
+            }
+        }
+    }
+
+    /// The NCHW channel-vector tile's rows (`super::tile`: 8 planes as the lanes, zero
+    /// padded, so every tap is inside): `oh` output rows of `ow` pixels into `sums`
+    /// (pixel-major, 8 lanes a pixel), with the 3 × 3 weights `wv` (per tap, the 8 planes'),
+    /// from `bias`. Output row `oy`'s first pixel reads kernel row `ky` at tile pixel
+    /// `oy·row_step + offs[ky]`; pixels are `S` tile pixels apart. The sums and their order are
+    /// the tile kernel's: the same bits.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(in super::super) unsafe fn dense_rows<const S: usize>(
+        win: &[f32],
+        offs: [usize; 3],
+        row_step: usize,
+        oh: usize,
+        ow: usize,
+        wv: &[[f32; LANES]],
+        bias: [f32; LANES],
+        sums: &mut [f32],
+    ) {
+        if oh == 0 || ow == 0 {
+            return;
+        }
+        let last = (oh - 1) * row_step + offs.iter().max().copied().unwrap_or(0) + S * (ow - 1) + 3;
+        assert!(
+            wv.len() == 9 && last * LANES <= win.len() && oh * ow * LANES <= sums.len(),
+            "tile rows past their operands"
+        );
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
+        // the assert bounds every tap's load inside `win` and every store inside `sums`.
+        unsafe {
+            let w: [__m256; 9] = std::array::from_fn(|t| _mm256_loadu_ps(wv[t].as_ptr()));
+            let b = _mm256_loadu_ps(bias.as_ptr());
+            let (wp, sp) = (win.as_ptr(), sums.as_mut_ptr());
+            for oy in 0..oh {
+                let at = |j: usize| {
+                    let r = offs.map(|o| wp.add((oy * row_step + o + j * S) * LANES));
+                    (r, sp.add((oy * ow + j) * LANES))
+                };
+                let mut j = 0;
+                while j + P <= ow {
+                    let (r, o) = at(j);
+                    tile::<S, P, NONE>(r, LANES, &w, b, o, LANES);
+                    j += P;
+                }
+                if j < ow {
+                    let (r, o) = at(j);
+                    match ow - j {
+                        3 => tile::<S, 3, NONE>(r, LANES, &w, b, o, LANES),
+                        2 => tile::<S, 2, NONE>(r, LANES, &w, b, o, LANES),
+                        _ => tile::<S, 1, NONE>(r, LANES, &w, b, o, LANES),
+                    }
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
-//! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers) and
-//! strided ones (up to 64 × 64 outputs).
+//! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers; up to 64²
+//! with 3 × 3 kernels on AVX2) and strided ones (up to 64 × 64 outputs).
 //!
 //! On a plane of a few dozen pixels the band kernel spends most of its time building bands
 //! and on row bookkeeping, not multiplying. Here `G` consecutive output planes are taken
@@ -12,7 +12,11 @@
 //!   whole group), so the stride, the dilation and the kernel size are only offsets;
 //! - `PX` output pixels of a row are accumulated together in registers, each tap's weight
 //!   vector loaded once for them (one load per `PX` multiply-adds, which take their input
-//!   straight from memory);
+//!   straight from memory); 3 × 3 kernels with horizontal dilation 1 and stride 1 or 2, on
+//!   AVX2 and FMA, instead keep the nine weight vectors in registers and load each input
+//!   vector once per kernel row for the 4 pixels that read it
+//!   (`nhwc3::avx::dense_rows`, the NHWC row kernel's tiles: 0.79–0.91 of the time on
+//!   MobileNetV2's 7², 14² and strided layers, one core and two, in-process A/B, same bits);
 //! - the sums go to a second buffer, pixel-major, where the activation runs over the whole
 //!   group at once, and are transposed back into the `G` output planes
 //!   ([`avx::planes_out`]).
@@ -35,10 +39,22 @@ pub(super) const G: usize = V;
 const PX: usize = 8;
 
 /// Largest stride-1 input plane (pixels) that takes this kernel (16 × 16). On larger planes
-/// the band kernel, which reads stride-1 rows where they lie, is as fast or faster; with a
-/// stride of 2 this kernel is faster up to the largest tile (`TBUF`). Measured on this
-/// project's 2-core AVX2 machine (see `ARCHITECTURE.md`).
+/// the band kernel, which reads stride-1 rows where they lie, is as fast or faster than the
+/// tile's tap-by-tap loop; with a stride of 2 this kernel is faster up to the largest tile
+/// (`TBUF`). Measured on this project's 2-core AVX2 machine (see `ARCHITECTURE.md`).
 const MAX_PLANE_S1: usize = 256;
+
+/// [`MAX_PLANE_S1`] for 3 × 3 kernels with horizontal dilation 1 on AVX2 and FMA, whose rows
+/// take `nhwc3::avx::dense_rows` (64 × 64; the padded plane must also fit the tile: no bands
+/// at stride 1). There the tile took 0.52–0.82 of the band kernel's time on 28² to 56² planes
+/// on one core, 0.55–0.96 on two (192 × 28², 144 × 56², 32 × 56², 64 × 40²; in-process A/B on
+/// a 2-core Zen 3 EPYC, same bits).
+const MAX_PLANE_S1_3X3: usize = 4096;
+
+/// Whether the layer's rows take `nhwc3::avx::dense_rows` where the CPU has AVX2 and FMA.
+fn dense(d: &Conv2dDesc) -> bool {
+    cfg!(target_arch = "x86_64") && (d.kernel_h, d.kernel_w, d.dilation_w) == (3, 3, 1) && (1..=2).contains(&d.stride_w)
+}
 
 /// f32 elements of each of a thread's three buffers (the tile, the sums, the narrowing
 /// buffer for half-precision outputs): 128 KiB.
@@ -77,15 +93,17 @@ pub(super) struct Tile {
 
 impl Tile {
     /// The geometry, or `None` where the layer is not for this kernel: more than
-    /// [`MAX_TAPS`] taps, a stride-1 plane over [`MAX_PLANE_S1`] pixels, a group's output over
+    /// [`MAX_TAPS`] taps, a stride-1 plane over [`MAX_PLANE_S1`] pixels (or
+    /// [`MAX_PLANE_S1_3X3`]) in `isa`, a group's output over
     /// [`TBUF`] elements, or a band of 4 output rows whose tile would be.
-    pub(super) fn new(d: &Conv2dDesc) -> Option<Tile> {
+    pub(super) fn new(d: &Conv2dDesc, isa: Isa) -> Option<Tile> {
         let (kh, kw) = (d.kernel_h, d.kernel_w);
         let (oh, ow) = (d.out_h()?, d.out_w()?);
         if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || oh == 0 || ow == 0 || d.stride_h == 0 || d.stride_w == 0 {
             return None;
         }
-        if d.stride_h == 1 && d.stride_w == 1 && d.height.checked_mul(d.width)? > MAX_PLANE_S1 {
+        let max_s1 = if isa != Isa::Portable && dense(d) { MAX_PLANE_S1_3X3 } else { MAX_PLANE_S1 };
+        if d.stride_h == 1 && d.stride_w == 1 && d.height.checked_mul(d.width)? > max_s1 {
             return None;
         }
         let reach = |o: usize, s: usize, k: usize, dil: usize| (o - 1) * s + (k - 1) * dil + 1;
@@ -414,6 +432,24 @@ fn compute_taps<const FMA: bool, const N: usize>(
     }
     let taps = Taps { win: tile, wv: &wv[..taps], offs: &t.offs[..taps], bias: bv };
     let sums = &mut sums[oy0 * t.ow * G..][..rows * t.ow * G];
+    // 3 × 3 with horizontal dilation 1 and stride 1 or 2, on AVX2 and FMA: the weights in
+    // registers and each input vector loaded once per kernel row (`nhwc3::avx::dense_rows`).
+    #[cfg(target_arch = "x86_64")]
+    if FMA && dense(d) {
+        let offs = [t.offs[0], t.offs[3], t.offs[6]];
+        let step = d.stride_h * t.wp;
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+        unsafe {
+            if d.stride_w == 1 {
+                super::nhwc3::avx::dense_rows::<1>(tile, offs, step, rows, t.ow, &wv[..9], bv, sums);
+            } else {
+                super::nhwc3::avx::dense_rows::<2>(tile, offs, step, rows, t.ow, &wv[..9], bv, sums);
+            }
+        }
+        apply_isa::<FMA>(d.activation, sums);
+        return;
+    }
     match d.stride_w {
         1 => out_rows::<FMA, 1>(t, &taps, rows, sums),
         2 => out_rows::<FMA, 2>(t, &taps, rows, sums),
