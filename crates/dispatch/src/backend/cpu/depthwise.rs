@@ -51,7 +51,7 @@ use crate::Result;
 use tilekit_kernels::{Conv2dDesc, Layout};
 
 #[cfg(target_arch = "x86_64")]
-mod nhwc3;
+pub(super) mod nhwc3;
 mod tile;
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).

@@ -24,24 +24,24 @@
 //! stride 2; prefetching the next segment's input changed nothing.
 
 /// Lanes per channel block (one AVX2 vector).
-pub(super) const LANES: usize = 8;
+pub(in crate::backend::cpu) const LANES: usize = 8;
 
 /// Where one output row's pixels read their input.
 #[derive(Clone, Copy)]
-pub(super) struct RowGeometry {
+pub(in crate::backend::cpu) struct RowGeometry {
     /// Input channels (elements between input pixels).
-    pub(super) c: usize,
+    pub(in crate::backend::cpu) c: usize,
     /// Input pixels per row.
-    pub(super) width: usize,
-    pub(super) pad_left: usize,
+    pub(in crate::backend::cpu) width: usize,
+    pub(in crate::backend::cpu) pad_left: usize,
     /// The pixels `lo..hi` have every tap inside the input row.
-    pub(super) lo: usize,
-    pub(super) hi: usize,
+    pub(in crate::backend::cpu) lo: usize,
+    pub(in crate::backend::cpu) hi: usize,
     /// Output pixels per row.
-    pub(super) ow: usize,
+    pub(in crate::backend::cpu) ow: usize,
 }
 
-pub(super) mod avx {
+pub(in crate::backend::cpu) mod avx {
     use super::{LANES, RowGeometry};
     use std::arch::x86_64::*;
 
@@ -54,11 +54,11 @@ pub(super) mod avx {
     const MIN_TILES: usize = 8;
 
     /// [`row`]'s activation, applied to the sums before they are stored: none.
-    pub(in super::super) const NONE: u8 = 0;
+    pub(in crate::backend::cpu) const NONE: u8 = 0;
     /// ReLU: `x ≤ 0` (not NaN) gives +0, as `relu` in the activation kernel.
-    pub(in super::super) const RELU: u8 = 1;
+    pub(in crate::backend::cpu) const RELU: u8 = 1;
     /// ReLU6: below 0 gives 0 (−0 and NaN kept), then above 6 gives 6, as `relu6` there.
-    pub(in super::super) const RELU6: u8 = 2;
+    pub(in crate::backend::cpu) const RELU6: u8 = 2;
 
     /// The activation `A` on eight sums.
     ///
@@ -90,7 +90,7 @@ pub(super) mod avx {
     /// The CPU has AVX2 and FMA.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(in super::super) unsafe fn row<const S: usize, const A: u8>(
+    pub(in crate::backend::cpu) unsafe fn row<const S: usize, const A: u8>(
         x: &[f32],
         rows: [Option<usize>; 3],
         g: &RowGeometry,
@@ -191,7 +191,7 @@ pub(super) mod avx {
     /// The CPU has AVX2 and FMA.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(in super::super) unsafe fn dense_rows<const S: usize>(
+    pub(in crate::backend::cpu) unsafe fn dense_rows<const S: usize>(
         win: &[f32],
         offs: [usize; 3],
         row_step: usize,
