@@ -10,9 +10,10 @@
 //! per 8). Border pixels skip the taps outside the row (one pixel at a time, the weights
 //! still in registers). ReLU and ReLU6 are applied to the sums in registers before they are
 //! stored (0.8–0.95 of the time of a second pass over the row, two threads, separate
-//! processes alternated); other activations run over the row after it. The pixels are cut into segments of at least 8 tiles, more while
-//! their input (three rows, every channel) fits in 16 KiB, and a segment's channel blocks run
-//! one after another, so the two blocks that share an input line tend to meet it in L1.
+//! processes alternated); other activations run over the row after it. The pixels are cut
+//! into segments of at least 8 tiles, more while their input (three rows, every channel)
+//! fits in 16 KiB, and a segment's channel blocks run one after another, so the two blocks
+//! that share an input line tend to meet it in L1.
 //!
 //! The sums are the tap-list kernel's: the bias, then the taps in kernel order (rows outside
 //! the input skipped), one fused multiply-add each: the same bits. On a 2-core Zen 3 EPYC
@@ -79,10 +80,10 @@ pub(in crate::backend::cpu) mod avx {
     }
 
     /// One output row of a 3 × 3 kernel with dilation 1 and horizontal stride `S`, into `acc`
-    /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias and activation `A` included. `rows[ky]` is the
-    /// offset in `x` of kernel row `ky`'s input row (its first pixel, the block's first
-    /// channel), or `None` where that row is outside the image; input pixels are `c` elements
-    /// apart, `g.width` to a row. Pixels `g.lo..g.hi` have every tap inside the row; the others
+    /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias and activation `A` included.
+    /// `rows[ky]` is the offset in `x` of kernel row `ky`'s input row (its first pixel, the
+    /// block's first channel), or `None` where that row is outside the image; input pixels
+    /// are `c` elements apart, `g.width` to a row. Pixels `g.lo..g.hi` have every tap inside the row; the others
     /// skip the taps left of pixel 0 or right of the last. `wt` holds the block's weights
     /// `[tap][channel]`, tap `t`'s at `t·ws`.
     ///
