@@ -668,8 +668,8 @@ fn depthwise_nhwc_pixel_tiles_are_exact() {
 /// The NHWC 3 × 3 row kernel (`depthwise/nhwc3.rs`: multiplier 1, horizontal dilation 1,
 /// stride 1 or 2, whole 8-channel blocks): channel counts of odd and even 8-channel blocks,
 /// widths from 1 (no interior pixel) past several 4-pixel tiles and their remainders, and at
-/// 256 channels past one segment of pixels; left and right paddings 0–2 (border pixels with
-/// one, two or three taps inside the row), kernel rows outside the image at the top and
+/// 256 channels past one segment of pixels; left and right paddings 0–4 (border pixels with
+/// none to three taps inside the row), kernel rows outside the image at the top and
 /// bottom with vertical strides and dilations, two images; a multiplier of 2 beside them
 /// takes the tap-list path.
 #[test]
@@ -682,7 +682,9 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
         (256, &[40, 70][..]),
     ] {
         for &w in widths {
-            for &(sw, pl, pr) in &[(1, 1, 1), (2, 1, 1), (1, 0, 0), (2, 0, 1), (1, 2, 0), (2, 2, 2), (1, 0, 2)] {
+            for &(sw, pl, pr) in
+                &[(1, 1, 1), (2, 1, 1), (1, 0, 0), (2, 0, 1), (1, 2, 0), (2, 2, 2), (1, 0, 2), (1, 3, 1), (2, 4, 3)]
+            {
                 for &(sh, dh, pt, pb) in &[(1, 1, 1, 1), (2, 2, 2, 0)] {
                     let g = conv_geometry(
                         Layout::Nhwc,
