@@ -809,9 +809,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     // 3 × 3 kernels (multiplier 1, whole 8-channel blocks) on AVX2 and FMA: the whole row.
     #[cfg(target_arch = "x86_64")]
     if FMA && nhwc3_fits(d, nb) {
-        // The pixels whose three taps are inside the row (as below, with a reach of 2).
-        let lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
-        let hi = if w + d.pad_left > 2 { ((w + d.pad_left - 3) / d.stride_w + 1).min(p.ow) } else { 0 };
+        let (lo, hi) = interior(d, p.ow);
         let g = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow: p.ow };
         let rows = std::array::from_fn(|ky| {
             let py = p.oy * d.stride_h + ky * d.dilation_h;
@@ -848,10 +846,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     // PX at a time ([`nhwc_pixels`]); the others (and the rest) one by one below.
     let (mut lo, mut hi) = (0, 0);
     if m == 1 && nb.is_multiple_of(CB) && d.kernel_h * d.kernel_w <= MAX_TAPS {
-        let reach = (d.kernel_w - 1) * d.dilation_w;
-        lo = d.pad_left.div_ceil(d.stride_w).min(p.ow);
-        // The last pixel whose rightmost tap lands at w − 1 or before.
-        hi = if w + d.pad_left > reach { ((w + d.pad_left - reach - 1) / d.stride_w + 1).min(p.ow) } else { 0 };
+        (lo, hi) = interior(d, p.ow);
         // Every tap inside the input rows, as (weight offset, input offset at pixel `lo`): pixel
         // `ox` reads `(ox − lo)·stride_w·c` further on. (`lo < hi` keeps `lo`'s leftmost tap
         // inside the row.)
@@ -917,15 +912,29 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
     }
 }
 
-/// Whether [`nhwc3`]'s kernel takes a layer's rows (where the CPU has AVX2 and FMA): a 3 × 3
-/// kernel with multiplier 1, horizontal dilation 1 and stride 1 or 2, and whole 8-channel
-/// blocks.
+/// The output pixels `lo..hi` of a row whose every tap lies inside the input row (`hi` may be
+/// below `lo` when none does).
+fn interior(d: &Conv2dDesc, ow: usize) -> (usize, usize) {
+    let reach = (d.kernel_w - 1) * d.dilation_w;
+    let lo = d.pad_left.div_ceil(d.stride_w).min(ow);
+    // The last pixel whose rightmost tap lands at w − 1 or before.
+    let w = d.width;
+    let hi = if w + d.pad_left > reach { ((w + d.pad_left - reach - 1) / d.stride_w + 1).min(ow) } else { 0 };
+    (lo, hi)
+}
+
+/// Whether a layer's rows have the geometry of [`nhwc3`]'s register tiles: a 3 × 3 kernel with
+/// horizontal dilation 1 and stride 1 or 2 (the NHWC kernel and the NCHW channel-vector tile
+/// take them where the CPU has AVX2 and FMA).
+fn rows_3x3(d: &Conv2dDesc) -> bool {
+    (d.kernel_h, d.kernel_w, d.dilation_w) == (3, 3, 1) && (1..=2).contains(&d.stride_w)
+}
+
+/// Whether [`nhwc3`]'s kernel takes a layer's NHWC rows: [`rows_3x3`], multiplier 1 and whole
+/// 8-channel blocks.
 #[cfg(target_arch = "x86_64")]
 fn nhwc3_fits(d: &Conv2dDesc, nb: usize) -> bool {
-    d.multiplier == 1
-        && (d.kernel_h, d.kernel_w, d.dilation_w) == (3, 3, 1)
-        && (1..=2).contains(&d.stride_w)
-        && nb.is_multiple_of(nhwc3::LANES)
+    d.multiplier == 1 && rows_3x3(d) && nb.is_multiple_of(nhwc3::LANES)
 }
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).

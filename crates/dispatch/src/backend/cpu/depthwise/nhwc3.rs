@@ -149,24 +149,11 @@ pub(in crate::backend::cpu) mod avx {
                             edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
                         }
                     }
-                    let at = |j: usize| {
-                        let r = rp.map(|r| if r.is_null() { r } else { r.add(((lo + j) * S - pad_left) * c + c0) });
-                        (r, out.add((lo + j) * stride + c0))
-                    };
-                    let mut j = j0;
-                    while j + P <= j1 {
-                        let (r, o) = at(j);
-                        tile::<S, P, A>(r, c, &w, b, o, stride);
-                        j += P;
-                    }
-                    if j < j1 {
-                        let (r, o) = at(j);
-                        match j1 - j {
-                            3 => tile::<S, 3, A>(r, c, &w, b, o, stride),
-                            2 => tile::<S, 2, A>(r, c, &w, b, o, stride),
-                            _ => tile::<S, 1, A>(r, c, &w, b, o, stride),
-                        }
-                    }
+                    tiles::<S, A>(j1 - j0, c, &w, b, stride, |j| {
+                        let px = lo + j0 + j;
+                        let r = rp.map(|r| if r.is_null() { r } else { r.add((px * S - pad_left) * c + c0) });
+                        (r, out.add(px * stride + c0))
+                    });
                     if j1 == count {
                         for ox in hi..ow {
                             edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
@@ -217,23 +204,43 @@ pub(in crate::backend::cpu) mod avx {
             let b = _mm256_loadu_ps(bias.as_ptr());
             let (wp, sp) = (win.as_ptr(), sums.as_mut_ptr());
             for oy in 0..oh {
-                let at = |j: usize| {
+                tiles::<S, NONE>(ow, LANES, &w, b, LANES, |j| {
                     let r = offs.map(|o| wp.add((oy * row_step + o + j * S) * LANES));
                     (r, sp.add((oy * ow + j) * LANES))
-                };
-                let mut j = 0;
-                while j + P <= ow {
-                    let (r, o) = at(j);
-                    tile::<S, P, NONE>(r, LANES, &w, b, o, LANES);
-                    j += P;
-                }
-                if j < ow {
-                    let (r, o) = at(j);
-                    match ow - j {
-                        3 => tile::<S, 3, NONE>(r, LANES, &w, b, o, LANES),
-                        2 => tile::<S, 2, NONE>(r, LANES, &w, b, o, LANES),
-                        _ => tile::<S, 1, NONE>(r, LANES, &w, b, o, LANES),
-                    }
+                });
+            }
+        }
+    }
+
+    /// `n` consecutive output pixels of one 8-channel block, [`P`] at a time and the last 1–3
+    /// together: `at(j)` gives pixel `j`'s input rows and output as [`tile`] takes them.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `at(j)` for `j < n` meets [`tile`]'s promises for the pixels
+    /// from `j` on.
+    #[inline(always)]
+    unsafe fn tiles<const S: usize, const A: u8>(
+        n: usize,
+        c: usize,
+        w: &[__m256; 9],
+        b: __m256,
+        stride: usize,
+        at: impl Fn(usize) -> ([*const f32; 3], *mut f32),
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe {
+            let mut j = 0;
+            while j + P <= n {
+                let (r, o) = at(j);
+                tile::<S, P, A>(r, c, w, b, o, stride);
+                j += P;
+            }
+            if j < n {
+                let (r, o) = at(j);
+                match n - j {
+                    3 => tile::<S, 3, A>(r, c, w, b, o, stride),
+                    2 => tile::<S, 2, A>(r, c, w, b, o, stride),
+                    _ => tile::<S, 1, A>(r, c, w, b, o, stride),
                 }
             }
         }

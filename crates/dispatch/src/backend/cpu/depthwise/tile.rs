@@ -53,7 +53,7 @@ const MAX_PLANE_S1_3X3: usize = 4096;
 
 /// Whether the layer's rows take `nhwc3::avx::dense_rows` where the CPU has AVX2 and FMA.
 fn dense(d: &Conv2dDesc) -> bool {
-    cfg!(target_arch = "x86_64") && (d.kernel_h, d.kernel_w, d.dilation_w) == (3, 3, 1) && (1..=2).contains(&d.stride_w)
+    cfg!(target_arch = "x86_64") && super::rows_3x3(d)
 }
 
 /// f32 elements of each of a thread's three buffers (the tile, the sums, the narrowing
