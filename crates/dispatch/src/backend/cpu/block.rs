@@ -1,36 +1,54 @@
-//! The fused inverted-residual block on the CPU: the expanded tensor never exists in full.
+//! The fused inverted-residual block on the CPU: the expanded tensor never leaves the caches.
 //!
-//! Work is split into bands of output rows of one image (threads over bands). A band walks the
-//! hidden channels in chunks of `HC` (a multiple of 16, sized so the chunk's expanded rows fit
-//! in ~128 KiB of L2): it expands the input rows the band needs (its rows plus the 3×3 halo,
-//! zero in the padding) for the chunk's channels, filters them depthwise one output row at a
-//! time, and adds that row's projection onto the band's f32 accumulator (`[row][x][C']`), so
-//! the projection accumulates across chunks. The bias and the residual are added once at the
-//! end and the band is stored in the output's layout and dtype.
+//! Two ways through an image, chosen by the size of its expanded tensor (`hidden × H × W`):
+//! - **Whole** (at most [`WHOLE_IMAGE`] elements, 1 MiB of f32: MobileNetV2's blocks 5–17 at
+//!   224²): the image is expanded once, its rows split over the threads, then each thread
+//!   takes one band of output rows (depthwise, then projection) reading the expanded rows it
+//!   needs, its neighbours' halo rows included, from that tensor. No row is expanded twice.
+//! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
+//!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
+//!   [`E_BUDGET`] (128 KiB of L2), expanding the input rows the band needs (its rows and the
+//!   3 × 3 halo), filtering them and adding the chunk's projection onto the band's output.
 //!
-//! The two 1×1 stages are register-blocked micro-kernels over 4 pixels × 16 channels (a
-//! `[[f32; 16]; 4]` accumulator, 8 AVX2 or 4 AVX-512 registers) with the reduction innermost;
-//! the depthwise taps are vector multiply-adds over the chunk's channels: on AVX2 and FMA
-//! through the NHWC depthwise kernel's register tiles (`depthwise/nhwc3.rs`: the nine weight
-//! vectors in registers, 4 pixels a tile; the expanded rows are zero-padded, so every tap is
-//! inside), which took 0.48–0.86 of the time on MobileNetV2's blocks 1–6 at 224² (NHWC, 2
-//! threads, in-process A/B on a Zen 3 EPYC, same bits), 0.87 of all 17 blocks'. To make that
-//! possible the weights are packed per call (`Packed`: expand `[C][H16]`, depthwise
-//! `[9][H16]`, projection `[H16][C'16]`, zero-padded to multiples of 16), which costs one pass
-//! over the weights.
+//! The two 1 × 1 stages are single-threaded calls of the `gemm` crate (the micro-kernels of
+//! the matmul op), reading the input and the weights where they are stored (NCHW or NHWC,
+//! PyTorch's `[out, in]` weights) and writing the projection straight into the output in its
+//! layout (through an f32 staging buffer in the output's layout for f16 and bf16), so the
+//! only packing per call is the depthwise weights (`[9][hidden]`, for the register tiles).
+//! The expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. The
+//! depthwise taps go through the NHWC depthwise kernel's register tiles (`depthwise/nhwc3.rs`,
+//! AVX2 and FMA: nine weight vectors in registers, 4 pixels a tile, ReLU6 applied in
+//! registers), a scalar loop elsewhere. The bands of an image run on the calling thread and
+//! the pool's ([`super::pool`]: a helper that wakes late finds no band left, instead of the
+//! caller waiting for it), the images one after another.
+//!
+//! Against the previous design (its own 4 × 16 register-tile loops for the 1 × 1 stages,
+//! bands for every image, every weight packed per call, bands on rayon's split), MobileNetV2's
+//! 17 blocks at 224² on 2 threads (Zen 3 EPYC, separate processes alternated, best of each)
+//! took 4.65 ms against 9.94 (NHWC) and 5.01 against 10.84 (NCHW); 0.32–0.73 of the time per
+//! block. Against the three-op chain of public ops (matmul, depthwise, matmul; same run) it
+//! is now 0.97–1.43× as fast per block in NHWC (4.65 ms against 5.34 over the 17; the previous
+//! design was 0.35–0.99×) and 0.86–1.57× in NCHW (block 1, without expand, is the 0.86).
+//! Measured alternatives: every image in bands (blocks 8–13 1.3× slower), whole images up to 4 MiB (blocks 2–4 1.1× slower), two bands per
+//! thread on whole images (1.1–1.3× slower on 14² and 7²), 64–128 KiB more of chunk budget
+//! (mixed, within 0.88–1.13×); rayon's split of the bands was bimodal (blocks 15–17 took
+//! 0.46 or 0.83 ms from one run of calls to the next, the pool 0.44 every time).
 
+use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
 use super::simd::{Isa, madd, multiversion};
-use super::{Elem, internal, scratch};
+use super::{CHUNK, Elem, internal, scratch};
 use crate::Result;
-use rayon::prelude::*;
+use std::ops::Range;
 use tilekit_kernels::{InvertedResidualDesc, Layout};
 
-/// The channel block of the micro-kernels.
+/// Hidden channels are padded to a multiple of this (the chunks' width and the register
+/// tiles' 8-channel blocks).
 const VB: usize = 16;
-/// Pixels per micro-kernel step.
-const PB: usize = 4;
 /// The budget of one chunk's expanded rows, f32 elements (128 KiB: half a typical L2).
 const E_BUDGET: usize = 32 * 1024;
+/// Images whose expanded tensor (hidden channels padded to [`VB`]) has at most this many f32
+/// elements (1 MiB) are expanded whole.
+const WHOLE_IMAGE: usize = 256 * 1024;
 
 /// The operands, f32 (widened if stored in half precision).
 pub(super) struct Block<'d> {
@@ -41,64 +59,43 @@ pub(super) struct Block<'d> {
     pub(super) project: (&'d [f32], Option<&'d [f32]>),
 }
 
-/// The weights packed for the micro-kernels.
+/// The depthwise weights packed for its register tiles, and the expand bias, zero-padded to
+/// [`VB`] channels.
 struct Packed {
     /// Hidden channels rounded up to [`VB`].
     hp: usize,
-    /// Output channels rounded up to [`VB`].
-    cop: usize,
-    /// Expand `[C][hp]` (empty without expand) and its bias `[hp]`.
-    we: Vec<f32>,
+    /// The expand bias `[hp]` (zero without one).
     be: Vec<f32>,
     /// Depthwise `[9][hp]` and bias `[hp]`.
     wd: Vec<f32>,
     bd: Vec<f32>,
-    /// Projection `[hp][cop]`.
-    wp: Vec<f32>,
 }
 
 impl Block<'_> {
     fn pack(&self) -> Result<Packed> {
-        let d = &self.d;
-        let (c, hid, co) = (d.channels, d.hidden, d.out_channels);
+        let hid = self.d.hidden;
         let hp = hid.div_ceil(VB) * VB;
-        let cop = co.div_ceil(VB) * VB;
-        let mut p = Packed {
-            hp,
-            cop,
-            we: scratch(if d.expand { c * hp } else { 0 })?,
-            be: scratch(hp)?,
-            wd: scratch(9 * hp)?,
-            bd: scratch(hp)?,
-            wp: scratch(hp * cop)?,
-        };
-        if let Some((we, be)) = self.expand {
-            for j in 0..hid {
-                for ci in 0..c {
-                    p.we[ci * hp + j] = we[j * c + ci];
-                }
-            }
-            if let Some(be) = be {
-                p.be[..hid].copy_from_slice(&be[..hid]);
-            }
+        let mut p = Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)? };
+        if let Some((_, Some(be))) = self.expand {
+            p.be[..hid].copy_from_slice(&be[..hid]);
         }
-        for j in 0..hid {
-            for k in 0..9 {
-                p.wd[k * hp + j] = self.dw.0[j * 9 + k];
+        for (j, taps) in self.dw.0.chunks_exact(9).take(hid).enumerate() {
+            for (k, t) in taps.iter().enumerate() {
+                p.wd[k * hp + j] = *t;
             }
         }
         if let Some(bd) = self.dw.1 {
             p.bd[..hid].copy_from_slice(&bd[..hid]);
         }
-        for o in 0..co {
-            for j in 0..hid {
-                p.wp[j * cop + o] = self.project.0[o * hid + j];
-            }
-        }
         Ok(p)
     }
 
     pub(super) fn run<E: Elem>(&self, out: &mut [E]) -> Result<()> {
+        self.run_with(out, WHOLE_IMAGE)
+    }
+
+    /// [`Self::run`], expanding images of at most `whole_max` expanded elements whole.
+    pub(super) fn run_with<E: Elem>(&self, out: &mut [E], whole_max: usize) -> Result<()> {
         let d = &self.d;
         let lens = d.checked_lens().ok_or_else(|| internal("block lengths overflow".into()))?;
         let short = |len: usize, need: usize| len < need;
@@ -116,102 +113,241 @@ impl Block<'_> {
             return Ok(());
         }
         let p = self.pack()?;
-        let (oh, ow, co) = (d.out_h(), d.out_w(), d.out_channels);
-        // Bands: enough for every thread twice over, at most 16 rows (halo rows cost
-        // 2/band_rows of the expand work at stride 1).
+        let oh = d.out_h();
         let threads = rayon::current_num_threads().max(1);
-        let per_image = (2 * threads).div_ceil(d.batch).max(1);
-        let band = oh.div_ceil(per_image).clamp(4.min(oh), 16);
-        let band_len = band * ow * co;
-        let image = oh * ow * co;
+        // Images whose expanded tensor fits in WHOLE_IMAGE are expanded whole first (no halo
+        // rows computed twice), then one band per thread; larger ones go in bands of at most
+        // 16 rows, enough for every thread twice over (halo rows cost 2/band_rows of the
+        // expand work at stride 1), each expanding the rows it needs.
+        let whole = p.hp * d.height * d.width <= whole_max;
+        let band = if whole { oh.div_ceil(threads) } else { oh.div_ceil(2 * threads).clamp(4.min(oh), 16) };
         let isa = Isa::detect();
-        // Images, then bands of rows inside each (the last band of an image may be shorter).
+        // Images one after another, the bands of each on the calling thread and the pool's.
         let run_all = |dst: &mut [f32]| -> Result<()> {
-            dst.par_chunks_mut(image).enumerate().try_for_each(|(n, img)| {
-                img.par_chunks_mut(band_len).enumerate().try_for_each(|(b, part)| {
+            if dst.len() < lens.output {
+                return Err(internal("a block's output is shorter than the descriptor".into()));
+            }
+            let out = Out(dst.as_mut_ptr());
+            for n in 0..d.batch {
+                let mut image = match whole {
+                    true => Some(self.expand_image(isa, &p, n)?),
+                    false => None,
+                };
+                let image = image.as_mut().map(|b| &*aligned(b, p.hp * d.height * d.width));
+                try_for_each_index(oh.div_ceil(band), |b| {
                     let oy0 = b * band;
-                    let rows = band.min(oh - oy0);
-                    if part.len() != rows * ow * co {
-                        return Err(internal("a block band does not match its rows".into()));
-                    }
-                    self.band(isa, &p, n, oy0, rows, part)
-                })
-            })
+                    // SAFETY: `dst` holds the whole output (checked above) and stays borrowed
+                    // for the loop; band b writes only output rows oy0..oy0 + rows of image n,
+                    // which no other band touches.
+                    unsafe { self.band(isa, &p, n, oy0, band.min(oh - oy0), &out, image) }
+                })?;
+            }
+            Ok(())
         };
-        // f32 NHWC output: bands are contiguous, written in place. Otherwise through an f32
-        // NHWC staging buffer, stored in the output's layout and dtype afterwards.
-        if d.layout == Layout::Nhwc
-            && let Some(o) = E::as_f32_mut(out)
-        {
+        // f32 output: written in place. Otherwise through an f32 staging buffer in the
+        // output's layout, narrowed afterwards.
+        if let Some(o) = E::as_f32_mut(out) {
             return run_all(&mut o[..lens.output]);
         }
         let mut stage = scratch(lens.output)?;
         run_all(&mut stage)?;
-        out[..lens.output].par_chunks_mut(image).zip(stage.par_chunks(image)).for_each(|(o, s)| match d.layout {
-            Layout::Nhwc => E::narrow_into(s, o),
-            // NCHW (`Layout` is `#[non_exhaustive]`; `ops::layout_dims` admits only the two).
-            _ => {
-                // Transposed through a stack buffer (no allocation per image).
-                let mut buf = [0.0f32; 1024];
-                for c in 0..co {
-                    let plane = &mut o[c * oh * ow..(c + 1) * oh * ow];
-                    for (k, piece) in plane.chunks_mut(buf.len()).enumerate() {
-                        let first = k * buf.len();
-                        for (i, v) in buf[..piece.len()].iter_mut().enumerate() {
-                            *v = s[(first + i) * co + c];
-                        }
-                        E::narrow_into(&buf[..piece.len()], piece);
-                    }
-                }
-            }
-        });
+        for_each_chunk_mut(&mut out[..lens.output], CHUNK, |i, o| E::narrow_into(&stage[i * CHUNK..][..o.len()], o));
         Ok(())
     }
 
-    /// One band: output rows `oy0..oy0 + rows` of image `n` into `dst` (`[row][x][C']`, f32).
-    fn band(&self, isa: Isa, p: &Packed, n: usize, oy0: usize, rows: usize, dst: &mut [f32]) -> Result<()> {
+    /// op(X)'s first element for image `n`'s row `iy` and its strides (pixel, channel).
+    fn x_view(&self, n: usize, iy: usize) -> (usize, usize, usize) {
         let d = &self.d;
-        let (c, h, w, s) = (d.channels, d.height, d.width, d.stride);
-        let (ow, co, cop) = (d.out_w(), d.out_channels, p.cop);
-        // Expanded rows the band needs: image rows oy0·s − 1 ..= (oy0 + rows − 1)·s + 1.
-        let erows = (rows - 1) * s + 3;
-        let ew = w + 2;
-        let hc = (E_BUDGET / (erows * ew)).max(VB) / VB * VB;
-        let hc = hc.min(p.hp);
-        // The band's input rows, gathered as [row][x][C] (zero outside the image).
-        let mut xin = scratch(erows * w * c)?;
-        for r in 0..erows {
-            let Some(iy) = (oy0 * s + r).checked_sub(1).filter(|&iy| iy < h) else { continue };
-            for x in 0..w {
-                for ci in 0..c {
-                    xin[(r * w + x) * c + ci] = self.x[d.input_index(n, ci, iy, x)];
+        let x0 = d.input_index(n, 0, iy, 0);
+        match d.layout {
+            Layout::Nhwc => (x0, d.channels, 1),
+            _ => (x0, 1, d.height * d.width),
+        }
+    }
+
+    /// Image `n`'s rows `rows`, hidden channels `ch`, expanded (or copied) into `dst`
+    /// (`[pixel][ld]`), before the bias and ReLU6.
+    fn expand_rows(&self, n: usize, rows: Range<usize>, ch: Range<usize>, dst: &mut [f32], ld: usize) -> Result<()> {
+        let (iy0, nrows, j0, jr) = (rows.start, rows.len(), ch.start, ch.len());
+        let (c, w) = (self.d.channels, self.d.width);
+        let pixels = nrows * w;
+        if pixels == 0 {
+            return Ok(());
+        }
+        let (x0, x_rs, x_cs) = self.x_view(n, iy0);
+        if x0 + (pixels - 1) * x_rs + (c - 1) * x_cs >= self.x.len() || (pixels - 1) * ld + jr > dst.len() {
+            return Err(internal("block rows past their buffers".into()));
+        }
+        let Some((we, _)) = self.expand else {
+            // NHWC: a run of channels per pixel; NCHW: a plane's run of pixels per channel.
+            if x_cs == 1 {
+                for (px, ev) in dst.chunks_mut(ld).take(pixels).enumerate() {
+                    ev[..jr].copy_from_slice(&self.x[x0 + px * x_rs + j0..][..jr]);
+                }
+            } else {
+                for jj in 0..jr {
+                    let plane = &self.x[x0 + (j0 + jj) * x_cs..][..pixels];
+                    for (px, v) in plane.iter().enumerate() {
+                        dst[px * ld + jj] = *v;
+                    }
                 }
             }
+            return Ok(());
+        };
+        // SAFETY: op(X)'s pixels × c elements and dst's pixels rows of jr were checked above;
+        // `we` holds hidden × c (checked by `run`), of which rows j0..j0 + jr are read.
+        unsafe {
+            gemm::gemm(
+                pixels,
+                jr,
+                c,
+                dst.as_mut_ptr(),
+                1,
+                ld as isize,
+                false,
+                self.x.as_ptr().add(x0),
+                x_cs as isize,
+                x_rs as isize,
+                we.as_ptr().add(j0 * c),
+                c as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
         }
-        let mut e = scratch(erows * ew * hc)?;
-        let mut f = scratch(ow * hc)?;
-        let mut acc = scratch(rows * ow * cop)?;
+        Ok(())
+    }
+
+    /// Image `n`'s whole expanded tensor (`[y][x][hp]`, bias and ReLU6 applied), its rows
+    /// split over the threads.
+    fn expand_image(&self, isa: Isa, p: &Packed, n: usize) -> Result<Vec<f32>> {
+        let d = &self.d;
+        let (h, w, hp) = (d.height, d.width, p.hp);
+        let mut e_buf = scratch(h * w * hp + 16)?;
+        let group = h.div_ceil(rayon::current_num_threads().max(1));
+        let e = aligned(&mut e_buf, h * w * hp);
+        try_for_each_chunk_mut(e, group * w * hp, |g, part| {
+            let nrows = part.len() / (w * hp);
+            self.expand_rows(n, g * group..g * group + nrows, 0..d.hidden, part, hp)?;
+            activate(isa, d, p, 0, hp, d.hidden, part);
+            Ok(())
+        })?;
+        Ok(e_buf)
+    }
+
+    /// One band: output rows `oy0..oy0 + rows` of image `n` into `dst` (`[row][x][C']`, f32).
+    /// With `image` (the image's expanded tensor from [`Self::expand_image`]) the band reads
+    /// its rows from there; without, it expands the rows it needs itself, chunk by chunk of
+    /// hidden channels.
+    ///
+    /// # Safety
+    /// `out` points to the whole output (every image, in the descriptor's layout), and no
+    /// other thread reads or writes the band's rows while this runs.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn band(
+        &self,
+        isa: Isa,
+        p: &Packed,
+        n: usize,
+        oy0: usize,
+        rows: usize,
+        out: &Out,
+        image: Option<&[f32]>,
+    ) -> Result<()> {
+        let d = &self.d;
+        let (h, w, s, hid) = (d.height, d.width, d.stride, d.hidden);
+        let (ow, co) = (d.out_w(), d.out_channels);
+        // Expanded rows the band needs: image rows oy0·s − 1 ..= (oy0 + rows − 1)·s + 1; those
+        // inside the image are r_lo..r_hi.
+        let erows = (rows - 1) * s + 3;
+        let r_lo = usize::from(oy0 == 0);
+        let r_hi = erows.min(h + 1 - oy0 * s);
+        let iy0 = oy0 * s + r_lo - 1;
+        // The band's first output element and the output's strides (pixel, channel).
+        // SAFETY: the caller's contract: `out` points to the whole output.
+        let dst = unsafe { out.0.add(d.output_index(n, 0, oy0, 0)) };
+        let (o_rs, o_cs) = match d.layout {
+            Layout::Nhwc => (co, 1),
+            _ => (1, d.out_h() * ow),
+        };
+        let hc = match image {
+            Some(_) => p.hp,
+            None => ((E_BUDGET / (erows * w)).max(VB) / VB * VB).min(p.hp),
+        };
+        let mut own_buf = match image {
+            Some(_) => Vec::new(),
+            None => scratch(erows * w * hc + 16)?,
+        };
+        let mut f_buf = scratch(rows * ow * hc + 16)?;
+        let f = aligned(&mut f_buf, rows * ow * hc);
+        let own = aligned(&mut own_buf, if image.is_some() { 0 } else { erows * w * hc });
         let mut j0 = 0;
-        while j0 < d.hidden {
+        while j0 < hid {
             let jc = hc.min(p.hp - j0);
-            let a = ChunkArgs { d, p, xin: &xin, oy0, erows, j0, jc };
-            chunk(isa, &a, &mut e, &mut f, &mut acc);
+            let jr = jc.min(hid - j0);
+            let a = ChunkArgs { d, p, r_lo, r_hi, rows, j0, jc };
+            // 1. The expanded rows inside the image, [r][x][jc] from row r_lo on.
+            let e = match image {
+                Some(img) => &img[iy0 * w * jc..],
+                None => {
+                    let er = &mut own[..(r_hi - r_lo) * w * jc];
+                    self.expand_rows(n, iy0..iy0 + r_hi - r_lo, j0..j0 + jr, er, jc)?;
+                    activate(isa, d, p, j0, jc, jr, er);
+                    &own[..]
+                }
+            };
+            // 2. The depthwise rows into f.
+            depthwise(isa, &a, e, f);
+            // 3. f's projection onto the band's output: dst (+)= f · Wpᵀ.
+            if f.len() < rows * ow * jc {
+                return Err(internal("a block band past its buffers".into()));
+            }
+            // SAFETY: f holds rows·ow pixels of jc channels (jr read); the band's rows·ow
+            // pixels of co channels lie inside the output at dst with these strides (the
+            // caller's contract); the projection weight holds co × hid (checked by `run`),
+            // columns j0..j0 + jr read.
+            unsafe {
+                gemm::gemm(
+                    rows * ow,
+                    co,
+                    jr,
+                    dst,
+                    o_cs as isize,
+                    o_rs as isize,
+                    j0 > 0,
+                    f.as_ptr(),
+                    1,
+                    jc as isize,
+                    self.project.0.as_ptr().add(j0),
+                    hid as isize,
+                    1,
+                    if j0 > 0 { 1.0 } else { 0.0 },
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
             j0 += jc;
         }
-        // Bias, residual, and the band into `dst` without the channel padding.
-        for ly in 0..rows {
-            for ox in 0..ow {
-                let src = &acc[(ly * ow + ox) * cop..][..co];
-                let out = &mut dst[(ly * ow + ox) * co..][..co];
-                for (o, (v, a)) in out.iter_mut().zip(src).enumerate() {
-                    let mut y = *a;
-                    if let Some(bp) = self.project.1 {
-                        y += bp[o];
-                    }
-                    if d.residual() {
-                        y += self.x[d.input_index(n, o, oy0 + ly, ox)];
-                    }
-                    *v = y;
+        // Bias and residual, channel by channel in NCHW, pixel by pixel in NHWC.
+        let (x0, x_rs, x_cs) = self.x_view(n, oy0);
+        let (outer, inner) = if o_rs == 1 { (co, rows * ow) } else { (rows * ow, co) };
+        for i in 0..outer {
+            for k in 0..inner {
+                let (px, o) = if o_rs == 1 { (k, i) } else { (i, k) };
+                // SAFETY: as for the projection: pixel px < rows·ow, channel o < co.
+                let v = unsafe { &mut *dst.add(px * o_rs + o * o_cs) };
+                if let Some(bp) = self.project.1 {
+                    *v += bp[o];
+                }
+                if d.residual() {
+                    *v += self.x[x0 + px * x_rs + o * x_cs];
                 }
             }
         }
@@ -223,11 +359,29 @@ impl Block<'_> {
 struct ChunkArgs<'a> {
     d: &'a InvertedResidualDesc,
     p: &'a Packed,
-    xin: &'a [f32],
-    oy0: usize,
-    erows: usize,
+    /// The expanded rows inside the image.
+    r_lo: usize,
+    r_hi: usize,
+    /// Output rows.
+    rows: usize,
+    /// The chunk's first hidden channel and its width (a multiple of [`VB`]).
     j0: usize,
     jc: usize,
+}
+
+/// The output, shared by the bands (each writes only its own rows).
+struct Out(*mut f32);
+// SAFETY: the bands write disjoint elements (see `Block::band`), and the caller waits for them.
+unsafe impl Sync for Out {}
+
+/// `len` elements of `buf` from a 64-byte boundary (`buf` holds 16 more).
+fn aligned(buf: &mut [f32], len: usize) -> &mut [f32] {
+    let skip = skip(buf);
+    &mut buf[skip..skip + len]
+}
+
+fn skip(buf: &[f32]) -> usize {
+    buf.as_ptr().align_offset(64).min(16).min(buf.len())
 }
 
 #[inline(always)]
@@ -235,128 +389,90 @@ fn relu6(v: f32) -> f32 {
     v.clamp(0.0, 6.0)
 }
 
-/// Expand (or copy), depthwise and project one chunk of hidden channels into `acc`.
+/// Bias and ReLU6 on expanded pixels (`e`, `[pixel][jc]`, hidden channels `j0..j0 + jr`; the
+/// channels `jr..jc` zeroed).
 #[inline(always)]
-fn chunk_inner<const FMA: bool>(a: &ChunkArgs, e: &mut [f32], f: &mut [f32], acc: &mut [f32]) {
-    let (d, p) = (a.d, a.p);
-    let (c, h, w, s, hp) = (d.channels, d.height, d.width, d.stride, p.hp);
-    let (ow, cop, jc, j0) = (d.out_w(), p.cop, a.jc, a.j0);
-    let ew = w + 2;
-    let rows = (a.erows - 3) / s + 1;
-    // 1. The expanded rows, [r][x + 1][jc], zero in the padding.
-    e[..a.erows * ew * jc].fill(0.0);
-    for r in 0..a.erows {
-        let in_image = (a.oy0 * s + r).checked_sub(1).is_some_and(|iy| iy < h);
-        if !in_image {
-            continue;
-        }
-        let xrow = &a.xin[r * w * c..][..w * c];
-        let erow = &mut e[r * ew * jc..][..ew * jc];
-        if !d.expand {
-            for x in 0..w {
-                for jj in 0..jc {
-                    let j = j0 + jj;
-                    erow[(x + 1) * jc + jj] = if j < c { xrow[x * c + j] } else { 0.0 };
-                }
-            }
-            continue;
-        }
-        for x0 in (0..w).step_by(PB) {
-            for jb in (0..jc).step_by(VB) {
-                let mut t = [[0.0f32; VB]; PB];
-                let bias = &p.be[j0 + jb..][..VB];
-                for row in t.iter_mut() {
-                    row.copy_from_slice(bias);
-                }
-                // Pixels past the row's end repeat its last pixel (their results are dropped).
-                let px: [usize; PB] = std::array::from_fn(|i| (x0 + i).min(w - 1) * c);
-                for ci in 0..c {
-                    let wv = &p.we[ci * hp + j0 + jb..][..VB];
-                    for (i, row) in t.iter_mut().enumerate() {
-                        let xv = xrow[px[i] + ci];
-                        for (acc, wk) in row.iter_mut().zip(wv) {
-                            *acc = madd::<FMA>(xv, *wk, *acc);
-                        }
-                    }
-                }
-                for (i, row) in t.iter().enumerate().take(w - x0) {
-                    let dst = &mut erow[(x0 + i + 1) * jc + jb..][..VB];
-                    for (o, v) in dst.iter_mut().zip(row) {
-                        *o = relu6(*v);
-                    }
-                }
+fn activate_inner<const FMA: bool>(
+    d: &InvertedResidualDesc,
+    p: &Packed,
+    j0: usize,
+    jc: usize,
+    jr: usize,
+    e: &mut [f32],
+) {
+    let be = &p.be[j0..j0 + jr];
+    for ev in e.chunks_exact_mut(jc) {
+        let (real, pad) = ev.split_at_mut(jr);
+        if d.expand {
+            for (v, b) in real.iter_mut().zip(be) {
+                *v = relu6(*v + b);
             }
         }
+        pad.fill(0.0);
     }
-    // 2. and 3. Per output row: depthwise into f, then f's projection onto acc.
-    for ly in 0..rows {
+}
+
+multiversion! {
+    fn activate(d: &InvertedResidualDesc, p: &Packed, j0: usize, jc: usize, jr: usize, e: &mut [f32]) => activate_inner
+}
+
+/// One chunk's depthwise rows into `f` (`[row][x][jc]`, ReLU6 applied) from its expanded rows
+/// (`e`: `[r][x][jc]` from row `r_lo` on).
+#[inline(always)]
+fn depthwise_inner<const FMA: bool>(a: &ChunkArgs, e: &[f32], f: &mut [f32]) {
+    let (d, p) = (a.d, a.p);
+    let (w, s, hp, ow) = (d.width, d.stride, p.hp, d.out_w());
+    let (jc, j0) = (a.jc, a.j0);
+    let bd = &p.bd[j0..j0 + jc];
+    // Expanded row r's offset in e, None outside the image.
+    let erow = |r: usize| (a.r_lo..a.r_hi).contains(&r).then(|| (r - a.r_lo) * w * jc);
+    for ly in 0..a.rows {
+        let fr = &mut f[ly * ow * jc..][..ow * jc];
+        let er: [Option<usize>; 3] = std::array::from_fn(|ky| erow(ly * s + ky));
         // On AVX2 and FMA, the NHWC depthwise kernel's register tiles.
-        let fast = FMA && cfg!(target_arch = "x86_64");
         #[cfg(target_arch = "x86_64")]
-        if fast {
+        if FMA {
             use super::depthwise::nhwc3::{
                 RowGeometry,
-                avx::{NONE, row},
+                avx::{RELU6, row},
             };
-            // The expanded rows are zero-padded: every pixel's taps are inside them.
-            let g = RowGeometry { c: jc, width: ew, pad_left: 0, lo: 0, hi: ow, ow };
-            let er = std::array::from_fn(|ky| Some((ly * s + ky) * ew * jc));
-            let (wd, bd) = (&p.wd[j0..], Some(&p.bd[j0..j0 + jc]));
+            // Pixels lo..hi have all three taps inside the row (padding 1 on each side).
+            let lo = 1.min(ow);
+            let hi = if w > 1 { ((w - 2) / s + 1).min(ow) } else { 0 }.max(lo);
+            let g = RowGeometry { c: jc, width: w, pad_left: 1, lo, hi, ow };
+            let wd = &p.wd[j0..];
             // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
             // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
             unsafe {
                 if s == 1 {
-                    row::<1, NONE>(e, er, &g, wd, hp, bd, jc, f, jc);
+                    row::<1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc);
                 } else {
-                    row::<2, NONE>(e, er, &g, wd, hp, bd, jc, f, jc);
+                    row::<2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc);
                 }
             }
-            for v in f[..ow * jc].iter_mut() {
-                *v = relu6(*v);
-            }
+            continue;
         }
-        for ox in (0..ow).filter(|_| !fast) {
-            let fr = &mut f[ox * jc..][..jc];
-            fr.copy_from_slice(&p.bd[j0..j0 + jc]);
-            for ky in 0..3 {
-                let erow = &e[(ly * s + ky) * ew * jc..][..ew * jc];
+        for ox in 0..ow {
+            let fv = &mut fr[ox * jc..][..jc];
+            fv.copy_from_slice(bd);
+            for (ky, r) in er.iter().enumerate() {
+                let Some(r) = *r else { continue };
                 for kx in 0..3 {
-                    let ev = &erow[(ox * s + kx) * jc..][..jc];
+                    let Some(ix) = (ox * s + kx).checked_sub(1).filter(|&ix| ix < w) else { continue };
+                    let ev = &e[r + ix * jc..][..jc];
                     let wv = &p.wd[(ky * 3 + kx) * hp + j0..][..jc];
-                    for ((o, x), wk) in fr.iter_mut().zip(ev).zip(wv) {
+                    for ((o, x), wk) in fv.iter_mut().zip(ev).zip(wv) {
                         *o = madd::<FMA>(*x, *wk, *o);
                     }
                 }
             }
-            for v in fr.iter_mut() {
+            for v in fv.iter_mut() {
                 *v = relu6(*v);
-            }
-        }
-        let arow = &mut acc[ly * ow * cop..][..ow * cop];
-        for x0 in (0..ow).step_by(PB) {
-            let px: [usize; PB] = std::array::from_fn(|i| (x0 + i).min(ow - 1) * jc);
-            for ob in (0..cop).step_by(VB) {
-                let mut t = [[0.0f32; VB]; PB];
-                for (i, row) in t.iter_mut().enumerate().take(ow - x0) {
-                    row.copy_from_slice(&arow[(x0 + i) * cop + ob..][..VB]);
-                }
-                for jj in 0..jc {
-                    let wv = &p.wp[(j0 + jj) * cop + ob..][..VB];
-                    for (i, row) in t.iter_mut().enumerate() {
-                        let fv = f[px[i] + jj];
-                        for (acc, wk) in row.iter_mut().zip(wv) {
-                            *acc = madd::<FMA>(fv, *wk, *acc);
-                        }
-                    }
-                }
-                for (i, row) in t.iter().enumerate().take(ow - x0) {
-                    arow[(x0 + i) * cop + ob..][..VB].copy_from_slice(row);
-                }
             }
         }
     }
 }
 
 multiversion! {
-    fn chunk(a: &ChunkArgs, e: &mut [f32], f: &mut [f32], acc: &mut [f32]) => chunk_inner
+    fn depthwise(a: &ChunkArgs, e: &[f32], f: &mut [f32]) => depthwise_inner
 }

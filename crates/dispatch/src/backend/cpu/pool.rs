@@ -133,20 +133,45 @@ pub(super) fn try_for_each_chunk_mut<T: Send, Er: Send>(
     chunk: usize,
     f: impl Fn(usize, &mut [T]) -> Result<(), Er> + Sync,
 ) -> Result<(), Er> {
-    let first = Mutex::new(None);
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    for_each_chunk_mut(data, chunk, |i, piece| {
-        if failed.load(Ordering::Relaxed) {
+    let first = FirstError::new();
+    for_each_chunk_mut(data, chunk, |i, piece| first.run(|| f(i, piece)));
+    first.into_result()
+}
+
+/// [`for_each_index`] for a fallible `f`: the first error is returned (indices after it may
+/// or may not run).
+pub(super) fn try_for_each_index<Er: Send>(count: usize, f: impl Fn(usize) -> Result<(), Er> + Sync) -> Result<(), Er> {
+    let first = FirstError::new();
+    for_each_index(count, &|i| first.run(|| f(i)));
+    first.into_result()
+}
+
+/// The first error of a parallel loop; once there is one, the remaining steps are skipped.
+struct FirstError<Er> {
+    first: Mutex<Option<Er>>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl<Er> FirstError<Er> {
+    fn new() -> Self {
+        FirstError { first: Mutex::new(None), failed: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    fn run(&self, step: impl FnOnce() -> Result<(), Er>) {
+        if self.failed.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = f(i, piece) {
-            failed.store(true, Ordering::Relaxed);
-            first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        if let Err(e) = step() {
+            self.failed.store(true, Ordering::Relaxed);
+            self.first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
         }
-    });
-    match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
+    }
+
+    fn into_result(self) -> Result<(), Er> {
+        match self.first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

@@ -793,6 +793,84 @@ fn activation_op_in_every_dtype() {
     }
 }
 
+/// The fused inverted-residual block, bit for bit the reference on integer data, through both
+/// of its paths (images expanded whole, and bands that expand their own rows chunk by chunk of
+/// hidden channels): both layouts, strides 1 and 2, with and without expand and residual,
+/// hidden widths around the 16-channel blocks, rows of 1–70 pixels, several chunks per band,
+/// images of several bands, batches, every output dtype.
+#[test]
+fn inverted_residual_bands_and_whole_images_are_exact() {
+    use super::block::Block;
+    use tilekit_kernels::InvertedResidualDesc;
+    use tilekit_kernels::block::reference as block_reference;
+    // (N, C, H, W, hidden or 0 for no expand, C', stride)
+    let cases = [
+        (1, 3, 5, 7, 18, 3, 1),
+        (2, 5, 4, 3, 30, 7, 2),
+        (1, 4, 6, 5, 0, 4, 1),
+        (1, 8, 1, 1, 48, 5, 1),
+        (1, 7, 9, 2, 42, 7, 2),
+        (1, 3, 13, 67, 40, 3, 1),
+        (1, 16, 40, 9, 32, 16, 1),
+        (2, 6, 35, 21, 17, 6, 2),
+        (1, 24, 3, 1, 0, 24, 1),
+        (1, 4, 10, 67, 100, 5, 1),
+        (1, 3, 11, 70, 130, 4, 2),
+    ];
+    let mut rng = Rng(0xb10c);
+    for (case, &(batch, c, h, w, hidden, co, stride)) in cases.iter().enumerate() {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let d = InvertedResidualDesc::new(layout, [batch, c, h, w], co)
+                .hidden(if hidden == 0 { c } else { hidden })
+                .stride(stride)
+                .expand(hidden != 0)
+                .expand_bias(hidden != 0 && case % 2 == 0)
+                .dw_bias(case % 3 != 1)
+                .project_bias(case % 2 == 1);
+            let lens = d.checked_lens().expect("lengths");
+            let x = rng.ints(lens.input, 1);
+            let we = rng.ints(lens.expand_weight, 1);
+            let be = rng.ints(d.hidden, 2);
+            let wd = rng.ints(lens.dw_weight, 1);
+            let bd = rng.ints(d.hidden, 2);
+            let wp = rng.ints(lens.project_weight, 1);
+            let bp = rng.ints(co, 2);
+            let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+            let mut want = vec![0.0f64; lens.output];
+            let (xf, wef, bef, wdf, bdf, wpf, bpf) = (f(&x), f(&we), f(&be), f(&wd), f(&bd), f(&wp), f(&bp));
+            block_reference(
+                &d,
+                &xf,
+                d.expand.then_some((&wef[..], d.expand_bias.then_some(&bef[..]))),
+                (&wdf, d.dw_bias.then_some(&bdf[..])),
+                (&wpf, d.project_bias.then_some(&bpf[..])),
+                &mut want,
+            );
+            let block = Block {
+                d,
+                x: &x,
+                expand: d.expand.then_some((&we[..], d.expand_bias.then_some(&be[..]))),
+                dw: (&wd, d.dw_bias.then_some(&bd[..])),
+                project: (&wp, d.project_bias.then_some(&bp[..])),
+            };
+            for whole_max in [0, usize::MAX] {
+                let what = format!("case {case} {layout:?} whole_max {whole_max}");
+                let mut o32 = vec![SENTINEL; lens.output];
+                block.run_with(&mut o32, whole_max).expect("f32");
+                let mut o16 = vec![f16::ZERO; lens.output];
+                block.run_with(&mut o16, whole_max).expect("f16");
+                let mut ob16 = vec![bf16::ZERO; lens.output];
+                block.run_with(&mut ob16, whole_max).expect("bf16");
+                for (i, &r) in want.iter().enumerate() {
+                    assert_eq!(o32[i] as f64, r, "{what} f32 [{i}]");
+                    assert_eq!(o16[i].to_f64(), f16::from_f64(r).to_f64(), "{what} f16 [{i}]");
+                    assert_eq!(ob16[i].to_f64(), bf16::from_f64(r).to_f64(), "{what} bf16 [{i}]");
+                }
+            }
+        }
+    }
+}
+
 fn dtype_eps(dtype: DType) -> f32 {
     match dtype {
         DType::F32 => 4.0 * f32::EPSILON,
