@@ -240,6 +240,28 @@ impl OpInfo {
         }
     }
 
+    /// An `im2col` gather: the input read once, the patches written once; no FLOPs.
+    pub(crate) fn im2col(desc: &Conv2dDesc, dtype: DType) -> OpInfo {
+        let prod = |s: [usize; 4]| s.iter().product::<usize>();
+        OpInfo {
+            op: "im2col",
+            dtype,
+            shape: format!(
+                "n{} c{} {}x{} k{}x{} s{} {}",
+                desc.batch,
+                desc.channels,
+                desc.height,
+                desc.width,
+                desc.kernel_h,
+                desc.kernel_w,
+                desc.stride_h,
+                desc.layout.name()
+            ),
+            bytes: ((prod(desc.input_shape()) + prod(desc.output_shape())) * dtype.size_bytes()) as u64,
+            flops: 0,
+        }
+    }
+
     /// A copy of `len` elements.
     pub(crate) fn copy(len: usize, dtype: DType) -> OpInfo {
         OpInfo {

@@ -51,6 +51,7 @@ mod block;
 mod depthwise;
 mod gemv;
 mod glu;
+mod im2col;
 mod matmul;
 mod pool;
 mod qgroup;
@@ -529,6 +530,23 @@ impl BackendOps for CpuBackend {
         out: &CpuStorage,
     ) -> Result<()> {
         depthwise(desc, input, weight, true, bias, out)
+    }
+
+    fn has_im2col(&self) -> bool {
+        true
+    }
+
+    /// A gather in the storage type (`cpu/im2col.rs`), not the one-hot convolution.
+    fn im2col(&self, desc: &Conv2dDesc, _dtype: DType, input: &CpuStorage, out: &CpuStorage) -> Result<()> {
+        let mut locks = Locks::take(&[Some(input)], out)?;
+        let (ins, out_data) = locks.split();
+        match (ins.get(input)?, out_data) {
+            (CpuData::F32(x), CpuData::F32(o)) => im2col::gather(desc, x, 0.0, o.slice_mut("im2col")?)?,
+            (CpuData::F16(x), CpuData::F16(o)) => im2col::gather(desc, x, f16::ZERO, o.slice_mut("im2col")?)?,
+            (CpuData::Bf16(x), CpuData::Bf16(o)) => im2col::gather(desc, x, bf16::ZERO, o.slice_mut("im2col")?)?,
+            _ => return Err(internal("im2col input and output dtypes differ".into())),
+        }
+        Ok(())
     }
 
     fn inverted_residual(

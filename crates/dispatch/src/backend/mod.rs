@@ -170,6 +170,17 @@ pub(crate) trait BackendOps {
         bias: Option<&Self::Storage>,
         out: &Self::Storage,
     ) -> Result<()>;
+    /// Whether the backend runs `im2col` as a gather ([`BackendOps::im2col`]); where it does
+    /// not, `Device::im2col` runs the depthwise convolution with one-hot filters it stands for.
+    fn has_im2col(&self) -> bool {
+        false
+    }
+    /// `im2col` as a gather (`Device::im2col`): `desc` is the depthwise convolution with
+    /// one-hot filters the op stands for (multiplier `kh·kw`), and the result is that
+    /// convolution's bit for bit.
+    fn im2col(&self, _desc: &Conv2dDesc, _dtype: DType, _input: &Self::Storage, _out: &Self::Storage) -> Result<()> {
+        Err(Error::Backend { backend: Self::KIND, message: "no im2col gather on this backend".into() })
+    }
     /// See [`ActivationDesc`]. `x` and `out` may be the same storage.
     fn activation(
         &self,

@@ -284,7 +284,7 @@ impl Device {
 
     /// Validates the call and builds its descriptor; `weight_shape` is the (unpacked) shape the
     /// weight stands for.
-    fn conv_desc(
+    pub(super) fn conv_desc(
         &self,
         input: &Tensor,
         weight: &Tensor,

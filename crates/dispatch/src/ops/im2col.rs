@@ -7,10 +7,14 @@
 //! adding zeros is exact in f32, so the result is bit-exact in every dtype, on every backend that
 //! has the depthwise kernel. The channel order matches PyTorch's `weight.reshape(Cout, Cin·kh·kw)`,
 //! so `pointwise_conv2d(im2col(x), weight.reshape([Cout, Cin·kh·kw]))` is `conv2d(x, weight)`.
-//! The filter work is `kh·kw` times that of a gather; for the 3-channel stem that is noise.
+//! On the CPU the op is that gather itself (`backend/cpu/im2col.rs`: the same elements, copied
+//! in the storage type); elsewhere the filter work is `kh·kw` times that of a gather, noise
+//! beside a GPU's stem.
 
+use super::storage;
+use crate::backend::{BackendOps, with_backend};
 use crate::{Conv2dOptions, Device, Error, Result, Tensor};
-use tilekit_kernels::{Activation, Layout};
+use tilekit_kernels::{Activation, Conv2dDesc, Layout};
 
 const OP: &str = "im2col";
 
@@ -52,6 +56,26 @@ impl Device {
             _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
         };
         let oc = c.checked_mul(taps).ok_or_else(|| Error::Overflow { op: OP, what: "the channel count".into() })?;
+        let conv = Conv2dOptions {
+            stride: opts.stride,
+            padding: opts.padding,
+            dilation: opts.dilation,
+            layout: opts.layout,
+            activation: Activation::None,
+        };
+        if with_backend!(self, be => be.has_im2col()) {
+            // The gather reads no filter: the convolution's descriptor, its weight checks made
+            // against the input itself (the same device and dtype by construction).
+            let desc = self.conv_desc(input, input, &[oc, 1, kh, kw], None, &conv)?;
+            let out = self.output_tensor(&desc.output_shape(), input.dtype())?;
+            if !out.is_empty() {
+                self.profiled(
+                    || crate::profile::OpInfo::im2col(&desc, input.dtype()),
+                    || with_backend!(self, be => gather(be, &desc, input, &out)),
+                )?;
+            }
+            return Ok(out);
+        }
         let mut one_hot = vec![
             0.0f32;
             oc.checked_mul(taps)
@@ -62,15 +86,13 @@ impl Device {
         }
         self.check_dtype(input.dtype())?;
         let weight = self.tensor_from_f32(&[oc, 1, kh, kw], input.dtype(), &one_hot)?;
-        let conv = Conv2dOptions {
-            stride: opts.stride,
-            padding: opts.padding,
-            dilation: opts.dilation,
-            layout: opts.layout,
-            activation: Activation::None,
-        };
         self.depthwise_conv2d(input, &weight, None, &conv)
     }
+}
+
+/// The backend's gather into `out`.
+fn gather<B: BackendOps>(be: &B, desc: &Conv2dDesc, input: &Tensor, out: &Tensor) -> Result<()> {
+    be.im2col(desc, input.dtype(), storage::<B>(OP, "input", input)?, storage::<B>(OP, "out", out)?)
 }
 
 option_setters!(Im2colOptions {

@@ -705,6 +705,79 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
     }
 }
 
+/// NHWC layers with a channel multiplier, wide enough that half-precision rows go through
+/// the row buffer in several channel blocks, one starting inside a run of channels that share
+/// an input channel (48 = 16 × 3 channels in blocks of 32 and 16; 27 = 3 × 9 in blocks of 16
+/// and 11, im2col's shape).
+#[test]
+fn depthwise_nhwc_multiplier_channel_blocks_are_exact() {
+    let mut seed = 8800;
+    for &(c, m, w, k, s) in &[(16, 3, 200, 3, 1), (3, 9, 500, 3, 2), (5, 2, 130, 2, 1), (3, 9, 7, 3, 1)] {
+        let d = conv_geometry(Layout::Nhwc, [1, c, 3, w], [k, k], [1, s], [1, 1], [1, 0, 1, 2]).multiplier(m);
+        for d in [d, d.has_bias(true).activation(Activation::Relu6)] {
+            check_conv(&d, seed);
+            seed += 1;
+        }
+    }
+}
+
+/// The im2col gather (`cpu/im2col.rs`) against what it stands for, the depthwise convolution
+/// with one-hot filters, bit for bit in every dtype: both layouts, kernels 1×1 to 3×3 and
+/// non-square, unequal strides and dilations, asymmetric paddings (some past the kernel, so
+/// whole output rows and columns are padding), images small and large enough for the
+/// parallel split; the words past the output keep their sentinel.
+#[test]
+fn im2col_gather_is_the_one_hot_convolution() {
+    let mut seed = 9100;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &([n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads) in &[
+            ([1, 3, 224, 224], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            ([2, 3, 9, 11], [3, 3], [1, 2], [2, 1], [0, 3, 2, 0]),
+            ([1, 5, 6, 5], [2, 3], [3, 1], [1, 2], [4, 0, 1, 5]),
+            ([2, 1, 1, 1], [1, 1], [1, 1], [1, 1], [0, 0, 0, 0]),
+            ([1, 2, 7, 4], [3, 1], [2, 3], [1, 1], [1, 2, 0, 1]),
+            ([3, 4, 40, 37], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ] {
+            let d = conv_geometry(layout, [n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads).multiplier(kh * kw);
+            let taps = kh * kw;
+            let total: usize = d.output_shape().iter().product();
+            let mut rng = Rng(seed);
+            seed += 1;
+            let x = rng.ints(n * c * h * w, 100);
+            let one_hot: Vec<f32> =
+                (0..c * taps * taps).map(|i| if i / taps % taps == i % taps { 1.0 } else { 0.0 }).collect();
+            let mut want = vec![f32::NAN; total];
+            Conv { d, x: &x, w: &one_hot, packed: false, bias: None }.run(&mut want).expect("conv");
+            let guard = 7;
+            each_dtype(|dtype, round| {
+                let want = round(&want);
+                let got = match dtype {
+                    DType::F32 => {
+                        let mut o = vec![SENTINEL; total + guard];
+                        super::im2col::gather(&d, &x, 0.0, &mut o).expect("gather");
+                        o
+                    }
+                    DType::F16 => {
+                        let mut o = vec![f16::from_f32(SENTINEL); total + guard];
+                        super::im2col::gather(&d, &store(&x, f16::ZERO), f16::ZERO, &mut o).expect("gather");
+                        load(&o)
+                    }
+                    DType::Bf16 => {
+                        let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
+                        super::im2col::gather(&d, &store(&x, bf16::ZERO), bf16::ZERO, &mut o).expect("gather");
+                        load(&o)
+                    }
+                    other => unimplemented!("{other:?}"),
+                };
+                for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                    assert!(g.to_bits() == e.to_bits(), "{dtype} {d:?}: output {i} is {g}, expected {e}");
+                }
+                assert!(got[total..].iter().all(|&v| v == SENTINEL), "{dtype} {d:?}: wrote past the output");
+            });
+        }
+    }
+}
+
 /// MobileNetV2-like layers big enough to split across threads, both layouts, f16 outputs
 /// through the row buffers.
 #[test]
