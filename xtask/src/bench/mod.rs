@@ -209,7 +209,8 @@ pub fn run(args: Args) -> Result<()> {
                 }
             }
             // The whole network per image (network.rs).
-            progress.suspend(|| network::bench(dev, &dtypes, args.quick))?;
+            let ort = ctx.ort.as_mut().filter(|_| dev.kind() == BackendKind::Cpu);
+            progress.suspend(|| network::bench(dev, &dtypes, args.quick, ort))?;
         }
     }
     progress.finish_and_clear();

@@ -7,8 +7,12 @@
 //! 224×224 (the model's), or 64×64 on a software adapter in `--quick` mode. Every configuration
 //! runs twice, blocks fused (`Device::inverted_residual`) and as the unfused three-op chain,
 //! interleaved; `vs unfused` is unfused time ÷ fused time and `vs f32 nchw` compares the fused
-//! runs with the fused f32 NCHW run of the same device in the same run.
+//! runs with the fused f32 NCHW run of the same device in the same run. On the CPU, ONNX
+//! Runtime runs the same network (`ort_helper.py`'s `mobilenet_v2`: an f32 NCHW graph of the
+//! same blocks, BatchNorm folded, random weights) right after, and `vs ort` is its median over
+//! tilekit's fused f32 medians.
 
+use super::ort::Ort;
 use anyhow::{Context, Result, anyhow};
 use std::time::Instant;
 use tilekit::{DType, Device, Layout};
@@ -37,8 +41,10 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// Benches the whole network on `dev` for each of `dtypes` and both layouts; prints a table.
-pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
+/// Benches the whole network on `dev` for each of `dtypes` and both layouts; prints a table,
+/// and below it, where `ort` is given (the CPU device), ONNX Runtime's time for the same
+/// network and tilekit's f32 rows against it.
+pub fn bench(dev: &Device, dtypes: &[DType], quick: bool, ort: Option<&mut Ort>) -> Result<()> {
     let size = if quick && dev.is_software() { 64 } else { 224 };
     let runs = if quick || dev.is_software() { 3 } else { 10 };
     let bytes = synthetic::to_safetensors(&synthetic::state_dict(2026)).map_err(|e| anyhow!("{e}"))?;
@@ -53,6 +59,7 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
         "dtype", "layout", "ms/image", "images/s", "GFLOP/s", "unfused ms", "vs unfused", "vs f32 nchw", "check"
     );
     let mut base = None;
+    let mut f32_rows = Vec::new();
     for &dtype in dtypes {
         if dev.check_dtype(dtype).is_err() {
             continue;
@@ -96,6 +103,9 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
             if dtype == DType::F32 && layout == Layout::Nchw {
                 base = Some(median);
             }
+            if dtype == DType::F32 {
+                f32_rows.push((layout, median));
+            }
             let ratio = base.map(|b| format!("{:.2}x", b / median)).unwrap_or_else(|| "-".into());
             println!(
                 "   {:<6} {:<6} {:>12.2} {:>10.1} {:>10.1} {:>14.2} {:>10} {:>12} {:>10}",
@@ -109,6 +119,27 @@ pub fn bench(dev: &Device, dtypes: &[DType], quick: bool) -> Result<()> {
                 ratio,
                 format!("{err:.1e}")
             );
+        }
+    }
+    if let Some(ort) = ort {
+        let blocks: Vec<[usize; 4]> =
+            tilekit_models::arch::blocks().iter().map(|b| [b.inp, b.hidden, b.oup, b.stride]).collect();
+        match ort.time_mobilenet_v2(size, &blocks, runs.max(10), 3) {
+            Ok(s) => {
+                let vs = f32_rows
+                    .iter()
+                    .map(|(l, t)| format!("f32 {} {:.2}x", l.name(), s.median_s / t))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                println!(
+                    "   onnxruntime {} (the same network as one ONNX graph, f32 NCHW, 2 intra-op threads, warm, \
+                     median of {}): {:.2} ms/image; vs ort (ORT time / tilekit time): {vs}",
+                    ort.version,
+                    s.runs,
+                    s.median_s * 1e3
+                );
+            }
+            Err(e) => println!("   onnxruntime: the network did not run: {e:#}"),
         }
     }
     Ok(())

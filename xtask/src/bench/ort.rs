@@ -4,7 +4,8 @@
 //! interpreter in `TILEKIT_BENCH_PYTHON`) builds a one-op ONNX graph for each case — MatMul
 //! (Gemm with `transB` for B stored `[N, K]`; + Add + Gelu for the fused epilogue), Conv
 //! with `group = C` + Clip(0, 6), Add + Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
-//! warm, or with the caches flushed before each run exactly when the tilekit row is. Nothing is
+//! warm, or with the caches flushed before each run exactly when the tilekit row is; and the
+//! whole MobileNetV2 graph for the network table (`network.rs`). Nothing is
 //! downloaded: without `python3`, `onnxruntime` or `onnx` the bench prints a note and the
 //! column stays empty.
 
@@ -84,9 +85,31 @@ impl Ort {
                 "op": "activation", "rows": rows, "cols": cols, "bias": bias, "activation": activation.name(),
             }),
         };
+        req["flush_bytes"] = flush_bytes.into();
+        self.request(req, runs, warmup)
+    }
+
+    /// Times MobileNetV2 (f32, NCHW, batch 1, `size`², BatchNorm folded) as one ONNX graph of
+    /// the same blocks ([in, hidden, out, stride] each), warm: `runs` timed runs after `warmup`.
+    pub fn time_mobilenet_v2(
+        &mut self,
+        size: usize,
+        blocks: &[[usize; 4]],
+        runs: usize,
+        warmup: usize,
+    ) -> Result<Stats> {
+        let req = serde_json::json!({
+            "op": "mobilenet_v2", "size": size, "blocks": blocks,
+            "stem": tilekit_models::arch::STEM_CHANNELS, "head": tilekit_models::arch::HEAD_CHANNELS,
+            "classes": tilekit_models::arch::NUM_CLASSES,
+        });
+        self.request(req, runs, warmup)
+    }
+
+    /// Sends one request and summarises the samples it answers with.
+    fn request(&mut self, mut req: serde_json::Value, runs: usize, warmup: usize) -> Result<Stats> {
         req["runs"] = runs.into();
         req["warmup"] = warmup.into();
-        req["flush_bytes"] = flush_bytes.into();
         writeln!(self.stdin, "{req}")?;
         self.stdin.flush()?;
         let v = self.read_line()?;

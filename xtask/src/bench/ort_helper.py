@@ -7,10 +7,13 @@ the bench starts one Python process per run and pays the import once. A request:
      "runs": 20, "warmup": 3, "flush_bytes": 0}
     {"op": "conv", "batch": 1, "channels": 144, "size": 56, "stride": 1, "layout": "nchw", ...}
     {"op": "activation", "rows": 512, "cols": 3072, "bias": true, "activation": "gelu", ...}
+    {"op": "mobilenet_v2", "size": 224, "stem": 32, "head": 1280, "classes": 1000,
+     "blocks": [[32, 32, 16, 1], [16, 96, 24, 2], ...], ...}
 
 The answer is {"ok": true, "samples": [seconds, ...]} or {"ok": false, "error": "..."}. Each
 request builds a tiny ONNX graph of the op (MatMul; Gemm-free MatMul + Add + Gelu for the fused
-epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip), opens a session with
+epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip; or the whole
+MobileNetV2 graph), opens a session with
 2 intra-op threads (the bench machine's two cores) and times `run` on f32 inputs, warm, or
 after writing `flush_bytes` of memory before every run when the bench flushes caches. The
 matmul weight is a graph initializer, as in an exported model, so ONNX Runtime packs it once
@@ -76,6 +79,50 @@ def main():
 
     rng = np.random.default_rng(0)
     flush_buf = None
+
+    def mobilenet_v2(req):
+        """MobileNetV2 as exported with its BatchNorms folded into the convs' biases (what
+        tilekit's model runs): the stem conv (3x3, stride 2) + Clip, the blocks of `req["blocks"]`
+        ([in, hidden, out, stride] each: 1x1 conv + Clip where hidden != in, depthwise 3x3 conv
+        with group = hidden + Clip, 1x1 conv, + the input where stride 1 and in == out), the head
+        1x1 conv + Clip, GlobalAveragePool, Flatten, Gemm. The weights are random (scaled by
+        1/sqrt(fan-in)); the times do not depend on their values."""
+        size, stem, head, classes = req["size"], req["stem"], req["head"], req["classes"]
+        nodes = []
+        inits = [init("lo", np.array(0.0)), init("hi", np.array(6.0))]
+
+        def conv(src, dst, cout, cin_per_group, k, stride=1, group=1, relu6=True):
+            name = f"c{len(nodes)}"
+            w = rng.uniform(-1, 1, (cout, cin_per_group, k, k)) / np.sqrt(cin_per_group * k * k)
+            inits.extend([init(name + "_w", w), init(name + "_b", rng.uniform(-0.1, 0.1, (cout,)))])
+            out = dst + "_c" if relu6 else dst
+            nodes.append(helper.make_node(
+                "Conv", [src, name + "_w", name + "_b"], [out], group=group, kernel_shape=[k, k],
+                pads=[k // 2] * 4, strides=[stride, stride]))
+            if relu6:
+                nodes.append(helper.make_node("Clip", [out, "lo", "hi"], [dst]))
+
+        conv("x", "stem", stem, 3, 3, stride=2)
+        cur = "stem"
+        for i, (inp, hidden, oup, stride) in enumerate(req["blocks"]):
+            src = cur
+            if hidden != inp:
+                conv(cur, f"b{i}_e", hidden, inp, 1)
+                cur = f"b{i}_e"
+            conv(cur, f"b{i}_d", hidden, 1, 3, stride=stride, group=hidden)
+            conv(f"b{i}_d", f"b{i}_p", oup, hidden, 1, relu6=False)
+            cur = f"b{i}_p"
+            if stride == 1 and inp == oup:
+                nodes.append(helper.make_node("Add", [src, cur], [f"b{i}_r"]))
+                cur = f"b{i}_r"
+        conv(cur, "head", head, req["blocks"][-1][2], 1)
+        nodes.append(helper.make_node("GlobalAveragePool", ["head"], ["pool"]))
+        nodes.append(helper.make_node("Flatten", ["pool"], ["flat"]))
+        inits.extend([init("fc_w", rng.uniform(-1, 1, (classes, head)) / np.sqrt(head)),
+                      init("fc_b", rng.uniform(-0.1, 0.1, (classes,)))])
+        nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1))
+        sess = session(nodes, [tensor("x", [1, 3, size, size])], [tensor("y", [1, classes])], inits)
+        return sess, rng.uniform(-1, 1, (1, 3, size, size)).astype(np.float32)
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -128,6 +175,8 @@ def main():
                 an, ai = act_nodes(req["activation"], cur, "y")
                 sess = session(nodes + an, [tensor("x", [r, c])], [tensor("y", [r, c])], inits + ai)
                 feeds["x"] = rng.uniform(-4, 4, (r, c)).astype(np.float32)
+            elif op == "mobilenet_v2":
+                sess, feeds["x"] = mobilenet_v2(req)
             else:
                 raise ValueError(f"unknown op {op}")
             flush = int(req.get("flush_bytes", 0))
