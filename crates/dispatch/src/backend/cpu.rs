@@ -38,7 +38,7 @@
 //! in one buffer) is locked once, and in-place activation takes only the write lock. Ops reach
 //! the backend validated, so the output never aliases another input of the op.
 
-use super::{BackendOps, BlockArgs};
+use super::{BackendOps, BlockArgs, PointwiseArgs, PointwiseNchw};
 use crate::{BackendKind, Error, Result};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -53,6 +53,7 @@ mod gemv;
 mod glu;
 mod im2col;
 mod matmul;
+mod pointwise;
 mod pool;
 mod qgroup;
 mod quant;
@@ -530,6 +531,34 @@ impl BackendOps for CpuBackend {
         out: &CpuStorage,
     ) -> Result<()> {
         depthwise(desc, input, weight, true, bias, out)
+    }
+
+    fn has_pointwise_nchw(&self) -> bool {
+        true
+    }
+
+    /// Blocks of pixel columns, each a gemm call into rows preset to the bias
+    /// (`cpu/pointwise.rs`).
+    fn pointwise_nchw(
+        &self,
+        desc: &PointwiseNchw,
+        _dtype: DType,
+        args: &PointwiseArgs<'_, CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        let mut locks = Locks::take(&[Some(args.x), Some(args.weight), args.bias, args.residual], out)?;
+        let (ins, out_data) = locks.split();
+        let f32_of = |s: &CpuStorage| ins.get(s).and_then(CpuData::as_f32);
+        let x = f32_of(args.x)?;
+        let w = f32_of(args.weight)?;
+        let bias = args.bias.map(f32_of).transpose()?;
+        let residual = args.residual.map(f32_of).transpose()?;
+        let pw = pointwise::Pointwise { d: *desc, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
+        match out_data {
+            CpuData::F32(o) => pw.run(o.slice_mut("pointwise_conv2d")?),
+            CpuData::F16(o) => pw.run(o.slice_mut("pointwise_conv2d")?),
+            CpuData::Bf16(o) => pw.run(o.slice_mut("pointwise_conv2d")?),
+        }
     }
 
     fn has_im2col(&self) -> bool {

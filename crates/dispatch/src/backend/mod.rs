@@ -51,6 +51,26 @@ pub(crate) struct BlockArgs<'s, S> {
     pub(crate) project_bias: Option<&'s S>,
 }
 
+/// An NCHW pointwise (1×1) convolution as [`BackendOps::pointwise_nchw`] sees it, validated:
+/// `out[n] = act(W · x[n] + bias·1ᵀ + residual[n])` with `W` `[cout, cin]`, `x[n]`
+/// `[cin, pixels]` and `out[n]`, `residual[n]` `[cout, pixels]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PointwiseNchw {
+    pub(crate) batch: usize,
+    pub(crate) cin: usize,
+    pub(crate) cout: usize,
+    pub(crate) pixels: usize,
+    pub(crate) activation: tilekit_kernels::Activation,
+}
+
+/// The operands of [`BackendOps::pointwise_nchw`].
+pub(crate) struct PointwiseArgs<'s, S> {
+    pub(crate) x: &'s S,
+    pub(crate) weight: &'s S,
+    pub(crate) bias: Option<&'s S>,
+    pub(crate) residual: Option<&'s S>,
+}
+
 /// What every backend implements. `Storage` is the backend's buffer handle; outputs are
 /// written through shared references (the storage has interior mutability or is a GPU
 /// buffer), and an activation's input and output may be the same storage (in place).
@@ -180,6 +200,23 @@ pub(crate) trait BackendOps {
     /// convolution's bit for bit.
     fn im2col(&self, _desc: &Conv2dDesc, _dtype: DType, _input: &Self::Storage, _out: &Self::Storage) -> Result<()> {
         Err(Error::Backend { backend: Self::KIND, message: "no im2col gather on this backend".into() })
+    }
+    /// Whether the backend runs NCHW pointwise convolutions as one kernel
+    /// ([`BackendOps::pointwise_nchw`]); where it does not, `Device::pointwise_conv2d` runs a
+    /// batched GEMM, and with a bias (which runs along the GEMM's rows) a 1×1 depthwise pass
+    /// after it.
+    fn has_pointwise_nchw(&self) -> bool {
+        false
+    }
+    /// An NCHW pointwise convolution, bias, residual and activation included, in one pass.
+    fn pointwise_nchw(
+        &self,
+        _desc: &PointwiseNchw,
+        _dtype: DType,
+        _args: &PointwiseArgs<'_, Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<()> {
+        Err(Error::Backend { backend: Self::KIND, message: "no NCHW pointwise kernel on this backend".into() })
     }
     /// See [`ActivationDesc`]. `x` and `out` may be the same storage.
     fn activation(

@@ -5,12 +5,12 @@
 //! pixels and keeps the expanded activations of a tile and its halo on chip, so the expanded
 //! tensor never reaches memory. The unfused path runs the chain through the public ops
 //! ([`Device::pointwise_conv2d_into`], then [`Device::depthwise_conv2d`], then
-//! [`Device::pointwise_conv2d_into`] with the residual as `beta·C`); it is what the fused
+//! [`Device::pointwise_conv2d_into`] with the residual fused); it is what the fused
 //! kernels are checked and benchmarked against.
 
 use super::{check_alias, check_device, check_dtype, storage};
 use crate::backend::{BackendOps, BlockArgs, with_backend};
-use crate::{Activation, Conv2dOptions, Device, Error, MatmulDesc, MatrixView, Result, Tensor};
+use crate::{Activation, Conv2dOptions, Device, Error, PointwiseOptions, Result, Tensor};
 use tilekit_kernels::{InvertedResidualDesc, Layout};
 
 const OP: &str = "inverted_residual";
@@ -127,18 +127,10 @@ impl Device {
             return self.profiled(info, || with_backend!(self, be => run(be, desc, x, w, out)));
         }
         // The unfused chain: expand, depthwise, project (each a public op, validated again).
-        let (n, hw) = (desc.batch, desc.height * desc.width);
         let expanded = match w.expand {
             Some(we) => {
-                let shape = match desc.layout {
-                    Layout::Nchw => [n, desc.hidden, desc.height, desc.width],
-                    // NHWC (`Layout` is `#[non_exhaustive]`; `block_desc` admits only the two).
-                    _ => [n, desc.height, desc.width, desc.hidden],
-                };
-                let e = self.output_tensor(&shape, x.dtype())?;
-                let pw = Pointwise { layout: desc.layout, batch: n, pixels: hw, act: Activation::Relu6 };
-                pw.run(self, x, we, w.expand_bias, None, &e)?;
-                e
+                let pw = PointwiseOptions::default().layout(desc.layout).activation(Activation::Relu6);
+                self.pointwise_conv2d(x, we, w.expand_bias, &pw)?
             }
             None => x.clone(),
         };
@@ -149,9 +141,8 @@ impl Device {
             .activation(Activation::Relu6);
         let filtered = self.depthwise_conv2d(&expanded, w.depthwise, w.depthwise_bias, &dw_opts)?;
         drop(expanded);
-        let pw =
-            Pointwise { layout: desc.layout, batch: n, pixels: desc.out_h() * desc.out_w(), act: Activation::None };
-        pw.run(self, &filtered, w.project, w.project_bias, desc.residual().then_some(x), out)
+        let pw = PointwiseOptions::default().layout(desc.layout).residual(desc.residual().then_some(x));
+        self.pointwise_conv2d_into(&filtered, w.project, w.project_bias, &pw, out)
     }
 
     /// Validates the call and builds its descriptor.
@@ -281,71 +272,6 @@ fn run<'t, B: BackendOps>(
         project_bias: opt::<B>("project_bias", w.project_bias)?,
     };
     be.inverted_residual(desc, x.dtype(), &args, storage::<B>(OP, "out", out)?)
-}
-
-/// The unfused chain's 1×1 convolution `out = act(W · x + bias) (+ residual)` as matmuls: NHWC
-/// is one plain GEMM (`[N·HW, Cin] · Wᵀ`, the bias per column, the residual as `beta·C`); NCHW
-/// is a GEMM batched over images with the weight broadcast (`batch_stride = 0`), where the
-/// bias runs along rows, so it goes in through `C` as `bias · 1ᵀ (+ residual)`, one extra
-/// rank-1 matmul. (The first-class pointwise op replaces this function.)
-struct Pointwise {
-    layout: Layout,
-    batch: usize,
-    pixels: usize,
-    act: Activation,
-}
-
-impl Pointwise {
-    fn run(
-        &self,
-        dev: &Device,
-        x: &Tensor,
-        w: &Tensor,
-        bias: Option<&Tensor>,
-        residual: Option<&Tensor>,
-        out: &Tensor,
-    ) -> Result<()> {
-        let (cout, cin) = (w.shape()[0], w.shape()[1]);
-        let (n, hw) = (self.batch, self.pixels);
-        if self.layout == Layout::Nhwc {
-            let mut d = MatmulDesc::new(n * hw, cout, cin);
-            d.trans_b = true;
-            d.b = MatrixView::dense(cout, cin);
-            d.bias_offset = bias.map(|_| 0);
-            d.c = residual.map(|_| MatrixView::dense(n * hw, cout));
-            d.beta = 1.0;
-            d.activation = self.act;
-            return dev.matmul_into(&d, x, w, bias, residual, out);
-        }
-        // NCHW: out[n] = W · x[n] + C[n], C = bias · 1ᵀ (+ residual[n]) or just the residual.
-        let plane = MatrixView::new(0, hw, cout * hw);
-        let c_tensor = match bias {
-            Some(b) => {
-                let ones = dev.tensor_from_f32(&[hw], x.dtype(), &vec![1.0; hw])?;
-                let rows = if residual.is_some() { n } else { 1 };
-                let c = dev.output_tensor(&[rows, cout, hw], x.dtype())?;
-                let mut d = MatmulDesc::new(cout, hw, 1);
-                d.batch = rows;
-                d.a = MatrixView::new(0, 1, 0);
-                d.b = MatrixView::new(0, hw, 0);
-                d.c = residual.map(|_| plane);
-                d.beta = 1.0;
-                d.out = plane;
-                dev.matmul_into(&d, b, &ones, None, residual, &c)?;
-                Some((c, rows == n))
-            }
-            None => residual.map(|r| (r.clone(), true)),
-        };
-        let mut d = MatmulDesc::new(cout, hw, cin);
-        d.batch = n;
-        d.a = MatrixView::new(0, cin, 0);
-        d.b = MatrixView::new(0, hw, cin * hw);
-        d.c = c_tensor.as_ref().map(|(_, per_image)| plane.batch_stride(if *per_image { cout * hw } else { 0 }));
-        d.beta = 1.0;
-        d.out = plane;
-        d.activation = self.act;
-        dev.matmul_into(&d, w, x, None, c_tensor.as_ref().map(|(c, _)| c), out)
-    }
 }
 
 option_setters!(BlockOptions { stride: usize, layout: Layout, fused: bool });
