@@ -185,10 +185,17 @@ impl Block<'_> {
                     ev[..jr].copy_from_slice(&self.x[x0 + px * x_rs + j0..][..jr]);
                 }
             } else {
-                for jj in 0..jr {
-                    let plane = &self.x[x0 + (j0 + jj) * x_cs..][..pixels];
-                    for (px, v) in plane.iter().enumerate() {
-                        dst[px * ld + jj] = *v;
+                // A transpose, in blocks of pixels so the rows written stay in L1 (channel
+                // by channel over a whole image wrote one cache line per element: 37% of
+                // block 1's time at 112²).
+                const PB: usize = 64;
+                for p0 in (0..pixels).step_by(PB) {
+                    let pn = PB.min(pixels - p0);
+                    for jj in 0..jr {
+                        let plane = &self.x[x0 + (j0 + jj) * x_cs + p0..][..pn];
+                        for (px, v) in plane.iter().enumerate() {
+                            dst[(p0 + px) * ld + jj] = *v;
+                        }
                     }
                 }
             }
