@@ -239,6 +239,25 @@ proptest! {
     }
 }
 
+/// Pointwise layers large enough for the CPU's one-pass kernel in both layouts (NHWC takes it
+/// from 512 pixels; the proptest's images are smaller) and for its parallel split: exact on
+/// integer data with bias, residual and each exact activation, on every backend.
+#[test]
+fn large_pointwise_layers_are_exact() {
+    let mut seed = 77;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &(n, cin, cout, h, w) in &[(2, 16, 24, 24, 23), (1, 9, 40, 37, 30)] {
+            for act in [Activation::None, Activation::Relu6, Activation::Relu] {
+                let case =
+                    PwCase { n, cin, cout, h, w, layout, bias: true, residual: seed % 2 == 0, act, exact: true, seed };
+                let ran = run_pointwise(case).unwrap();
+                assert!(ran >= 3, "{ran} backend runs");
+                seed += 1;
+            }
+        }
+    }
+}
+
 /// im2col + pointwise is the dense 3×3 stride-2 conv of MobileNetV2's stem (3 -> 32 channels,
 /// PyTorch's weight `[32, 3, 3, 3]` reshaped to `[32, 27]`), against a direct f64 convolution.
 #[test]

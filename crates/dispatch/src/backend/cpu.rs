@@ -38,7 +38,7 @@
 //! in one buffer) is locked once, and in-place activation takes only the write lock. Ops reach
 //! the backend validated, so the output never aliases another input of the op.
 
-use super::{BackendOps, BlockArgs, PointwiseArgs, PointwiseNchw};
+use super::{BackendOps, BlockArgs, PointwiseArgs, PointwiseDesc};
 use crate::{BackendKind, Error, Result};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -533,15 +533,17 @@ impl BackendOps for CpuBackend {
         depthwise(desc, input, weight, true, bias, out)
     }
 
-    fn has_pointwise_nchw(&self) -> bool {
-        true
+    /// NCHW always; NHWC from [`pointwise::NHWC_MIN_PIXELS`] pixels (below, the matmul path
+    /// was faster on MobileNetV2's 7² and 14² layers).
+    fn has_pointwise(&self, desc: &PointwiseDesc) -> bool {
+        desc.layout == tilekit_kernels::Layout::Nchw || desc.batch * desc.pixels >= pointwise::NHWC_MIN_PIXELS
     }
 
-    /// Blocks of pixel columns, each a gemm call into rows preset to the bias
+    /// Blocks of pixels, each a gemm call into outputs preset to bias + residual
     /// (`cpu/pointwise.rs`).
-    fn pointwise_nchw(
+    fn pointwise(
         &self,
-        desc: &PointwiseNchw,
+        desc: &PointwiseDesc,
         _dtype: DType,
         args: &PointwiseArgs<'_, CpuStorage>,
         out: &CpuStorage,

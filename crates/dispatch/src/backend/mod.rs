@@ -51,19 +51,21 @@ pub(crate) struct BlockArgs<'s, S> {
     pub(crate) project_bias: Option<&'s S>,
 }
 
-/// An NCHW pointwise (1×1) convolution as [`BackendOps::pointwise_nchw`] sees it, validated:
-/// `out[n] = act(W · x[n] + bias·1ᵀ + residual[n])` with `W` `[cout, cin]`, `x[n]`
-/// `[cin, pixels]` and `out[n]`, `residual[n]` `[cout, pixels]`.
+/// A pointwise (1×1) convolution as [`BackendOps::pointwise`] sees it, validated:
+/// `out = act(W · x + bias + residual)` per pixel, `W` `[cout, cin]`, `x` `[batch, cin,
+/// pixels]` (NCHW) or `[batch, pixels, cin]` (NHWC), `out` and `residual` likewise with `cout`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PointwiseNchw {
+pub(crate) struct PointwiseDesc {
     pub(crate) batch: usize,
     pub(crate) cin: usize,
     pub(crate) cout: usize,
     pub(crate) pixels: usize,
     pub(crate) activation: tilekit_kernels::Activation,
+    /// NCHW or NHWC.
+    pub(crate) layout: tilekit_kernels::Layout,
 }
 
-/// The operands of [`BackendOps::pointwise_nchw`].
+/// The operands of [`BackendOps::pointwise`].
 pub(crate) struct PointwiseArgs<'s, S> {
     pub(crate) x: &'s S,
     pub(crate) weight: &'s S,
@@ -201,22 +203,22 @@ pub(crate) trait BackendOps {
     fn im2col(&self, _desc: &Conv2dDesc, _dtype: DType, _input: &Self::Storage, _out: &Self::Storage) -> Result<()> {
         Err(Error::Backend { backend: Self::KIND, message: "no im2col gather on this backend".into() })
     }
-    /// Whether the backend runs NCHW pointwise convolutions as one kernel
-    /// ([`BackendOps::pointwise_nchw`]); where it does not, `Device::pointwise_conv2d` runs a
-    /// batched GEMM, and with a bias (which runs along the GEMM's rows) a 1×1 depthwise pass
-    /// after it.
-    fn has_pointwise_nchw(&self) -> bool {
+    /// Whether the backend runs this pointwise convolution as one kernel of its own
+    /// ([`BackendOps::pointwise`]); where it does not, `Device::pointwise_conv2d` runs it on
+    /// the matmul (NHWC: one GEMM; NCHW: a batched GEMM, and with a bias, which runs along the
+    /// GEMM's rows there, a 1×1 depthwise pass after it).
+    fn has_pointwise(&self, _desc: &PointwiseDesc) -> bool {
         false
     }
-    /// An NCHW pointwise convolution, bias, residual and activation included, in one pass.
-    fn pointwise_nchw(
+    /// A pointwise convolution, bias, residual and activation included, in one pass.
+    fn pointwise(
         &self,
-        _desc: &PointwiseNchw,
+        _desc: &PointwiseDesc,
         _dtype: DType,
         _args: &PointwiseArgs<'_, Self::Storage>,
         _out: &Self::Storage,
     ) -> Result<()> {
-        Err(Error::Backend { backend: Self::KIND, message: "no NCHW pointwise kernel on this backend".into() })
+        Err(Error::Backend { backend: Self::KIND, message: "no pointwise kernel on this backend".into() })
     }
     /// See [`ActivationDesc`]. `x` and `out` may be the same storage.
     fn activation(

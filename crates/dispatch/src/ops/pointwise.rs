@@ -9,12 +9,13 @@
 //!   along output columns (here pixels), so a per-channel bias cannot ride in that epilogue:
 //!   with a bias, the GEMM (plus residual) writes a temporary and a 1×1 depthwise pass with unit
 //!   weights adds the bias and applies the activation — one extra read and write of the output.
-//!   Without a bias the NCHW path is the one GEMM with the activation fused. A backend with a
-//!   one-pass NCHW kernel (`BackendOps::has_pointwise_nchw`: the CPU's `cpu/pointwise.rs`)
-//!   runs every NCHW call there instead, bias, residual and activation included.
+//!   Without a bias the NCHW path is the one GEMM with the activation fused.
+//! - A backend with a pointwise kernel of its own for the call (`BackendOps::has_pointwise`:
+//!   the CPU's `cpu/pointwise.rs`, every NCHW call and NHWC ones of 512 pixels or more) runs
+//!   it there instead, bias, residual and activation included, in one pass.
 
 use super::{check_alias, check_device, check_dtype, storage};
-use crate::backend::{BackendOps, PointwiseArgs, PointwiseNchw, with_backend};
+use crate::backend::{BackendOps, PointwiseArgs, PointwiseDesc, with_backend};
 use crate::{Conv2dOptions, Device, Error, Result, Tensor};
 use tilekit_kernels::{Activation, Layout, MatmulDesc, MatrixView, Precision};
 
@@ -185,6 +186,30 @@ impl Device {
             return Ok(()); // An empty output: nothing to launch.
         }
         let residual = opts.residual;
+        let desc = PointwiseDesc {
+            batch: g.n,
+            cin: g.cin,
+            cout: g.cout,
+            pixels: hw,
+            activation: opts.activation,
+            layout: g.layout,
+        };
+        if with_backend!(self, be => be.has_pointwise(&desc)) {
+            let info = || {
+                let elems = (g.n * g.cin + g.n * g.cout * (1 + usize::from(residual.is_some()))) * hw
+                    + g.cout * g.cin
+                    + bias.map_or(0, |_| g.cout);
+                crate::profile::OpInfo {
+                    op: OP,
+                    dtype: input.dtype(),
+                    shape: format!("n{} cin{} cout{} {}x{} {}", g.n, g.cin, g.cout, g.h, g.w, g.layout.name()),
+                    bytes: (elems * input.dtype().size_bytes()) as u64,
+                    flops: (2 * g.n * g.cout * g.cin * hw) as u64,
+                }
+            };
+            return self
+                .profiled(info, || with_backend!(self, be => kernel(be, &desc, input, weight, bias, residual, out)));
+        }
         match g.layout {
             Layout::Nhwc => {
                 let m = g.n * hw;
@@ -197,24 +222,6 @@ impl Device {
                     .beta(1.0)
                     .activation(opts.activation);
                 self.matmul_into(&desc, input, weight, bias, residual, out)
-            }
-            // NCHW, where the backend has one kernel for it (the CPU): bias included.
-            _ if with_backend!(self, be => be.has_pointwise_nchw()) => {
-                let desc =
-                    PointwiseNchw { batch: g.n, cin: g.cin, cout: g.cout, pixels: hw, activation: opts.activation };
-                let info = || {
-                    let elems = (g.n * g.cin + g.n * g.cout * (1 + usize::from(residual.is_some()))) * hw
-                        + g.cout * g.cin
-                        + bias.map_or(0, |_| g.cout);
-                    crate::profile::OpInfo {
-                        op: OP,
-                        dtype: input.dtype(),
-                        shape: format!("n{} cin{} cout{} {}x{} nchw", g.n, g.cin, g.cout, g.h, g.w),
-                        bytes: (elems * input.dtype().size_bytes()) as u64,
-                        flops: (2 * g.n * g.cout * g.cin * hw) as u64,
-                    }
-                };
-                self.profiled(info, || with_backend!(self, be => nchw(be, &desc, input, weight, bias, residual, out)))
             }
             // NCHW.
             _ => {
@@ -246,10 +253,10 @@ impl Device {
     }
 }
 
-/// The backend's one-pass NCHW kernel.
-fn nchw<B: BackendOps>(
+/// The backend's one-pass kernel.
+fn kernel<B: BackendOps>(
     be: &B,
-    desc: &PointwiseNchw,
+    desc: &PointwiseDesc,
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
@@ -262,7 +269,7 @@ fn nchw<B: BackendOps>(
         bias: bias.map(|t| storage::<B>(OP, "bias", t)).transpose()?,
         residual: residual.map(|t| storage::<B>(OP, "residual", t)).transpose()?,
     };
-    be.pointwise_nchw(desc, input.dtype(), &args, storage::<B>(OP, "out", out)?)
+    be.pointwise(desc, input.dtype(), &args, storage::<B>(OP, "out", out)?)
 }
 
 option_setters!(PointwiseOptions<'a> {

@@ -778,81 +778,88 @@ fn im2col_gather_is_the_one_hot_convolution() {
     }
 }
 
-/// The one-pass NCHW pointwise convolution (`cpu/pointwise.rs`) against an f64 reference,
-/// bit for bit on integer data in every dtype: one and several images, no input channel (the
-/// bias alone), one output channel and counts off the vector width, a pixel, a few, and
-/// images large enough for the parallel split and several half-precision stages per image
+/// The one-pass pointwise convolution (`cpu/pointwise.rs`) against an f64 reference, bit for
+/// bit on integer data in every dtype, both layouts: one and several images, no input
+/// channel (the bias alone), one output channel and counts off the vector width, a pixel, a
+/// few, and images large enough for the parallel split and several half-precision stages
 /// (with a remainder block); with and without bias and residual, each exact activation; the
 /// words past the output keep their sentinel.
 #[test]
-fn pointwise_nchw_is_exact() {
+fn pointwise_kernel_is_exact() {
     use super::pointwise::Pointwise;
-    use crate::backend::PointwiseNchw;
+    use crate::backend::PointwiseDesc;
     let mut seed = 9500;
-    for &(batch, cin, cout, pixels) in &[
-        (1, 3, 5, 1),
-        (2, 16, 17, 15),
-        (1, 0, 4, 9),
-        (3, 7, 1, 33),
-        (1, 16, 96, 3000),
-        (2, 27, 32, 1111),
-        (1, 32, 1280, 49),
-        (3, 9, 24, 700),
-    ] {
-        for variant in 0..4usize {
-            let (has_bias, has_res) = (variant % 2 == 0, variant / 2 == 1);
-            let activation = [Activation::None, Activation::Relu6, Activation::Relu][(seed % 3) as usize];
-            let d = PointwiseNchw { batch, cin, cout, pixels, activation };
-            let mut rng = Rng(seed);
-            seed += 1;
-            let x = rng.ints(batch * cin * pixels, 3);
-            let w = rng.ints(cout * cin, 3);
-            let bias = has_bias.then(|| rng.ints(cout, 20));
-            let residual = has_res.then(|| rng.ints(batch * cout * pixels, 20));
-            let total = batch * cout * pixels;
-            let mut want = vec![0.0f32; total];
-            for n in 0..batch {
-                for o in 0..cout {
-                    for p in 0..pixels {
-                        let mut acc = bias.as_ref().map_or(0.0, |b| b[o] as f64);
-                        acc += residual.as_ref().map_or(0.0, |r| r[(n * cout + o) * pixels + p] as f64);
-                        for k in 0..cin {
-                            acc += w[o * cin + k] as f64 * x[(n * cin + k) * pixels + p] as f64;
-                        }
-                        want[(n * cout + o) * pixels + p] = activation.apply_f64(acc) as f32;
-                    }
-                }
-            }
-            let pw = Pointwise { d, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
-            let guard = 5;
-            each_dtype(|dtype, round| {
-                let want = round(&want);
-                let got = match dtype {
-                    DType::F32 => {
-                        let mut o = vec![SENTINEL; total + guard];
-                        pw.run(&mut o).expect("run");
-                        o
-                    }
-                    DType::F16 => {
-                        let mut o = vec![f16::from_f32(SENTINEL); total + guard];
-                        pw.run(&mut o).expect("run");
-                        load(&o)
-                    }
-                    DType::Bf16 => {
-                        let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
-                        pw.run(&mut o).expect("run");
-                        load(&o)
-                    }
-                    other => unimplemented!("{other:?}"),
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &(batch, cin, cout, pixels) in &[
+            (1, 3, 5, 1),
+            (2, 16, 17, 15),
+            (1, 0, 4, 9),
+            (3, 7, 1, 33),
+            (1, 16, 96, 3000),
+            (2, 27, 32, 1111),
+            (1, 32, 1280, 49),
+            (3, 9, 24, 700),
+        ] {
+            for variant in 0..4usize {
+                let (has_bias, has_res) = (variant % 2 == 0, variant / 2 == 1);
+                let activation = [Activation::None, Activation::Relu6, Activation::Relu][(seed % 3) as usize];
+                let d = PointwiseDesc { batch, cin, cout, pixels, activation, layout };
+                let mut rng = Rng(seed);
+                seed += 1;
+                let x = rng.ints(batch * cin * pixels, 3);
+                let w = rng.ints(cout * cin, 3);
+                let bias = has_bias.then(|| rng.ints(cout, 20));
+                let residual = has_res.then(|| rng.ints(batch * cout * pixels, 20));
+                // Element (image, channel, pixel) of a tensor of `c` channels.
+                let at = |n: usize, ch: usize, p: usize, c: usize| match layout {
+                    Layout::Nchw => (n * c + ch) * pixels + p,
+                    _ => (n * pixels + p) * c + ch,
                 };
-                for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        g == e,
-                        "{dtype} {d:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
-                    );
+                let total = batch * cout * pixels;
+                let mut want = vec![0.0f32; total];
+                for n in 0..batch {
+                    for o in 0..cout {
+                        for p in 0..pixels {
+                            let mut acc = bias.as_ref().map_or(0.0, |b| b[o] as f64);
+                            acc += residual.as_ref().map_or(0.0, |r| r[at(n, o, p, cout)] as f64);
+                            for k in 0..cin {
+                                acc += w[o * cin + k] as f64 * x[at(n, k, p, cin)] as f64;
+                            }
+                            want[at(n, o, p, cout)] = activation.apply_f64(acc) as f32;
+                        }
+                    }
                 }
-                assert!(got[total..].iter().all(|&v| v == SENTINEL), "{dtype} {d:?}: wrote past the output");
-            });
+                let pw = Pointwise { d, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
+                let guard = 5;
+                each_dtype(|dtype, round| {
+                    let want = round(&want);
+                    let got = match dtype {
+                        DType::F32 => {
+                            let mut o = vec![SENTINEL; total + guard];
+                            pw.run(&mut o).expect("run");
+                            o
+                        }
+                        DType::F16 => {
+                            let mut o = vec![f16::from_f32(SENTINEL); total + guard];
+                            pw.run(&mut o).expect("run");
+                            load(&o)
+                        }
+                        DType::Bf16 => {
+                            let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
+                            pw.run(&mut o).expect("run");
+                            load(&o)
+                        }
+                        other => unimplemented!("{other:?}"),
+                    };
+                    for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g == e,
+                            "{dtype} {d:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
+                        );
+                    }
+                    assert!(got[total..].iter().all(|&v| v == SENTINEL), "{dtype} {d:?}: wrote past the output");
+                });
+            }
         }
     }
 }
