@@ -34,6 +34,7 @@
 //! (mixed, within 0.88–1.13×); rayon's split of the bands was bimodal (blocks 15–17 took
 //! 0.46 or 0.83 ms from one run of calls to the next, the pool 0.44 every time).
 
+use super::matmul::{Strided, gemm_f32};
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
 use super::simd::{Isa, madd, multiversion};
 use super::{CHUNK, Elem, internal, scratch};
@@ -204,24 +205,13 @@ impl Block<'_> {
         // SAFETY: op(X)'s pixels × c elements and dst's pixels rows of jr were checked above;
         // `we` holds hidden × c (checked by `run`), of which rows j0..j0 + jr are read.
         unsafe {
-            gemm::gemm(
+            gemm_f32(
                 pixels,
                 jr,
                 c,
-                dst.as_mut_ptr(),
-                1,
-                ld as isize,
-                false,
-                self.x.as_ptr().add(x0),
-                x_cs as isize,
-                x_rs as isize,
-                we.as_ptr().add(j0 * c),
-                c as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
+                Strided { ptr: dst.as_mut_ptr(), rs: ld, cs: 1 },
+                Strided { ptr: self.x.as_ptr().add(x0), rs: x_rs, cs: x_cs },
+                Strided { ptr: we.as_ptr().add(j0 * c), rs: 1, cs: c },
                 false,
                 gemm::Parallelism::None,
             );
@@ -318,25 +308,14 @@ impl Block<'_> {
             // caller's contract); the projection weight holds co × hid (checked by `run`),
             // columns j0..j0 + jr read.
             unsafe {
-                gemm::gemm(
+                gemm_f32(
                     rows * ow,
                     co,
                     jr,
-                    dst,
-                    o_cs as isize,
-                    o_rs as isize,
+                    Strided { ptr: dst, rs: o_rs, cs: o_cs },
+                    Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
+                    Strided { ptr: self.project.0.as_ptr().add(j0), rs: 1, cs: hid },
                     j0 > 0,
-                    f.as_ptr(),
-                    1,
-                    jc as isize,
-                    self.project.0.as_ptr().add(j0),
-                    hid as isize,
-                    1,
-                    if j0 > 0 { 1.0 } else { 0.0 },
-                    1.0,
-                    false,
-                    false,
-                    false,
                     gemm::Parallelism::None,
                 );
             }

@@ -49,6 +49,58 @@ const PARALLEL_MIN: usize = 1 << 20;
 
 /// The largest `M` the skinny kernel takes: up to 16 rows of `A` reuse each loaded row of `B`
 /// from registers and L1, which keeps it memory-bound up to here on AVX-512 hardware.
+/// A strided f32 matrix for [`gemm_f32`]: element (i, j) at `ptr + i·rs + j·cs`.
+#[derive(Clone, Copy)]
+pub(super) struct Strided<P> {
+    pub(super) ptr: P,
+    pub(super) rs: usize,
+    pub(super) cs: usize,
+}
+
+/// `dst = lhs · rhs` (m × k times k × n), or `dst += lhs · rhs` where `accumulate`, as one
+/// call of the gemm crate on strided views (it packs both operands itself).
+///
+/// # Safety
+/// Every element the views form for these sizes lies inside a buffer the view may read (for
+/// `dst`, write), and `dst` overlaps neither input.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Strided<*mut f32>,
+    lhs: Strided<*const f32>,
+    rhs: Strided<*const f32>,
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    let alpha = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: the caller's contract, which is gemm's.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.ptr,
+            dst.cs as isize,
+            dst.rs as isize,
+            accumulate,
+            lhs.ptr,
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.ptr,
+            rhs.cs as isize,
+            rhs.rs as isize,
+            alpha,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
 pub(super) const SKINNY_M: usize = 16;
 
 /// With `B` stored `K × N` and at least [`SHARED_B`] elements, products of up to this many rows
@@ -202,24 +254,13 @@ impl MatmulOperands<'_> {
         // only read; dst holds rows × n elements at row stride dst_rs, column stride 1.
         // `read_dst` is false, so gemm computes dst = 1·A·B without reading dst.
         unsafe {
-            gemm::gemm(
+            gemm_f32(
                 rows,
                 n,
                 k,
-                dst,
-                1,
-                dst_rs as isize,
-                false,
-                self.a.as_ptr().add(g.a0 + i0 * g.a_rs),
-                g.a_cs as isize,
-                g.a_rs as isize,
-                self.b.as_ptr().add(g.b0),
-                g.b_cs as isize,
-                g.b_rs as isize,
-                0.0,
-                1.0,
-                false,
-                false,
+                Strided { ptr: dst, rs: dst_rs, cs: 1 },
+                Strided { ptr: self.a.as_ptr().add(g.a0 + i0 * g.a_rs), rs: g.a_rs, cs: g.a_cs },
+                Strided { ptr: self.b.as_ptr().add(g.b0), rs: g.b_rs, cs: g.b_cs },
                 false,
                 par,
             );

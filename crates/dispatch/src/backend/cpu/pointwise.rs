@@ -18,6 +18,7 @@
 //! matmul path (below [`NHWC_MIN_PIXELS`]).
 
 use super::activation::map_in_place;
+use super::matmul::{Strided, gemm_f32};
 use super::pool::try_for_each_index;
 use super::simd::Isa;
 use super::{Elem, internal};
@@ -160,25 +161,14 @@ impl Pointwise<'_> {
             // SAFETY: dst holds the block's cout × jn elements at strides (rs, cs) (above); W
             // is cout × cin (checked by `run`); x's block cin × jn at (x_rs, x_cs).
             unsafe {
-                gemm::gemm(
+                gemm_f32(
                     cout,
                     jn,
                     cin,
-                    dst,
-                    cs as isize,
-                    rs as isize,
+                    Strided { ptr: dst, rs, cs },
+                    Strided { ptr: self.w.as_ptr(), rs: cin, cs: 1 },
+                    Strided { ptr: self.x.as_ptr().add(x0), rs: x_rs, cs: x_cs },
                     true,
-                    self.w.as_ptr(),
-                    1,
-                    cin as isize,
-                    self.x.as_ptr().add(x0),
-                    x_cs as isize,
-                    x_rs as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
                     gemm::Parallelism::None,
                 );
             }

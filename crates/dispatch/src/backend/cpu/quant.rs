@@ -17,7 +17,7 @@
 //! bias, beta·C and the activation are exactly the dense matmul's) then runs row by row and
 //! rounds once into the output's storage type.
 
-use super::matmul::{Epilogue, SKINNY_M, epilogue_rows};
+use super::matmul::{Epilogue, SKINNY_M, Strided, epilogue_rows, gemm_f32};
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::qgroup::{Format, G, dequant_rows, with_format};
 use super::simd::{Isa, madd, multiversion};
@@ -133,24 +133,13 @@ fn panel(isa: Isa, w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]
     // borrowed; lhs is `a`, m × k row-major, and rhs(p, jj) = wp[jj·k + p]: every index gemm
     // forms lies inside those three slices, which do not overlap. read_dst is false.
     unsafe {
-        gemm::gemm(
+        gemm_f32(
             m,
             cols,
             k,
-            acc.as_mut_ptr(),
-            m as isize,
-            1,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            wp.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
+            Strided { ptr: acc.as_mut_ptr(), rs: 1, cs: m },
+            Strided { ptr: a.as_ptr(), rs: k, cs: 1 },
+            Strided { ptr: wp.as_ptr(), rs: 1, cs: k },
             false,
             gemm::Parallelism::None,
         );
