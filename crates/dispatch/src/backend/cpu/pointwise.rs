@@ -77,7 +77,7 @@ impl Pointwise<'_> {
             return Ok(());
         }
         let threads = rayon::current_num_threads().max(1);
-        let work = batch * plane * cin.max(1);
+        let work = (batch * plane).saturating_mul(cin.max(1));
         // Columns per block: the whole image, or its share of one thread's (gemm blocks for
         // the caches inside the call; smaller blocks of our own were up to 1.4× slower on
         // MobileNetV2's expansions), and for half-precision outputs at most a stage of
