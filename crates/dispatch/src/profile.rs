@@ -240,6 +240,21 @@ impl OpInfo {
         }
     }
 
+    /// A pointwise convolution run as one kernel: input, weight, output, bias and residual
+    /// each counted once; FLOPs 2·N·Cout·Cin·pixels.
+    pub(crate) fn pointwise(d: &crate::backend::PointwiseDesc, dtype: DType, bias: bool, residual: bool) -> OpInfo {
+        let elems = (d.batch * d.cin + d.batch * d.cout * (1 + usize::from(residual))) * d.pixels
+            + d.cout * d.cin
+            + if bias { d.cout } else { 0 };
+        OpInfo {
+            op: "pointwise_conv2d",
+            dtype,
+            shape: format!("n{} cin{} cout{} {}px {}", d.batch, d.cin, d.cout, d.pixels, d.layout.name()),
+            bytes: (elems * dtype.size_bytes()) as u64,
+            flops: (2 * d.batch * d.cout * d.cin * d.pixels) as u64,
+        }
+    }
+
     /// An `im2col` gather: the input read once, the patches written once; no FLOPs.
     pub(crate) fn im2col(desc: &Conv2dDesc, dtype: DType) -> OpInfo {
         let prod = |s: [usize; 4]| s.iter().product::<usize>();

@@ -195,18 +195,7 @@ impl Device {
             layout: g.layout,
         };
         if with_backend!(self, be => be.has_pointwise(&desc)) {
-            let info = || {
-                let elems = (g.n * g.cin + g.n * g.cout * (1 + usize::from(residual.is_some()))) * hw
-                    + g.cout * g.cin
-                    + bias.map_or(0, |_| g.cout);
-                crate::profile::OpInfo {
-                    op: OP,
-                    dtype: input.dtype(),
-                    shape: format!("n{} cin{} cout{} {}x{} {}", g.n, g.cin, g.cout, g.h, g.w, g.layout.name()),
-                    bytes: (elems * input.dtype().size_bytes()) as u64,
-                    flops: (2 * g.n * g.cout * g.cin * hw) as u64,
-                }
-            };
+            let info = || crate::profile::OpInfo::pointwise(&desc, input.dtype(), bias.is_some(), residual.is_some());
             return self
                 .profiled(info, || with_backend!(self, be => kernel(be, &desc, input, weight, bias, residual, out)));
         }

@@ -173,29 +173,19 @@ impl Pointwise<'_> {
                 );
             }
         }
-        if nhwc {
-            // SAFETY: as above.
-            let blk = unsafe { std::slice::from_raw_parts_mut(dst, jn * cout) };
+        // The activation, and half-precision outputs rounded out of the stage: NHWC's block is
+        // one contiguous run, NCHW's a run per channel row.
+        let (runs, len, dst_step, out_step) = if nhwc { (1, jn * cout, 0, 0) } else { (cout, jn, rs, pixels) };
+        for i in 0..runs {
+            // SAFETY: run `i`'s `len` elements at `dst + i·dst_step` are this task's (above).
+            let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_step), len) };
             if activation != tilekit_kernels::Activation::None {
-                map_in_place(isa, activation, blk, None);
+                map_in_place(isa, activation, run, None);
             }
             if half {
-                // SAFETY: the block's output elements, this task's (caller's contract).
-                let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(first), jn * cout) };
-                E::narrow_into(blk, o);
-            }
-        } else {
-            for i in 0..cout {
-                // SAFETY: as above.
-                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(i * rs), jn) };
-                if activation != tilekit_kernels::Activation::None {
-                    map_in_place(isa, activation, row, None);
-                }
-                if half {
-                    // SAFETY: output row `i` of the block, this task's (caller's contract).
-                    let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(first + i * pixels), jn) };
-                    E::narrow_into(row, o);
-                }
+                // SAFETY: the run's output elements, this task's (caller's contract).
+                let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(first + i * out_step), len) };
+                E::narrow_into(run, o);
             }
         }
         if half {
