@@ -536,7 +536,9 @@ impl BackendOps for CpuBackend {
     /// NCHW always; NHWC from [`pointwise::NHWC_MIN_PIXELS`] pixels (below, the matmul path
     /// was faster on MobileNetV2's 7² and 14² layers).
     fn has_pointwise(&self, desc: &PointwiseDesc) -> bool {
-        desc.layout == tilekit_kernels::Layout::Nchw || desc.batch * desc.pixels >= pointwise::NHWC_MIN_PIXELS
+        desc.layout == tilekit_kernels::Layout::Nchw
+            || desc.batch * desc.pixels >= pointwise::NHWC_MIN_PIXELS
+            || pointwise::channel_ranges(desc, rayon::current_num_threads()) > 1
     }
 
     /// Blocks of pixels, each a gemm call into outputs preset to bias + residual

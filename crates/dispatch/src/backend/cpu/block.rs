@@ -1,10 +1,19 @@
 //! The fused inverted-residual block on the CPU: the expanded tensor never leaves the caches.
 //!
-//! Two ways through an image, chosen by the size of its expanded tensor (`hidden × H × W`):
-//! - **Whole** (at most [`WHOLE_IMAGE`] elements, 1 MiB of f32: MobileNetV2's blocks 5–17 at
-//!   224²): the image is expanded once, its rows split over the threads, then each thread
-//!   takes one band of output rows (depthwise, then projection) reading the expanded rows it
-//!   needs, its neighbours' halo rows included, from that tensor. No row is expanded twice.
+//! Three ways through an image, chosen by its size:
+//! - **By channels** (fewer than [`CHANNEL_SPLIT_PIXELS`] pixels per thread: MobileNetV2's
+//!   7 × 7 blocks 15–17 at 224²): each thread expands and filters one range of hidden
+//!   channels for every pixel, then projects every pixel onto one range of output channels
+//!   ([`Block::by_channels`]). Each `gemm` call reads its share of a weight; split by rows,
+//!   every thread read (and `gemm` packed) all of both weights for 24 or 25 pixels. Blocks
+//!   15–17 took 0.80–0.87 of the time in NHWC and 0.90–0.92 in NCHW (whole network,
+//!   profiled, the previous build and this one alternated, three pairs on a 2-core Zen 3).
+//!   At 14 × 14 the split was mixed (0.90–1.07) and at 28 × 28 slower (up to 1.17).
+//! - **Whole** (at most [`WHOLE_IMAGE`] expanded elements, 1 MiB of f32: MobileNetV2's blocks
+//!   5–14 at 224²): the image is expanded once, its rows split over the threads, then each
+//!   thread takes one band of output rows (depthwise, then projection) reading the expanded
+//!   rows it needs, its neighbours' halo rows included, from that tensor. No row is expanded
+//!   twice.
 //! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
 //!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
 //!   [`E_BUDGET`] (128 KiB of L2), expanding the input rows the band needs (its rows and the
@@ -47,9 +56,26 @@ use tilekit_kernels::{InvertedResidualDesc, Layout};
 const VB: usize = 16;
 /// The budget of one chunk's expanded rows, f32 elements (128 KiB: half a typical L2).
 const E_BUDGET: usize = 32 * 1024;
+/// Images of fewer than this many pixels per thread split their channels over the threads
+/// ([`Block::by_channels`]), not their rows.
+const CHANNEL_SPLIT_PIXELS: usize = 64;
+
 /// Images whose expanded tensor (hidden channels padded to [`VB`]) has at most this many f32
 /// elements (1 MiB) are expanded whole.
 const WHOLE_IMAGE: usize = 256 * 1024;
+
+/// How [`Block::run_with`] splits an image over the threads (`Never` and `Tasks`: the tests').
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Split {
+    /// By channels ([`Block::by_channels`]) below [`CHANNEL_SPLIT_PIXELS`] pixels per thread,
+    /// else by rows.
+    Auto,
+    /// By rows.
+    Never,
+    /// By channels, into this many ranges.
+    Tasks(usize),
+}
 
 /// The operands, f32 (widened if stored in half precision).
 pub(super) struct Block<'d> {
@@ -92,11 +118,12 @@ impl Block<'_> {
     }
 
     pub(super) fn run<E: Elem>(&self, out: &mut [E]) -> Result<()> {
-        self.run_with(out, WHOLE_IMAGE)
+        self.run_with(out, WHOLE_IMAGE, Split::Auto)
     }
 
-    /// [`Self::run`], expanding images of at most `whole_max` expanded elements whole.
-    pub(super) fn run_with<E: Elem>(&self, out: &mut [E], whole_max: usize) -> Result<()> {
+    /// [`Self::run`], expanding images of at most `whole_max` expanded elements whole, their
+    /// channels split as `split` says.
+    pub(super) fn run_with<E: Elem>(&self, out: &mut [E], whole_max: usize, split: Split) -> Result<()> {
         let d = &self.d;
         let lens = d.checked_lens().ok_or_else(|| internal("block lengths overflow".into()))?;
         let short = |len: usize, need: usize| len < need;
@@ -121,6 +148,12 @@ impl Block<'_> {
         // 16 rows, enough for every thread twice over (halo rows cost 2/band_rows of the
         // expand work at stride 1), each expanding the rows it needs.
         let whole = p.hp * d.height * d.width <= whole_max;
+        // Small images split their channels over the threads instead of their rows.
+        let by_channels = match split {
+            Split::Auto => (d.height * d.width < CHANNEL_SPLIT_PIXELS * threads).then_some(threads),
+            Split::Never => None,
+            Split::Tasks(t) => Some(t.max(1)),
+        };
         let band = if whole { oh.div_ceil(threads) } else { oh.div_ceil(2 * threads).clamp(4.min(oh), 16) };
         let isa = Isa::detect();
         // Images one after another, the bands of each on the calling thread and the pool's.
@@ -130,6 +163,12 @@ impl Block<'_> {
             }
             let out = Out(dst.as_mut_ptr());
             for n in 0..d.batch {
+                if let Some(tasks) = by_channels {
+                    // SAFETY: `dst` holds the whole output (checked above) and stays borrowed
+                    // for the loop; the images run one after another.
+                    unsafe { self.by_channels(isa, &p, n, tasks, &out)? };
+                    continue;
+                }
                 let mut image = match whole {
                     true => Some(self.expand_image(isa, &p, n)?),
                     false => None,
@@ -321,13 +360,36 @@ impl Block<'_> {
             }
             j0 += jc;
         }
-        // Bias and residual, channel by channel in NCHW, pixel by pixel in NHWC.
+        // SAFETY: the band's rows·ow pixels of co channels lie inside the output at dst.
+        unsafe { self.finish(n, oy0, rows * ow, 0..co, dst, o_rs, o_cs) };
+        Ok(())
+    }
+
+    /// The projection bias and the residual added onto `pixels` output pixels from row `oy0`
+    /// of image `n` (at `dst`, strides `o_rs` per pixel and `o_cs` per channel), channels
+    /// `ch`: channel by channel in NCHW, pixel by pixel in NHWC.
+    ///
+    /// # Safety
+    /// Those pixels' channels `ch` lie inside the output at `dst`, and no other thread reads
+    /// or writes them while this runs.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn finish(
+        &self,
+        n: usize,
+        oy0: usize,
+        pixels: usize,
+        ch: Range<usize>,
+        dst: *mut f32,
+        o_rs: usize,
+        o_cs: usize,
+    ) {
+        let d = &self.d;
         let (x0, x_rs, x_cs) = self.x_view(n, oy0);
-        let (outer, inner) = if o_rs == 1 { (co, rows * ow) } else { (rows * ow, co) };
+        let (outer, inner) = if o_rs == 1 { (ch.len(), pixels) } else { (pixels, ch.len()) };
         for i in 0..outer {
             for k in 0..inner {
-                let (px, o) = if o_rs == 1 { (k, i) } else { (i, k) };
-                // SAFETY: as for the projection: pixel px < rows·ow, channel o < co.
+                let (px, o) = if o_rs == 1 { (k, ch.start + i) } else { (i, ch.start + k) };
+                // SAFETY: pixel px < pixels and channel o in ch (the caller's contract).
                 let v = unsafe { &mut *dst.add(px * o_rs + o * o_cs) };
                 if let Some(bp) = self.project.1 {
                     *v += bp[o];
@@ -337,7 +399,76 @@ impl Block<'_> {
                 }
             }
         }
-        Ok(())
+    }
+
+    /// Image `n` of a small block, its channels split over `tasks` tasks: first each task
+    /// expands and filters one range of hidden channels (every pixel, into its own part of an
+    /// f32 buffer `[range][pixel][channel]`), then each projects every pixel onto one range
+    /// of output channels. Each `gemm` call then reads only its share of a weight; split by
+    /// rows, every thread reads and packs all of both weights for a few pixels.
+    ///
+    /// # Safety
+    /// `out` points to the whole output (every image, in the descriptor's layout), and no
+    /// other thread reads or writes image `n`'s part of it while this runs.
+    unsafe fn by_channels(&self, isa: Isa, p: &Packed, n: usize, tasks: usize, out: &Out) -> Result<()> {
+        let d = &self.d;
+        let (h, w, hid) = (d.height, d.width, d.hidden);
+        let (oh, ow, co) = (d.out_h(), d.out_w(), d.out_channels);
+        let opix = oh * ow;
+        // Hidden channels per task, a multiple of VB; the last range may be shorter.
+        let jb = (p.hp / VB).div_ceil(tasks).max(1) * VB;
+        let mut f_buf = scratch(opix * p.hp + 16)?;
+        let f_all = aligned(&mut f_buf, opix * p.hp);
+        try_for_each_chunk_mut(f_all, opix * jb, |q, f| {
+            let (j0, jc) = (q * jb, f.len() / opix.max(1));
+            let jr = jc.min(hid - j0);
+            let mut e_buf = scratch(h * w * jc + 16)?;
+            let e = aligned(&mut e_buf, h * w * jc);
+            self.expand_rows(n, 0..h, j0..j0 + jr, e, jc)?;
+            activate(isa, d, p, j0, jc, jr, e);
+            // The whole image as one band: expanded rows 1..=h are image rows 0..h.
+            let a = ChunkArgs { d, p, r_lo: 1, r_hi: h + 1, rows: oh, j0, jc };
+            depthwise(isa, &a, e, f);
+            Ok(())
+        })?;
+        let f_all = &*f_all;
+        let (o_rs, o_cs) = match d.layout {
+            Layout::Nhwc => (co, 1),
+            _ => (1, opix),
+        };
+        let ob = co.div_ceil(tasks).max(1);
+        try_for_each_index(co.div_ceil(ob), |t| {
+            let (o0, on) = (t * ob, ob.min(co - t * ob));
+            // SAFETY: the caller's contract: `out` points to the whole output.
+            let dst = unsafe { out.0.add(d.output_index(n, 0, 0, 0)) };
+            let mut j0 = 0;
+            while j0 < hid {
+                let jc = jb.min(p.hp - j0);
+                let jr = jc.min(hid - j0);
+                let f = &f_all[j0 * opix..][..jc * opix];
+                // SAFETY: f holds opix pixels of jc channels (jr read); the image's opix
+                // pixels of output channels o0..o0 + on lie inside the output at dst with
+                // these strides (the caller's contract), and no other task writes those
+                // channels; the projection weight holds co × hid (checked by `run`), rows
+                // o0..o0 + on and columns j0..j0 + jr read.
+                unsafe {
+                    gemm_f32(
+                        opix,
+                        on,
+                        jr,
+                        Strided { ptr: dst.add(o0 * o_cs), rs: o_rs, cs: o_cs },
+                        Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
+                        Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
+                        j0 > 0,
+                        gemm::Parallelism::None,
+                    );
+                }
+                j0 += jc;
+            }
+            // SAFETY: as for the projection.
+            unsafe { self.finish(n, 0, opix, o0..o0 + on, dst, o_rs, o_cs) };
+            Ok(())
+        })
     }
 }
 

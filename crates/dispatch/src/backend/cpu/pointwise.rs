@@ -4,18 +4,30 @@
 //! The matmul path (`ops/pointwise.rs`) needs, in NCHW with a bias (one per output channel,
 //! along the GEMM's rows there), a 1×1 depthwise pass over the output after the GEMM: the
 //! output written, read and written again. Here each task takes a block of pixels (one
-//! image's columns in NCHW; NHWC images are one run of pixels): the block's outputs are set
-//! to the bias (plus the residual), one single-threaded `gemm` call adds `W · x` into them,
-//! reading `x` and `W` as stored and writing the outputs where they lie through their
-//! strides (NCHW: a row per channel; NHWC: a pixel's channels contiguous), and then the
-//! activation runs over the block. Each thread takes one block of the columns of all images
-//! (one per image below [`PARALLEL_MIN`] multiply-adds). Half-precision outputs go through a
-//! per-thread f32 stage of at most [`STAGE`] elements, rounded once.
+//! image's columns in NCHW; NHWC images are one run of pixels) and a range of output
+//! channels: the block's outputs are set to the bias (plus the residual), one
+//! single-threaded `gemm` call adds `W · x` into them, reading `x` and `W`'s rows as stored
+//! and writing the outputs where they lie through their strides (NCHW: a row per channel;
+//! NHWC: a pixel's channels contiguous), and then the activation runs over the block.
+//! Half-precision outputs go through a per-thread f32 stage of at most [`STAGE`] elements,
+//! rounded once.
 //!
-//! Against the matmul path (MobileNetV2's 1×1 layers with bias + ReLU6, 2 threads):
-//! NCHW 0.56–0.92 of the time on the eight layers measured (7² to 112²); NHWC 0.60–1.0 on
-//! layers of 784 pixels or more, but 1.04–1.17 on the 7² and 14² layers, which keep the
-//! matmul path (below [`NHWC_MIN_PIXELS`]).
+//! How the threads split the work ([`channel_ranges`]): below [`PARALLEL_MIN`] multiply-adds
+//! one task per image; with fewer than [`SPLIT_PIXELS`] pixels per thread, or in NCHW with at
+//! least [`SPLIT_NCHW_CHANNELS`] output channels per thread, each thread takes one range of
+//! output channels over all pixels (its `gemm` call reads only its share of `W`); otherwise
+//! each takes one block of the pixels with every channel (every call reads and packs all of
+//! `W`).
+//!
+//! Against the matmul path (MobileNetV2's 1×1 layers with bias + ReLU6, 2 threads), pixel
+//! blocks only: NCHW 0.56–0.92 of the time on the eight layers measured (7² to 112²); NHWC
+//! 0.60–1.0 on layers of 784 pixels or more, but 1.04–1.17 on the 7² and 14² layers. The
+//! channel ranges against the pixel blocks (the two interleaved in one process, medians of
+//! 25 rounds): NCHW 0.72–0.97 where `cout ≥ 96` (16 → 96 and 24 → 144 at 112² and 56²,
+//! 32 → 192 at 28², 64 → 384 and 96 → 576 at 14², every 7² layer) but 1.05–1.14 on
+//! 384 → 64, 192 → 64 and 32 → 16; NHWC 0.82–0.86 of the matmul path on the 7² layers, but
+//! 1.13–1.7 at 14² and 28² (those keep the matmul path below [`NHWC_MIN_PIXELS`], or pixel
+//! blocks).
 
 use super::activation::map_in_place;
 use super::matmul::{Strided, gemm_f32};
@@ -25,10 +37,31 @@ use super::{Elem, internal};
 use crate::Result;
 use crate::backend::PointwiseDesc;
 use std::cell::Cell;
+use std::ops::Range;
 use tilekit_kernels::Layout;
 
 /// NHWC pixels (all images) from which the CPU backend takes this kernel.
 pub(super) const NHWC_MIN_PIXELS: usize = 512;
+
+/// Below this many pixels (all images) per thread, the threads split the output channels.
+const SPLIT_PIXELS: usize = 64;
+
+/// NCHW outputs with at least this many channels per thread split them over the threads.
+const SPLIT_NCHW_CHANNELS: usize = 48;
+
+/// Multiply-adds of a convolution (saturating).
+fn work(d: &PointwiseDesc) -> usize {
+    [d.cout, d.pixels, d.cin.max(1)].iter().fold(d.batch, |w, &f| w.saturating_mul(f))
+}
+
+/// How many ranges of output channels the threads take (1: they split the pixels instead).
+/// Few pixels per thread, or NCHW with many output channels: each `gemm` call then reads its
+/// share of W, where split by pixels every thread reads and packs all of W for its pixels.
+pub(super) fn channel_ranges(d: &PointwiseDesc, threads: usize) -> usize {
+    let few = d.batch.saturating_mul(d.pixels) < SPLIT_PIXELS * threads;
+    let wide = d.layout == Layout::Nchw && d.cout >= SPLIT_NCHW_CHANNELS * threads;
+    if threads > 1 && work(d) >= PARALLEL_MIN && (few || wide) { threads } else { 1 }
+}
 
 /// f32 elements of a half-precision output's stage (256 KiB).
 const STAGE: usize = 1 << 16;
@@ -58,11 +91,17 @@ unsafe impl<E: Send> Sync for Out<E> {}
 
 impl Pointwise<'_> {
     pub(super) fn run<E: Elem>(&self, out: &mut [E]) -> Result<()> {
+        self.run_with(out, None)
+    }
+
+    /// [`Self::run`], with `ranges` ranges of output channels where given (else as
+    /// [`SPLIT_PIXELS`] says).
+    pub(super) fn run_with<E: Elem>(&self, out: &mut [E], ranges: Option<usize>) -> Result<()> {
         let PointwiseDesc { batch, cin, cout, pixels, .. } = self.d;
         if self.d.layout == Layout::Nhwc && batch > 1 {
             // NHWC images are one run of pixels.
             let d = PointwiseDesc { batch: 1, pixels: batch * pixels, ..self.d };
-            return Pointwise { d, ..*self }.run(out);
+            return Pointwise { d, ..*self }.run_with(out, ranges);
         }
         let plane = cout * pixels;
         if self.x.len() < batch * cin * pixels
@@ -77,14 +116,17 @@ impl Pointwise<'_> {
             return Ok(());
         }
         let threads = rayon::current_num_threads().max(1);
-        let work = (batch * plane).saturating_mul(cin.max(1));
+        let parallel = work(&self.d) >= PARALLEL_MIN;
+        let ranges = ranges.unwrap_or_else(|| channel_ranges(&self.d, threads)).clamp(1, cout);
+        let cb = cout.div_ceil(ranges);
+        let ranges = cout.div_ceil(cb);
         // Columns per block: the whole image, or its share of one thread's (gemm blocks for
         // the caches inside the call; smaller blocks of our own were up to 1.4× slower on
         // MobileNetV2's expansions), and for half-precision outputs at most a stage of
         // [`STAGE`] elements.
         let half = E::as_f32(&[]).is_none();
-        let mut cols = if half { (STAGE / cout).max(16) } else { pixels };
-        if work >= PARALLEL_MIN {
+        let mut cols = if half { (STAGE / cb).max(16) } else { pixels };
+        if parallel && ranges == 1 {
             cols = cols.min((batch * pixels).div_ceil(threads).max(16));
         }
         let cols = cols.next_multiple_of(16).min(pixels);
@@ -92,99 +134,99 @@ impl Pointwise<'_> {
         let isa = Isa::detect();
         let o = Out(out.as_mut_ptr());
         // SAFETY (both calls): `out` holds `batch · plane` elements (checked above), and the
-        // tasks `0..batch · blocks` write disjoint blocks of it.
-        let task = |t: usize| unsafe { self.block(isa, t / blocks, (t % blocks) * cols, cols, &o) };
-        if work < PARALLEL_MIN {
-            (0..batch * blocks).try_for_each(task)
+        // tasks `0..batch · blocks · ranges` write disjoint blocks of it.
+        let task = |t: usize| {
+            let (n, b, r) = (t / (blocks * ranges), t / ranges % blocks, t % ranges);
+            let ch = r * cb..(r * cb + cb).min(cout);
+            unsafe { self.block(isa, n, b * cols, cols, ch, &o) }
+        };
+        if parallel {
+            try_for_each_index(batch * blocks * ranges, task)
         } else {
-            try_for_each_index(batch * blocks, task)
+            (0..batch * blocks * ranges).try_for_each(task)
         }
     }
 
-    /// Image `n`'s output columns `j0..j0 + cols` (clipped to the image).
+    /// Image `n`'s output columns `j0..j0 + cols` (clipped to the image), channels `ch`.
     ///
     /// # Safety
     /// `out` points at the whole output (`batch · cout · pixels` elements), and no other
-    /// thread touches these columns of image `n` meanwhile.
-    unsafe fn block<E: Elem>(&self, isa: Isa, n: usize, j0: usize, cols: usize, out: &Out<E>) -> Result<()> {
+    /// thread touches these channels of these columns of image `n` meanwhile.
+    unsafe fn block<E: Elem>(
+        &self,
+        isa: Isa,
+        n: usize,
+        j0: usize,
+        cols: usize,
+        ch: Range<usize>,
+        out: &Out<E>,
+    ) -> Result<()> {
         let PointwiseDesc { cin, cout, pixels, activation, .. } = self.d;
-        let jn = cols.min(pixels - j0);
+        let (jn, c0, cn) = (cols.min(pixels - j0), ch.start, ch.len());
         let nhwc = self.d.layout == Layout::Nhwc;
-        let first = if nhwc { (n * pixels + j0) * cout } else { n * cout * pixels + j0 };
+        // The output index of the block's first element, and its strides (channel, pixel).
+        let (first, o_rs, o_cs) =
+            if nhwc { ((n * pixels + j0) * cout + c0, 1, cout) } else { ((n * cout + c0) * pixels + j0, pixels, 1) };
         // f32 outputs are computed where they lie, others in the stage (in the output's layout).
         let half = E::as_f32_mut(&mut []).is_none();
         let mut stage = if half { STAGE_BUF.take() } else { Vec::new() };
-        let dst: *mut f32 = if half {
-            stage.resize(cout * jn, 0.0);
-            stage.as_mut_ptr()
+        let (dst, rs, cs): (*mut f32, usize, usize) = if half {
+            stage.resize(cn * jn, 0.0);
+            (stage.as_mut_ptr(), if nhwc { 1 } else { jn }, if nhwc { cn } else { 1 })
         } else {
             // SAFETY: `first` is inside the output (caller's contract), and E is f32 here.
-            unsafe { out.0.add(first) }.cast::<f32>()
+            (unsafe { out.0.add(first) }.cast::<f32>(), o_rs, o_cs)
         };
-        // Strides of the block's (channel, pixel) element: NCHW rows of channels, NHWC pixels.
-        let (rs, cs) = match (nhwc, half) {
-            (true, _) => (1, cout),
-            (false, true) => (jn, 1),
-            (false, false) => (pixels, 1),
-        };
-        if nhwc {
-            // SAFETY: the block's jn · cout contiguous elements are this task's.
-            let blk = unsafe { std::slice::from_raw_parts_mut(dst, jn * cout) };
-            for (j, px) in blk.chunks_exact_mut(cout).enumerate() {
-                match (self.bias, self.residual) {
-                    (Some(b), Some(r)) => {
-                        px.iter_mut().zip(&r[first + j * cout..]).zip(b).for_each(|((o, &r), &b)| *o = b + r)
-                    }
-                    (Some(b), None) => px.copy_from_slice(&b[..cout]),
-                    (None, Some(r)) => px.copy_from_slice(&r[first + j * cout..][..cout]),
-                    (None, None) => px.fill(0.0),
+        // The outputs start as bias (+ residual); the product is added to them. NHWC: a run
+        // of channels per pixel; NCHW: a run of pixels per channel.
+        let (runs, len, step, o_step) = if nhwc { (jn, cn, cs, o_cs) } else { (cn, jn, rs, o_rs) };
+        for i in 0..runs {
+            // SAFETY: run `i`'s `len` elements at `dst + i·step` are this task's (see above).
+            let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * step), len) };
+            let res = self.residual.map(|r| &r[first + i * o_step..][..len]);
+            match (nhwc, self.bias, res) {
+                (true, Some(b), Some(r)) => run.iter_mut().zip(r).zip(&b[c0..]).for_each(|((o, &r), &b)| *o = b + r),
+                (true, Some(b), None) => run.copy_from_slice(&b[c0..c0 + cn]),
+                (false, b, Some(r)) => {
+                    let b = b.map_or(0.0, |b| b[c0 + i]);
+                    run.iter_mut().zip(r).for_each(|(o, &r)| *o = b + r)
                 }
-            }
-        } else {
-            // The rows start as bias (+ residual); the product is added to them.
-            for i in 0..cout {
-                // SAFETY: row `i`'s `jn` elements at `dst + i·rs` are this task's (see above).
-                let row = unsafe { std::slice::from_raw_parts_mut(dst.add(i * rs), jn) };
-                let b = self.bias.map_or(0.0, |b| b[i]);
-                match self.residual {
-                    Some(r) => {
-                        let r = &r[(n * cout + i) * pixels + j0..][..jn];
-                        row.iter_mut().zip(r).for_each(|(o, &r)| *o = b + r);
-                    }
-                    None => row.fill(b),
-                }
+                (false, Some(b), None) => run.fill(b[c0 + i]),
+                (_, None, Some(r)) => run.copy_from_slice(r),
+                (_, None, None) => run.fill(0.0),
             }
         }
         if cin > 0 {
             let (x0, x_rs, x_cs) =
                 if nhwc { ((n * pixels + j0) * cin, 1, cin) } else { (n * cin * pixels + j0, pixels, 1) };
-            // SAFETY: dst holds the block's cout × jn elements at strides (rs, cs) (above); W
-            // is cout × cin (checked by `run`); x's block cin × jn at (x_rs, x_cs).
+            // SAFETY: dst holds the block's cn × jn elements at strides (rs, cs) (above); W
+            // is cout × cin (checked by `run`), rows c0..c0 + cn read; x's block cin × jn at
+            // (x_rs, x_cs).
             unsafe {
                 gemm_f32(
-                    cout,
+                    cn,
                     jn,
                     cin,
                     Strided { ptr: dst, rs, cs },
-                    Strided { ptr: self.w.as_ptr(), rs: cin, cs: 1 },
+                    Strided { ptr: self.w.as_ptr().add(c0 * cin), rs: cin, cs: 1 },
                     Strided { ptr: self.x.as_ptr().add(x0), rs: x_rs, cs: x_cs },
                     true,
                     gemm::Parallelism::None,
                 );
             }
         }
-        // The activation, and half-precision outputs rounded out of the stage: NHWC's block is
-        // one contiguous run, NCHW's a run per channel row.
-        let (runs, len, dst_step, out_step) = if nhwc { (1, jn * cout, 0, 0) } else { (cout, jn, rs, pixels) };
+        // The activation, and half-precision outputs rounded out of the stage, run by run (NHWC
+        // all channels: the block is one run).
+        let (runs, len) = if nhwc && cn == cout { (1, jn * cout) } else { (runs, len) };
         for i in 0..runs {
-            // SAFETY: run `i`'s `len` elements at `dst + i·dst_step` are this task's (above).
-            let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_step), len) };
+            // SAFETY: run `i`'s `len` elements at `dst + i·step` are this task's (above).
+            let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * step), len) };
             if activation != tilekit_kernels::Activation::None {
                 map_in_place(isa, activation, run, None);
             }
             if half {
                 // SAFETY: the run's output elements, this task's (caller's contract).
-                let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(first + i * out_step), len) };
+                let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(first + i * o_step), len) };
                 E::narrow_into(run, o);
             }
         }

@@ -798,6 +798,7 @@ fn pointwise_kernel_is_exact() {
             (1, 16, 96, 3000),
             (2, 27, 32, 1111),
             (1, 32, 1280, 49),
+            (2, 40, 333, 37),
             (3, 9, 24, 700),
         ] {
             for variant in 0..4usize {
@@ -831,34 +832,38 @@ fn pointwise_kernel_is_exact() {
                 }
                 let pw = Pointwise { d, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
                 let guard = 5;
-                each_dtype(|dtype, round| {
-                    let want = round(&want);
-                    let got = match dtype {
-                        DType::F32 => {
-                            let mut o = vec![SENTINEL; total + guard];
-                            pw.run(&mut o).expect("run");
-                            o
+                // As the kernel chooses, and with the output channels in 3 ranges.
+                for ranges in [None, Some(3)] {
+                    each_dtype(|dtype, round| {
+                        let want = round(&want);
+                        let got = match dtype {
+                            DType::F32 => {
+                                let mut o = vec![SENTINEL; total + guard];
+                                pw.run_with(&mut o, ranges).expect("run");
+                                o
+                            }
+                            DType::F16 => {
+                                let mut o = vec![f16::from_f32(SENTINEL); total + guard];
+                                pw.run_with(&mut o, ranges).expect("run");
+                                load(&o)
+                            }
+                            DType::Bf16 => {
+                                let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
+                                pw.run_with(&mut o, ranges).expect("run");
+                                load(&o)
+                            }
+                            other => unimplemented!("{other:?}"),
+                        };
+                        for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g == e,
+                                "{dtype} {d:?} {ranges:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
+                            );
                         }
-                        DType::F16 => {
-                            let mut o = vec![f16::from_f32(SENTINEL); total + guard];
-                            pw.run(&mut o).expect("run");
-                            load(&o)
-                        }
-                        DType::Bf16 => {
-                            let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
-                            pw.run(&mut o).expect("run");
-                            load(&o)
-                        }
-                        other => unimplemented!("{other:?}"),
-                    };
-                    for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            g == e,
-                            "{dtype} {d:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
-                        );
-                    }
-                    assert!(got[total..].iter().all(|&v| v == SENTINEL), "{dtype} {d:?}: wrote past the output");
-                });
+                        let past = got[total..].iter().all(|&v| v == SENTINEL);
+                        assert!(past, "{dtype} {d:?} {ranges:?}: wrote past the output");
+                    });
+                }
             }
         }
     }
@@ -952,14 +957,14 @@ fn activation_op_in_every_dtype() {
     }
 }
 
-/// The fused inverted-residual block, bit for bit the reference on integer data, through both
-/// of its paths (images expanded whole, and bands that expand their own rows chunk by chunk of
-/// hidden channels): both layouts, strides 1 and 2, with and without expand and residual,
+/// The fused inverted-residual block, bit for bit the reference on integer data, through its
+/// three paths (images expanded whole, bands that expand their own rows chunk by chunk of
+/// hidden channels, and images split by channels into 1–3 ranges): both layouts, strides 1 and 2, with and without expand and residual,
 /// hidden widths around the 16-channel blocks, rows of 1–70 pixels, several chunks per band,
 /// images of several bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
-    use super::block::Block;
+    use super::block::{Block, Split};
     use tilekit_kernels::InvertedResidualDesc;
     use tilekit_kernels::block::reference as block_reference;
     // (N, C, H, W, hidden or 0 for no expand, C', stride)
@@ -1014,14 +1019,22 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                 dw: (&wd, d.dw_bias.then_some(&bd[..])),
                 project: (&wp, d.project_bias.then_some(&bp[..])),
             };
-            for whole_max in [0, usize::MAX] {
-                let what = format!("case {case} {layout:?} whole_max {whole_max}");
+            let paths = [
+                (0, Split::Never),
+                (usize::MAX, Split::Never),
+                (usize::MAX, Split::Tasks(1)),
+                (usize::MAX, Split::Tasks(2)),
+                (usize::MAX, Split::Tasks(3)),
+                (usize::MAX, Split::Auto),
+            ];
+            for (whole_max, split) in paths {
+                let what = format!("case {case} {layout:?} whole_max {whole_max} {split:?}");
                 let mut o32 = vec![SENTINEL; lens.output];
-                block.run_with(&mut o32, whole_max).expect("f32");
+                block.run_with(&mut o32, whole_max, split).expect("f32");
                 let mut o16 = vec![f16::ZERO; lens.output];
-                block.run_with(&mut o16, whole_max).expect("f16");
+                block.run_with(&mut o16, whole_max, split).expect("f16");
                 let mut ob16 = vec![bf16::ZERO; lens.output];
-                block.run_with(&mut ob16, whole_max).expect("bf16");
+                block.run_with(&mut ob16, whole_max, split).expect("bf16");
                 for (i, &r) in want.iter().enumerate() {
                     assert_eq!(o32[i] as f64, r, "{what} f32 [{i}]");
                     assert_eq!(o16[i].to_f64(), f16::from_f64(r).to_f64(), "{what} f16 [{i}]");
