@@ -1,6 +1,8 @@
 //! The fused inverted-residual block on the CPU: the expanded tensor never leaves the caches.
 //!
-//! Three ways through an image, chosen by its size:
+//! A block without expand (MobileNetV2's first) has the input as its hidden tensor: it runs
+//! as the depthwise kernel on the input, then the pointwise kernel ([`Block::without_expand`]).
+//! Blocks with expand take one of three ways through an image, chosen by its size:
 //! - **By channels** (fewer than [`CHANNEL_SPLIT_PIXELS`] pixels per thread: MobileNetV2's
 //!   7 × 7 blocks 15–17 at 224²): each thread expands and filters one range of hidden
 //!   channels for every pixel, then projects every pixel onto one range of output channels
@@ -37,19 +39,23 @@
 //! took 4.65 ms against 9.94 (NHWC) and 5.01 against 10.84 (NCHW); 0.32–0.73 of the time per
 //! block. Against the three-op chain of public ops (matmul, depthwise, matmul; same run) it
 //! is now 0.97–1.43× as fast per block in NHWC (4.65 ms against 5.34 over the 17; the previous
-//! design was 0.35–0.99×) and 0.86–1.57× in NCHW (block 1, without expand, is the 0.86).
+//! design was 0.35–0.99×) and 0.86–1.57× in NCHW (block 1, without expand, was the 0.86;
+//! it now runs as that chain's two kernels).
 //! Measured alternatives: every image in bands (blocks 8–13 1.3× slower), whole images up to 4 MiB (blocks 2–4 1.1× slower), two bands per
 //! thread on whole images (1.1–1.3× slower on 14² and 7²), 64–128 KiB more of chunk budget
 //! (mixed, within 0.88–1.13×); rayon's split of the bands was bimodal (blocks 15–17 took
 //! 0.46 or 0.83 ms from one run of calls to the next, the pool 0.44 every time).
 
+use super::depthwise::Conv;
 use super::matmul::{Strided, gemm_f32};
+use super::pointwise::Pointwise;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
 use super::simd::{Isa, madd, multiversion};
 use super::{CHUNK, Elem, internal, scratch};
 use crate::Result;
+use crate::backend::PointwiseDesc;
 use std::ops::Range;
-use tilekit_kernels::{InvertedResidualDesc, Layout};
+use tilekit_kernels::{Activation, Conv2dDesc, InvertedResidualDesc, Layout};
 
 /// Hidden channels are padded to a multiple of this (the chunks' width and the register
 /// tiles' 8-channel blocks).
@@ -140,6 +146,9 @@ impl Block<'_> {
         if lens.output == 0 {
             return Ok(());
         }
+        if !d.expand {
+            return self.without_expand(out);
+        }
         let p = self.pack()?;
         let oh = d.out_h();
         let threads = rayon::current_num_threads().max(1);
@@ -205,7 +214,7 @@ impl Block<'_> {
         }
     }
 
-    /// Image `n`'s rows `rows`, hidden channels `ch`, expanded (or copied) into `dst`
+    /// Image `n`'s rows `rows`, hidden channels `ch`, expanded into `dst`
     /// (`[pixel][ld]`), before the bias and ReLU6.
     fn expand_rows(&self, n: usize, rows: Range<usize>, ch: Range<usize>, dst: &mut [f32], ld: usize) -> Result<()> {
         let (iy0, nrows, j0, jr) = (rows.start, rows.len(), ch.start, ch.len());
@@ -219,27 +228,7 @@ impl Block<'_> {
             return Err(internal("block rows past their buffers".into()));
         }
         let Some((we, _)) = self.expand else {
-            // NHWC: a run of channels per pixel; NCHW: a plane's run of pixels per channel.
-            if x_cs == 1 {
-                for (px, ev) in dst.chunks_mut(ld).take(pixels).enumerate() {
-                    ev[..jr].copy_from_slice(&self.x[x0 + px * x_rs + j0..][..jr]);
-                }
-            } else {
-                // A transpose, in blocks of pixels so the rows written stay in L1 (channel
-                // by channel over a whole image wrote one cache line per element: 37% of
-                // block 1's time at 112²).
-                const PB: usize = 64;
-                for p0 in (0..pixels).step_by(PB) {
-                    let pn = PB.min(pixels - p0);
-                    for jj in 0..jr {
-                        let plane = &self.x[x0 + (j0 + jj) * x_cs + p0..][..pn];
-                        for (px, v) in plane.iter().enumerate() {
-                            dst[(p0 + px) * ld + jj] = *v;
-                        }
-                    }
-                }
-            }
-            return Ok(());
+            return Err(internal("a block without expand reached the expand step".into()));
         };
         // SAFETY: op(X)'s pixels × c elements and dst's pixels rows of jr were checked above;
         // `we` holds hidden × c (checked by `run`), of which rows j0..j0 + jr are read.
@@ -363,6 +352,32 @@ impl Block<'_> {
         // SAFETY: the band's rows·ow pixels of co channels lie inside the output at dst.
         unsafe { self.finish(n, oy0, rows * ow, 0..co, dst, o_rs, o_cs) };
         Ok(())
+    }
+
+    /// A block without expand (MobileNetV2's first): its hidden tensor is the input, so it
+    /// runs as the depthwise kernel on the input in its layout (into an f32 buffer) and then
+    /// the pointwise kernel with the projection's bias and the residual. Expanding it into
+    /// the fused paths' `[pixel][channel]` rows was a copy (a transpose in NCHW) that took
+    /// this 1.37–1.47× the time (MobileNetV2's block 1 at 112², in-process against the
+    /// chain of public ops, both layouts).
+    fn without_expand<E: Elem>(&self, out: &mut [E]) -> Result<()> {
+        let d = &self.d;
+        let mut dw = Conv2dDesc::mobilenet_v2_block(d.batch, d.hidden, d.height, d.stride, d.layout);
+        dw.width = d.width;
+        dw.has_bias = self.dw.1.is_some();
+        let pixels = d.out_h() * d.out_w();
+        let mut f = scratch(d.batch * d.hidden * pixels)?;
+        Conv { d: dw, x: self.x, w: self.dw.0, packed: false, bias: self.dw.1 }.run(&mut f[..])?;
+        let pd = PointwiseDesc {
+            batch: d.batch,
+            cin: d.hidden,
+            cout: d.out_channels,
+            pixels,
+            activation: Activation::None,
+            layout: d.layout,
+        };
+        let residual = d.residual().then_some(self.x);
+        Pointwise { d: pd, x: &f, w: self.project.0, bias: self.project.1, residual }.run(out)
     }
 
     /// The projection bias and the residual added onto `pixels` output pixels from row `oy0`
