@@ -240,13 +240,19 @@ proptest! {
 }
 
 /// Pointwise layers large enough for the CPU's one-pass kernel in both layouts (NHWC takes it
-/// from 512 pixels; the proptest's images are smaller) and for its parallel split: exact on
-/// integer data with bias, residual and each exact activation, on every backend.
+/// from 512 pixels, or below 64 pixels per thread with enough work to split its output
+/// channels; the proptest's images are smaller) and for its parallel splits (pixel blocks,
+/// output-channel ranges): exact on integer data with bias, residual and each exact
+/// activation, on every backend.
 #[test]
 fn large_pointwise_layers_are_exact() {
     let mut seed = 77;
     for layout in [Layout::Nchw, Layout::Nhwc] {
-        for &(n, cin, cout, h, w) in &[(2, 16, 24, 24, 23), (1, 9, 40, 37, 30)] {
+        // The last two take the CPU kernel's output-channel ranges: few pixels per thread,
+        // and (NCHW) many output channels.
+        for &(n, cin, cout, h, w) in
+            &[(2, 16, 24, 24, 23), (1, 9, 40, 37, 30), (1, 160, 300, 7, 7), (1, 24, 200, 20, 19)]
+        {
             for act in [Activation::None, Activation::Relu6, Activation::Relu] {
                 let case =
                     PwCase { n, cin, cout, h, w, layout, bias: true, residual: seed % 2 == 0, act, exact: true, seed };
