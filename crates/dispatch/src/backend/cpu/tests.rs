@@ -982,6 +982,9 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
         (1, 9, 20, 13, 0, 5, 2),
         (1, 4, 10, 67, 100, 5, 1),
         (1, 3, 11, 70, 130, 4, 2),
+        // More input channels than the small-K expansion takes (gemm, then bias and ReLU6).
+        (1, 70, 6, 5, 24, 70, 1),
+        (1, 66, 4, 9, 20, 8, 2),
     ];
     let mut rng = Rng(0xb10c);
     for (case, &(batch, c, h, w, hidden, co, stride)) in cases.iter().enumerate() {
