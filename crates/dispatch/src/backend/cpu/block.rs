@@ -27,13 +27,14 @@
 //! layout (through an f32 staging buffer in the output's layout for f16 and bf16); the
 //! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). The
 //! expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. With at
-//! most [`SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–11), the expansion is
+//! most [`SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–7), the expansion is
 //! instead register tiles of 6 pixels × 16 hidden channels over the expand weight
 //! transposed once per call (`[C][hidden]`), the sums starting at the bias and stored through
 //! ReLU6 (`gemm`'s per-call packing dominated its calls of 16–32 input channels and, in
 //! bands, 16–32 hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
-//! 0.92–0.97 on blocks 5–7 (in-process A/B, both layouts, 2 threads), level (0.96–1.0) on
-//! blocks 8–17 with the bound raised to 160, so it stays at 64. The
+//! 0.92–0.97 on blocks 5–7 (in-process A/B, both layouts, 2 threads); with the bound raised
+//! to 160, blocks 8–17 were level (0.96–1.0 in that A/B, but 0.91–0.94 of the chain's speed
+//! on blocks 8–10 in the bench's table, where they had been 1.01–1.03), so it stays at 32. The
 //! depthwise taps go through the NHWC depthwise kernel's register tiles (`depthwise/nhwc3.rs`,
 //! AVX2 and FMA: nine weight vectors in registers, 4 pixels a tile, ReLU6 applied in
 //! registers), a scalar loop elsewhere. The bands of an image run on the calling thread and
@@ -121,7 +122,7 @@ fn small_k(isa: Isa, d: &InvertedResidualDesc) -> bool {
 }
 
 /// Input channels up to which [`avx::expand`] takes the expansion.
-const SMALL_K: usize = 64;
+const SMALL_K: usize = 32;
 
 impl Block<'_> {
     fn pack(&self) -> Result<Packed> {
