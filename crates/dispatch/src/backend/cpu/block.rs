@@ -125,14 +125,14 @@ fn small_k(isa: Isa, d: &InvertedResidualDesc) -> bool {
 const SMALL_K: usize = 32;
 
 impl Block<'_> {
-    fn pack(&self) -> Result<Packed> {
+    fn pack(&self, isa: Isa) -> Result<Packed> {
         let hid = self.d.hidden;
         let hp = hid.div_ceil(VB) * VB;
         let mut p = Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)?, wet: Vec::new() };
         if let Some((_, Some(be))) = self.expand {
             p.be[..hid].copy_from_slice(&be[..hid]);
         }
-        if let (true, Some((we, _))) = (small_k(Isa::detect(), &self.d), self.expand) {
+        if let (true, Some((we, _))) = (small_k(isa, &self.d), self.expand) {
             let c = self.d.channels;
             p.wet = scratch(c * hp)?;
             for (j, row) in we.chunks_exact(c).take(hid).enumerate() {
@@ -178,7 +178,8 @@ impl Block<'_> {
         if !d.expand {
             return self.without_expand(out);
         }
-        let p = self.pack()?;
+        let isa = Isa::detect();
+        let p = self.pack(isa)?;
         let oh = d.out_h();
         let threads = rayon::current_num_threads().max(1);
         // Images whose expanded tensor fits in WHOLE_IMAGE are expanded whole first (no halo
@@ -193,7 +194,6 @@ impl Block<'_> {
             Split::Tasks(t) => Some(t.max(1)),
         };
         let band = if whole { oh.div_ceil(threads) } else { oh.div_ceil(2 * threads).clamp(4.min(oh), 16) };
-        let isa = Isa::detect();
         // Images one after another, the bands of each on the calling thread and the pool's.
         let run_all = |dst: &mut [f32]| -> Result<()> {
             if dst.len() < lens.output {
@@ -258,11 +258,11 @@ impl Block<'_> {
         dst: &mut [f32],
     ) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
-        if small_k(isa, &self.d) && !p.wet.is_empty() {
+        if !p.wet.is_empty() {
             let (x0, x_rs, x_cs) = self.x_view(n, rows.start);
             let x = Strided { ptr: self.x, rs: x_rs, cs: x_cs };
             let pixels = rows.len() * self.d.width;
-            // SAFETY: `small_k` is true only where the CPU has AVX2 and FMA.
+            // SAFETY: `pack` makes `wet` only where `small_k` holds, which needs AVX2 and FMA.
             return unsafe { avx::expand(x, x0, self.d.channels, p, j0, jc, &mut dst[..pixels * jc], pixels) };
         }
         self.expand_rows(n, rows, j0..j0 + jr, dst, jc)?;

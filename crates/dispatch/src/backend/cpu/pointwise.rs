@@ -95,7 +95,7 @@ impl Pointwise<'_> {
     }
 
     /// [`Self::run`], with `ranges` ranges of output channels where given (else as
-    /// [`SPLIT_PIXELS`] says).
+    /// [`channel_ranges`] says).
     pub(super) fn run_with<E: Elem>(&self, out: &mut [E], ranges: Option<usize>) -> Result<()> {
         let PointwiseDesc { batch, cin, cout, pixels, .. } = self.d;
         if self.d.layout == Layout::Nhwc && batch > 1 {
