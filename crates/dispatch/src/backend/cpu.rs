@@ -58,6 +58,7 @@ mod pool;
 mod qgroup;
 mod quant;
 mod simd;
+mod small_k;
 #[cfg(test)]
 mod tests;
 

@@ -27,10 +27,10 @@
 //! layout (through an f32 staging buffer in the output's layout for f16 and bf16); the
 //! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). The
 //! expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. With at
-//! most [`SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–7), the expansion is
-//! instead register tiles of 6 pixels × 16 hidden channels over the expand weight
-//! transposed once per call (`[C][hidden]`), the sums starting at the bias and stored through
-//! ReLU6 (`gemm`'s per-call packing dominated its calls of 16–32 input channels and, in
+//! most [`small_k::SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–7), the expansion
+//! is instead the small-K register tiles (`small_k.rs`, shared with the pointwise kernel): 6
+//! pixels × 16 hidden channels over the expand weight transposed once per call
+//! (`[C][hidden]`), the sums starting at the bias and stored through ReLU6 (`gemm`'s per-call packing dominated its calls of 16–32 input channels and, in
 //! bands, 16–32 hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
 //! 0.92–0.97 on blocks 5–7 (in-process A/B, both layouts, 2 threads); with the bound raised
 //! to 160, blocks 8–17 were level (0.96–1.0 in that A/B, but 0.91–0.94 of the chain's speed
@@ -59,6 +59,7 @@ use super::matmul::{Strided, gemm_f32};
 use super::pointwise::Pointwise;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
 use super::simd::{Isa, madd, multiversion};
+use super::small_k;
 use super::{CHUNK, Elem, internal, scratch};
 use crate::Result;
 use crate::backend::PointwiseDesc;
@@ -110,36 +111,28 @@ struct Packed {
     /// Depthwise `[9][hp]` and bias `[hp]`.
     wd: Vec<f32>,
     bd: Vec<f32>,
-    /// The expand weight transposed, `[C][hp]`, where [`small_k`] takes the expansion (else
-    /// empty).
-    wet: Vec<f32>,
+    /// The expand weight transposed for the small-K tiles, where [`takes_small_k`]
+    /// holds.
+    wet: Option<small_k::Weights>,
 }
 
-/// Whether the expansion goes through [`avx::expand`] (AVX2 and FMA, at most [`SMALL_K`]
-/// input channels) instead of `gemm` and a pass for the bias and ReLU6.
-fn small_k(isa: Isa, d: &InvertedResidualDesc) -> bool {
-    d.expand && d.channels <= SMALL_K && isa != Isa::Portable
+/// Whether the expansion goes through the small-K register tiles ([`small_k::conv`]: AVX2
+/// and FMA, at most [`small_k::SMALL_K`] input channels) instead of `gemm` and a pass for the
+/// bias and ReLU6.
+fn takes_small_k(isa: Isa, d: &InvertedResidualDesc) -> bool {
+    d.expand && d.channels <= small_k::SMALL_K && isa != Isa::Portable
 }
-
-/// Input channels up to which [`avx::expand`] takes the expansion.
-const SMALL_K: usize = 32;
 
 impl Block<'_> {
     fn pack(&self, isa: Isa) -> Result<Packed> {
         let hid = self.d.hidden;
         let hp = hid.div_ceil(VB) * VB;
-        let mut p = Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)?, wet: Vec::new() };
+        let mut p = Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)?, wet: None };
         if let Some((_, Some(be))) = self.expand {
             p.be[..hid].copy_from_slice(&be[..hid]);
         }
-        if let (true, Some((we, _))) = (small_k(isa, &self.d), self.expand) {
-            let c = self.d.channels;
-            p.wet = scratch(c * hp)?;
-            for (j, row) in we.chunks_exact(c).take(hid).enumerate() {
-                for (k, v) in row.iter().enumerate() {
-                    p.wet[k * hp + j] = *v;
-                }
-            }
+        if let (true, Some((we, be))) = (takes_small_k(isa, &self.d), self.expand) {
+            p.wet = Some(small_k::Weights::new(we, self.d.channels, hid, be)?);
         }
         for (j, taps) in self.dw.0.chunks_exact(9).take(hid).enumerate() {
             for (k, t) in taps.iter().enumerate() {
@@ -258,12 +251,16 @@ impl Block<'_> {
         dst: &mut [f32],
     ) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
-        if !p.wet.is_empty() {
+        if let Some(w) = &p.wet {
             let (x0, x_rs, x_cs) = self.x_view(n, rows.start);
             let x = Strided { ptr: self.x, rs: x_rs, cs: x_cs };
             let pixels = rows.len() * self.d.width;
-            // SAFETY: `pack` makes `wet` only where `small_k` holds, which needs AVX2 and FMA.
-            return unsafe { avx::expand(x, x0, self.d.channels, p, j0, jc, &mut dst[..pixels * jc], pixels) };
+            if !jc.is_multiple_of(VB) || dst.len() < pixels * jc {
+                return Err(internal("a block's expansion past its buffers".into()));
+            }
+            // SAFETY: `pack` makes `wet` only where `takes_small_k` holds, which needs AVX2 and
+            // FMA; dst holds `pixels` rows of `jc` (checked above) and is this thread's.
+            return unsafe { small_k::conv(x, x0, w, j0, jc, None, dst.as_mut_ptr(), jc, pixels, small_k::Act::Relu6) };
         }
         self.expand_rows(n, rows, j0..j0 + jr, dst, jc)?;
         activate(isa, &self.d, p, j0, jc, jr, dst);
@@ -660,120 +657,4 @@ fn depthwise_inner<const FMA: bool>(a: &ChunkArgs, e: &[f32], f: &mut [f32]) {
 
 multiversion! {
     fn depthwise(a: &ChunkArgs, e: &[f32], f: &mut [f32]) => depthwise_inner
-}
-
-/// The expansion for few input channels on AVX2 and FMA ([`small_k`]).
-#[cfg(target_arch = "x86_64")]
-mod avx {
-    use super::{Packed, VB};
-    use crate::Result;
-    use crate::backend::cpu::internal;
-    use crate::backend::cpu::matmul::Strided;
-    use std::arch::x86_64::*;
-
-    /// Pixels per register tile (6 × 16 sums, two weight vectors and the broadcast input in
-    /// registers).
-    const P: usize = 6;
-
-    /// `dst[px][j] = relu6(be[j0 + j] + Σ_k x(px, k) · wet[k][j0 + j])` for `pixels` pixels
-    /// and `j < jc`, where `x(px, k)` is `x.ptr[x0 + px·x.rs + k·x.cs]` (`c` channels). The
-    /// sums start at the bias and take the channels in order, one fused multiply-add each.
-    /// ReLU6 keeps NaN and −0, as `f32::clamp` (MAXPS and MINPS return their second operand
-    /// where either is NaN or both are zeros).
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn expand(
-        x: Strided<&[f32]>,
-        x0: usize,
-        c: usize,
-        p: &Packed,
-        j0: usize,
-        jc: usize,
-        dst: &mut [f32],
-        pixels: usize,
-    ) -> Result<()> {
-        let hp = p.hp;
-        let last = (pixels.max(1) - 1) * x.rs + (c.max(1) - 1) * x.cs;
-        if pixels == 0 {
-            return Ok(());
-        }
-        if c == 0
-            || x0 + last >= x.ptr.len()
-            || !jc.is_multiple_of(VB)
-            || j0 + jc > hp
-            || p.wet.len() < c * hp
-            || p.be.len() < hp
-            || dst.len() < pixels * jc
-        {
-            return Err(internal("a block's expansion past its buffers".into()));
-        }
-        let mut px = 0;
-        while px < pixels {
-            let n = P.min(pixels - px);
-            for jb in (0..jc).step_by(VB) {
-                // SAFETY: pixels px..px + n and channels 0..c are inside x, channels j0 + jb ..
-                // + 16 inside wet's rows and be, and dst's pixels px..px + n hold jc each
-                // (checked above); the caller promises AVX2 and FMA.
-                unsafe {
-                    let xs = x.ptr.as_ptr().add(x0 + px * x.rs);
-                    let w = p.wet.as_ptr().add(j0 + jb);
-                    let b = p.be.as_ptr().add(j0 + jb);
-                    let o = dst.as_mut_ptr().add(px * jc + jb);
-                    match n {
-                        6 => tile::<6>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                        5 => tile::<5>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                        4 => tile::<4>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                        3 => tile::<3>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                        2 => tile::<2>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                        _ => tile::<1>(xs, x.rs, x.cs, c, w, hp, b, o, jc),
-                    }
-                }
-            }
-            px += n;
-        }
-        Ok(())
-    }
-
-    /// `N` pixels × 16 channels of [`expand`]: `x` at the tile's first pixel, `w` and `b` at
-    /// its first channel (`w`'s rows `ldw` apart), `o` at its first output (pixels `ldo`
-    /// apart).
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; the pointers cover what the tile reads and writes.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    unsafe fn tile<const N: usize>(
-        x: *const f32,
-        x_rs: usize,
-        x_cs: usize,
-        c: usize,
-        w: *const f32,
-        ldw: usize,
-        b: *const f32,
-        o: *mut f32,
-        ldo: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let (b0, b1) = (_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8)));
-            let mut acc = [[b0, b1]; N];
-            for k in 0..c {
-                let w0 = _mm256_loadu_ps(w.add(k * ldw));
-                let w1 = _mm256_loadu_ps(w.add(k * ldw + 8));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_broadcast_ss(&*x.add(i * x_rs + k * x_cs));
-                    a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
-                    a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
-                }
-            }
-            let (zero, six) = (_mm256_setzero_ps(), _mm256_set1_ps(6.0));
-            for (i, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(o.add(i * ldo), _mm256_min_ps(six, _mm256_max_ps(zero, a[0])));
-                _mm256_storeu_ps(o.add(i * ldo + 8), _mm256_min_ps(six, _mm256_max_ps(zero, a[1])));
-            }
-        }
-    }
 }

@@ -12,6 +12,19 @@
 //! Half-precision outputs go through a per-thread f32 stage of at most [`STAGE`] elements,
 //! rounded once.
 //!
+//! With 1 to [`small_k::SMALL_K`] input channels on AVX2 (MobileNetV2's stem, 27 → 32 over the
+//! im2col patches, and block 1's projection, 32 → 16), the block goes through the small-K
+//! register tiles instead ([`takes_small_k`]): sums starting at the bias (plus the residual),
+//! ReLU and ReLU6 applied in registers, each output stored once. NHWC takes 6 pixels × 16
+//! channels over the weight transposed once per call ([`small_k::conv`]); NCHW 6 channels ×
+//! 16 pixels of the planes, the weight as stored ([`small_k::conv_planes`]). `gemm`'s
+//! per-call packing of such thin operands was most of its time: in-process A/B against the
+//! `gemm` path (2 threads, bias + ReLU6, medians of 25 interleaved rounds), NHWC 0.68 of the
+//! time on 27 → 32 at 112², 0.73 on 32 → 16 at 112², 0.63 on 16 → 96 at 112², 0.69 on
+//! 24 → 144 at 56², 0.85 on 32 → 192 at 28²; NCHW 0.67, 0.77, 0.63, 0.74 and 0.83. The stem's
+//! pointwise layer in the whole network (profiled, previous build and this one alternated,
+//! three pairs): NHWC 151–152 µs against 201–213, NCHW 167–188 against 230–255.
+//!
 //! How the threads split the work ([`channel_ranges`]): below [`PARALLEL_MIN`] multiply-adds
 //! one task per image; with fewer than [`SPLIT_PIXELS`] pixels per thread, or in NCHW with at
 //! least [`SPLIT_NCHW_CHANNELS`] output channels per thread, each thread takes one range of
@@ -33,6 +46,7 @@ use super::activation::map_in_place;
 use super::matmul::{Strided, gemm_f32};
 use super::pool::try_for_each_index;
 use super::simd::Isa;
+use super::small_k;
 use super::{Elem, internal};
 use crate::Result;
 use crate::backend::PointwiseDesc;
@@ -48,6 +62,21 @@ const SPLIT_PIXELS: usize = 64;
 
 /// NCHW outputs with at least this many channels per thread split them over the threads.
 const SPLIT_NCHW_CHANNELS: usize = 48;
+
+/// Whether a convolution goes through the small-K register tiles (AVX2 and FMA, 1 to
+/// [`small_k::SMALL_K`] input channels) instead of `gemm` on outputs set to the bias.
+fn takes_small_k(isa: Isa, d: &PointwiseDesc) -> bool {
+    (1..=small_k::SMALL_K).contains(&d.cin) && isa != Isa::Portable
+}
+
+/// How a block goes through the small-K tiles (never, off x86-64).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Small {
+    /// NHWC: [`small_k::conv`] over the weight transposed.
+    Rows(small_k::Weights),
+    /// NCHW: [`small_k::conv_planes`] over the weight as stored.
+    Planes,
+}
 
 /// Multiply-adds of a convolution (saturating).
 fn work(d: &PointwiseDesc) -> usize {
@@ -132,13 +161,18 @@ impl Pointwise<'_> {
         let cols = cols.next_multiple_of(16).min(pixels);
         let blocks = pixels.div_ceil(cols);
         let isa = Isa::detect();
+        let small = match (takes_small_k(isa, &self.d), self.d.layout) {
+            (false, _) => None,
+            (true, Layout::Nchw) => Some(Small::Planes),
+            (true, _) => Some(Small::Rows(small_k::Weights::new(self.w, cin, cout, self.bias)?)),
+        };
         let o = Out(out.as_mut_ptr());
         // SAFETY (both calls): `out` holds `batch · plane` elements (checked above), and the
         // tasks `0..batch · blocks · ranges` write disjoint blocks of it.
         let task = |t: usize| {
             let (n, b, r) = (t / (blocks * ranges), t / ranges % blocks, t % ranges);
             let ch = r * cb..(r * cb + cb).min(cout);
-            unsafe { self.block(isa, n, b * cols, cols, ch, &o) }
+            unsafe { self.block(isa, small.as_ref(), n, b * cols, cols, ch, &o) }
         };
         if parallel {
             try_for_each_index(batch * blocks * ranges, task)
@@ -147,14 +181,17 @@ impl Pointwise<'_> {
         }
     }
 
-    /// Image `n`'s output columns `j0..j0 + cols` (clipped to the image), channels `ch`.
+    /// Image `n`'s output columns `j0..j0 + cols` (clipped to the image), channels `ch`;
+    /// through the small-K register tiles where `small` is given ([`takes_small_k`]).
     ///
     /// # Safety
     /// `out` points at the whole output (`batch · cout · pixels` elements), and no other
     /// thread touches these channels of these columns of image `n` meanwhile.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn block<E: Elem>(
         &self,
         isa: Isa,
+        small: Option<&Small>,
         n: usize,
         j0: usize,
         cols: usize,
@@ -177,10 +214,39 @@ impl Pointwise<'_> {
             // SAFETY: `first` is inside the output (caller's contract), and E is f32 here.
             (unsafe { out.0.add(first) }.cast::<f32>(), o_rs, o_cs)
         };
-        // The outputs start as bias (+ residual); the product is added to them. NHWC: a run
-        // of channels per pixel; NCHW: a run of pixels per channel.
         let (runs, len, step, o_step) = if nhwc { (jn, cn, cs, o_cs) } else { (cn, jn, rs, o_rs) };
-        for i in 0..runs {
+        // The activation in the small-K tiles' registers, where they take the block and it is
+        // one they have.
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let mut in_tiles = false;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(small) = small {
+            use tilekit_kernels::Activation as A;
+            let act = match activation {
+                A::Relu => small_k::Act::Relu,
+                A::Relu6 => small_k::Act::Relu6,
+                _ => small_k::Act::None,
+            };
+            in_tiles = act != small_k::Act::None || activation == A::None;
+            // SAFETY (both): `small` is made only where `takes_small_k` holds (AVX2 and FMA);
+            // dst holds this task's `cn` channels of `jn` pixels at strides (rs, cs) (above).
+            match small {
+                Small::Rows(w) => {
+                    let x = Strided { ptr: self.x, rs: cin, cs: 1 };
+                    let res = self.residual.map(|r| (&r[first..], cout));
+                    unsafe { small_k::conv(x, (n * pixels + j0) * cin, w, c0, cn, res, dst, cs, jn, act)? };
+                }
+                Small::Planes => {
+                    let x = &self.x[n * cin * pixels + j0..];
+                    let (w, bias) = (&self.w[c0 * cin..], self.bias.map(|b| &b[c0..]));
+                    let res = self.residual.map(|r| (&r[first..], pixels));
+                    unsafe { small_k::conv_planes(x, pixels, w, cin, bias, cn, res, dst, rs, jn, act)? };
+                }
+            }
+        }
+        // Else the outputs start as bias (+ residual); the product is added to them. NHWC: a
+        // run of channels per pixel; NCHW: a run of pixels per channel.
+        for i in (0..runs).filter(|_| small.is_none()) {
             // SAFETY: run `i`'s `len` elements at `dst + i·step` are this task's (see above).
             let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * step), len) };
             let res = self.residual.map(|r| &r[first + i * o_step..][..len]);
@@ -196,7 +262,7 @@ impl Pointwise<'_> {
                 (_, None, None) => run.fill(0.0),
             }
         }
-        if cin > 0 {
+        if cin > 0 && small.is_none() {
             let (x0, x_rs, x_cs) =
                 if nhwc { ((n * pixels + j0) * cin, 1, cin) } else { (n * cin * pixels + j0, pixels, 1) };
             // SAFETY: dst holds the block's cn × jn elements at strides (rs, cs) (above); W
@@ -221,7 +287,7 @@ impl Pointwise<'_> {
         for i in 0..runs {
             // SAFETY: run `i`'s `len` elements at `dst + i·step` are this task's (above).
             let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * step), len) };
-            if activation != tilekit_kernels::Activation::None {
+            if !in_tiles && activation != tilekit_kernels::Activation::None {
                 map_in_place(isa, activation, run, None);
             }
             if half {

@@ -832,36 +832,40 @@ fn pointwise_kernel_is_exact() {
                 }
                 let pw = Pointwise { d, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
                 let guard = 5;
-                // As the kernel chooses, and with the output channels in 3 ranges.
+                // As the kernel chooses, and with the output channels in 3 ranges, in every
+                // instruction set (NHWC layers of 1 to 32 input channels take the small-K
+                // register tiles on AVX2, `gemm` elsewhere).
                 for ranges in [None, Some(3)] {
-                    each_dtype(|dtype, round| {
-                        let want = round(&want);
-                        let got = match dtype {
-                            DType::F32 => {
-                                let mut o = vec![SENTINEL; total + guard];
-                                pw.run_with(&mut o, ranges).expect("run");
-                                o
+                    in_each_isa(|isa| {
+                        each_dtype(|dtype, round| {
+                            let want = round(&want);
+                            let got = match dtype {
+                                DType::F32 => {
+                                    let mut o = vec![SENTINEL; total + guard];
+                                    pw.run_with(&mut o, ranges).expect("run");
+                                    o
+                                }
+                                DType::F16 => {
+                                    let mut o = vec![f16::from_f32(SENTINEL); total + guard];
+                                    pw.run_with(&mut o, ranges).expect("run");
+                                    load(&o)
+                                }
+                                DType::Bf16 => {
+                                    let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
+                                    pw.run_with(&mut o, ranges).expect("run");
+                                    load(&o)
+                                }
+                                other => unimplemented!("{other:?}"),
+                            };
+                            for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                                assert!(
+                                    g == e,
+                                    "{isa:?} {dtype} {d:?} {ranges:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
+                                );
                             }
-                            DType::F16 => {
-                                let mut o = vec![f16::from_f32(SENTINEL); total + guard];
-                                pw.run_with(&mut o, ranges).expect("run");
-                                load(&o)
-                            }
-                            DType::Bf16 => {
-                                let mut o = vec![bf16::from_f32(SENTINEL); total + guard];
-                                pw.run_with(&mut o, ranges).expect("run");
-                                load(&o)
-                            }
-                            other => unimplemented!("{other:?}"),
-                        };
-                        for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                g == e,
-                                "{dtype} {d:?} {ranges:?} bias {has_bias} residual {has_res}: output {i} is {g}, expected {e}"
-                            );
-                        }
-                        let past = got[total..].iter().all(|&v| v == SENTINEL);
-                        assert!(past, "{dtype} {d:?} {ranges:?}: wrote past the output");
+                            let past = got[total..].iter().all(|&v| v == SENTINEL);
+                            assert!(past, "{isa:?} {dtype} {d:?} {ranges:?}: wrote past the output");
+                        })
                     });
                 }
             }
