@@ -1,15 +1,19 @@
 //! 1 × 1 convolutions of few input channels in register tiles (AVX2 and FMA): the fused
 //! block's expansion of at most [`SMALL_K`] channels (MobileNetV2's blocks 2–7) and the
-//! pointwise kernel's NHWC layers of at most [`SMALL_K`] (the stem's 27 → 32 over the im2col
-//! patches, block 1's 32 → 16 projection).
+//! pointwise kernel's layers of at most [`SMALL_K`], both layouts (the stem's 27 → 32 over
+//! the im2col patches, block 1's 32 → 16 projection, the unfused chain's expansions).
 //!
-//! A tile is 6 pixels × 16 output channels: twelve sums in registers that start at the bias
-//! (plus the residual), take the input channels in order (one broadcast of the pixel's
-//! channel, two weight vectors, one fused multiply-add each), and are stored once through
-//! ReLU or ReLU6 in registers. The weight is transposed once per call into [`Weights`]
-//! (`[C][ld]`, a few KiB at these sizes). With so few input channels, `gemm`'s per-call
-//! packing of its operands (and a second pass for the bias and activation) was most of the
-//! work: see `block.rs` and `pointwise.rs` for the measurements.
+//! [`conv`] (pixels with their channels contiguous: NHWC, the block's rows) takes 6 pixels ×
+//! 16 output channels a tile: twelve sums in registers that start at the bias (plus the
+//! residual), take the input channels in order (one broadcast of the pixel's channel, two
+//! weight vectors, one fused multiply-add each), and are stored once through ReLU or ReLU6
+//! in registers; the weight is transposed once per call into [`Weights`] (`[C][ld]`, a few
+//! KiB at these sizes). [`conv_planes`] (NCHW) swaps the roles: 6 output channels × 16
+//! pixels of the planes, two vectors of one input plane and a broadcast weight (read as
+//! stored) per step, the same sums in the same order, the last pixels of a row through
+//! masked loads and stores. With so few input channels, `gemm`'s per-call packing of its
+//! operands (and a second pass for the bias and activation) was most of the work: see
+//! `block.rs` and `pointwise.rs` for the measurements.
 
 // The tiles are x86-64's; elsewhere the callers never take them (`Isa::Portable`).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
