@@ -106,14 +106,28 @@ mod avx {
         pixels: usize,
         act: Act,
     ) -> Result<()> {
+        let a = ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels };
         // SAFETY: the caller's contract.
         unsafe {
             match act {
-                Act::Relu6 => conv_act::<2>(x, x0, w, j0, jc, res, dst, ldo, pixels),
-                Act::Relu => conv_act::<1>(x, x0, w, j0, jc, res, dst, ldo, pixels),
-                Act::None => conv_act::<0>(x, x0, w, j0, jc, res, dst, ldo, pixels),
+                Act::Relu6 => conv_act::<2>(&a),
+                Act::Relu => conv_act::<1>(&a),
+                Act::None => conv_act::<0>(&a),
             }
         }
+    }
+
+    /// The operands of [`conv`].
+    struct ConvArgs<'a> {
+        x: Strided<&'a [f32]>,
+        x0: usize,
+        w: &'a Weights,
+        j0: usize,
+        jc: usize,
+        res: Option<(&'a [f32], usize)>,
+        dst: *mut f32,
+        ldo: usize,
+        pixels: usize,
     }
 
     /// [`conv`] with activation `A` (0 none, 1 ReLU, 2 ReLU6): one copy per activation, so
@@ -121,20 +135,10 @@ mod avx {
     ///
     /// # Safety
     /// As [`conv`].
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn conv_act<const A: u8>(
-        x: Strided<&[f32]>,
-        x0: usize,
-        w: &Weights,
-        j0: usize,
-        jc: usize,
-        res: Option<(&[f32], usize)>,
-        dst: *mut f32,
-        ldo: usize,
-        pixels: usize,
-    ) -> Result<()> {
+    unsafe fn conv_act<const A: u8>(a: &ConvArgs<'_>) -> Result<()> {
+        let ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels } = *a;
         let c = w.c;
         if pixels == 0 || jc == 0 {
             return Ok(());
