@@ -30,8 +30,9 @@
 //! most [`small_k::SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–7), the expansion
 //! is instead the small-K register tiles (`small_k.rs`, shared with the pointwise kernel): 6
 //! pixels × 16 hidden channels over the expand weight transposed once per call
-//! (`[C][hidden]`), the sums starting at the bias and stored through ReLU6 (`gemm`'s per-call packing dominated its calls of 16–32 input channels and, in
-//! bands, 16–32 hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
+//! (`[C][hidden]`), the sums starting at the bias and stored through ReLU6 (`gemm`'s
+//! per-call packing dominated its calls of 16–32 input channels and, in bands, 16–32
+//! hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
 //! 0.92–0.97 on blocks 5–7 (in-process A/B, both layouts, 2 threads); with the bound raised
 //! to 160, blocks 8–17 were level (0.96–1.0 in that A/B, but 0.91–0.94 of the chain's speed
 //! on blocks 8–10 in the bench's table, where they had been 1.01–1.03), so it stays at 32. The
