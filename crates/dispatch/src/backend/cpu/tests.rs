@@ -833,8 +833,8 @@ fn pointwise_kernel_is_exact() {
                 let pw = Pointwise { d, x: &x, w: &w, bias: bias.as_deref(), residual: residual.as_deref() };
                 let guard = 5;
                 // As the kernel chooses, and with the output channels in 3 ranges, in every
-                // instruction set (NHWC layers of 1 to 32 input channels take the small-K
-                // register tiles on AVX2, `gemm` elsewhere).
+                // instruction set (layers of 1 to 32 input channels take the small-K register
+                // tiles on AVX2, both layouts; `gemm` elsewhere).
                 for ranges in [None, Some(3)] {
                     in_each_isa(|isa| {
                         each_dtype(|dtype, round| {
