@@ -61,6 +61,7 @@ mod simd;
 mod small_k;
 #[cfg(test)]
 mod tests;
+mod transpose;
 
 use activation::Act;
 use depthwise::Conv;

@@ -10,7 +10,11 @@
 //!   every thread read (and `gemm` packed) all of both weights for 24 or 25 pixels. Blocks
 //!   15–17 took 0.80–0.87 of the time in NHWC and 0.90–0.92 in NCHW (whole network,
 //!   profiled, the previous build and this one alternated, three pairs on a 2-core Zen 3).
-//!   At 14 × 14 the split was mixed (0.90–1.07) and at 28 × 28 slower (up to 1.17).
+//!   At 14 × 14 the split was mixed (0.90–1.07) and at 28 × 28 slower (up to 1.17). In NHWC
+//!   the projection goes into a channel-major buffer and is transposed into the output with
+//!   its bias and the residual (as the pointwise kernel's channel ranges, `pointwise.rs`):
+//!   block 17 (960 → 320) took 0.91 of the time, blocks 15–16 0.97–1.0 (the network profiled,
+//!   the two interleaved run by run).
 //! - **Whole** (at most [`WHOLE_IMAGE`] expanded elements, 1 MiB of f32: MobileNetV2's blocks
 //!   5–14 at 224²): the image is expanded once, its rows split over the threads, then each
 //!   thread takes one band of output rows (depthwise, then projection) reading the expanded
@@ -61,6 +65,7 @@ use super::pointwise::Pointwise;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
 use super::simd::{Isa, madd, multiversion};
 use super::small_k;
+use super::transpose;
 use super::{CHUNK, Elem, internal, scratch};
 use crate::Result;
 use crate::backend::PointwiseDesc;
@@ -503,10 +508,18 @@ impl Block<'_> {
             _ => (1, opix),
         };
         let ob = co.div_ceil(tasks).max(1);
+        // NHWC: the projection into a channel-major buffer (`gemm`'s NCHW orientation, the
+        // weight read along its rows; see `transpose.rs`), then transposed into the output.
+        let orient = d.layout == Layout::Nhwc;
         try_for_each_index(co.div_ceil(ob), |t| {
             let (o0, on) = (t * ob, ob.min(co - t * ob));
             // SAFETY: the caller's contract: `out` points to the whole output.
             let dst = unsafe { out.0.add(d.output_index(n, 0, 0, 0)) };
+            let mut tbuf = if orient { scratch(on * opix)? } else { Vec::new() };
+            // The product's destination: `tbuf` (channel-major), or the output's channels o0...
+            // SAFETY (the `add`): those channels lie inside the output (the caller's contract).
+            let (pd, p_rs, p_cs) =
+                if orient { (tbuf.as_mut_ptr(), 1, opix) } else { (unsafe { dst.add(o0 * o_cs) }, o_rs, o_cs) };
             let mut j0 = 0;
             while j0 < hid {
                 let jc = jb.min(p.hp - j0);
@@ -515,14 +528,14 @@ impl Block<'_> {
                 // SAFETY: f holds opix pixels of jc channels (jr read); the image's opix
                 // pixels of output channels o0..o0 + on lie inside the output at dst with
                 // these strides (the caller's contract), and no other task writes those
-                // channels; the projection weight holds co × hid (checked by `run`), rows
-                // o0..o0 + on and columns j0..j0 + jr read.
+                // channels (or in `tbuf`, on × opix); the projection weight holds co × hid
+                // (checked by `run`), rows o0..o0 + on and columns j0..j0 + jr read.
                 unsafe {
                     gemm_f32(
                         opix,
                         on,
                         jr,
-                        Strided { ptr: dst.add(o0 * o_cs), rs: o_rs, cs: o_cs },
+                        Strided { ptr: pd, rs: p_rs, cs: p_cs },
                         Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
                         Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
                         j0 > 0,
@@ -530,6 +543,17 @@ impl Block<'_> {
                     );
                 }
                 j0 += jc;
+            }
+            if orient {
+                let (x0, _, _) = self.x_view(n, 0);
+                let add = transpose::Add {
+                    bias: self.project.1.map(|b| &b[o0..o0 + on]),
+                    res: d.residual().then(|| (&self.x[x0 + o0..], d.channels)),
+                };
+                // SAFETY: tbuf holds on × opix; the output's opix pixels of channels
+                // o0..o0 + on at dst + o0, `co` apart, are this task's (as above).
+                unsafe { transpose::transpose(isa, on, opix, tbuf.as_ptr(), opix, dst.add(o0), co, add) };
+                return Ok(());
             }
             // SAFETY: as for the projection.
             unsafe { self.finish(n, 0, opix, o0..o0 + on, dst, o_rs, o_cs) };

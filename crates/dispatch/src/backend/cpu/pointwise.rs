@@ -25,6 +25,17 @@
 //! pointwise layer in the whole network (profiled, previous build and this one alternated,
 //! three pairs): NHWC 151–152 µs against 201–213, NCHW 167–188 against 230–255.
 //!
+//! NHWC blocks of a channel split compute their product channel-major (a per-thread buffer,
+//! `[channel][pixel]`) and transpose it into the output, adding the bias and residual on the
+//! way (`transpose.rs`): `gemm` makes the output's contiguous dimension its `M`, so written
+//! where it lies an NHWC product has `W` as its left operand, packed per call through a
+//! transposing gather, while channel-major (NCHW's orientation) it reads `W` along its rows
+//! where they lie. In-process A/B on MobileNetV2's 7² layers (49 pixels, bias + ReLU6, 2
+//! threads of a 2-core AVX-512 Xeon, medians of 31 interleaved rounds): 0.94 of the time on 960 → 160, 0.87 on
+//! 320 → 1280, 0.90 on 960 → 320, 0.85 on 160 → 960 (NCHW took 0.76–0.78; what is left is
+//! mostly `gemm`'s packing of the input, row-major in NHWC). The head (320 → 1280) in the
+//! whole network: 0.77 (profiled, the two interleaved run by run, medians of 21).
+//!
 //! How the threads split the work ([`channel_ranges`]): below [`PARALLEL_MIN`] multiply-adds
 //! one task per image; with fewer than [`SPLIT_PIXELS`] pixels per thread, or in NCHW with at
 //! least [`SPLIT_NCHW_CHANNELS`] output channels per thread, each thread takes one range of
@@ -47,6 +58,7 @@ use super::matmul::{Strided, gemm_f32};
 use super::pool::try_for_each_index;
 use super::simd::Isa;
 use super::small_k;
+use super::transpose;
 use super::{Elem, internal};
 use crate::Result;
 use crate::backend::PointwiseDesc;
@@ -101,6 +113,8 @@ const PARALLEL_MIN: usize = 1 << 17;
 thread_local! {
     /// A thread's f32 block for half-precision outputs, taken out of its slot while in use.
     static STAGE_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A thread's channel-major product of an NHWC block taken in the NCHW orientation.
+    static T_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// The operands as f32 (widened where stored in half precision).
@@ -166,13 +180,15 @@ impl Pointwise<'_> {
             (true, Layout::Nchw) => Some(Small::Planes),
             (true, _) => Some(Small::Rows(small_k::Weights::new(self.w, cin, cout, self.bias)?)),
         };
+        // NHWC blocks of a channel split take gemm's NCHW orientation (see [`Self::block`]).
+        let orient = self.d.layout == Layout::Nhwc && ranges > 1 && small.is_none() && cin > 0;
         let o = Out(out.as_mut_ptr());
         // SAFETY (both calls): `out` holds `batch · plane` elements (checked above), and the
         // tasks `0..batch · blocks · ranges` write disjoint blocks of it.
         let task = |t: usize| {
             let (n, b, r) = (t / (blocks * ranges), t / ranges % blocks, t % ranges);
             let ch = r * cb..(r * cb + cb).min(cout);
-            unsafe { self.block(isa, small.as_ref(), n, b * cols, cols, ch, &o) }
+            unsafe { self.block(isa, small.as_ref(), orient, n, b * cols, cols, ch, &o) }
         };
         if parallel {
             try_for_each_index(batch * blocks * ranges, task)
@@ -182,7 +198,11 @@ impl Pointwise<'_> {
     }
 
     /// Image `n`'s output columns `j0..j0 + cols` (clipped to the image), channels `ch`;
-    /// through the small-K register tiles where `small` is given ([`takes_small_k`]).
+    /// through the small-K register tiles where `small` is given ([`takes_small_k`]). `orient`
+    /// (NHWC only): `gemm` lays out its problem so that the output's contiguous dimension is
+    /// its `M`, which for NHWC makes `W` its left operand, packed per call through a
+    /// transposing gather; with the product written channel-major instead (the NCHW
+    /// orientation), `W` is its right operand, read along its rows where they lie.
     ///
     /// # Safety
     /// `out` points at the whole output (`batch · cout · pixels` elements), and no other
@@ -192,6 +212,7 @@ impl Pointwise<'_> {
         &self,
         isa: Isa,
         small: Option<&Small>,
+        orient: bool,
         n: usize,
         j0: usize,
         cols: usize,
@@ -215,6 +236,35 @@ impl Pointwise<'_> {
             (unsafe { out.0.add(first) }.cast::<f32>(), o_rs, o_cs)
         };
         let (runs, len, step, o_step) = if nhwc { (jn, cn, cs, o_cs) } else { (cn, jn, rs, o_rs) };
+        // `orient`: the product into a per-thread channel-major buffer, then transposed into
+        // the block with the bias and residual (see `transpose.rs`).
+        if orient {
+            let mut t = T_BUF.take();
+            t.resize(cn * jn, 0.0);
+            let x0 = (n * pixels + j0) * cin;
+            // SAFETY: t holds cn × jn at (jn, 1); W is cout × cin (checked by `run`), rows
+            // c0..c0 + cn read; x holds the block's jn pixels of cin channels from x0. Then
+            // dst holds the block's jn pixels of cn channels, `cs` apart (above), and the
+            // residual, where given, the output's.
+            unsafe {
+                gemm_f32(
+                    cn,
+                    jn,
+                    cin,
+                    Strided { ptr: t.as_mut_ptr(), rs: jn, cs: 1 },
+                    Strided { ptr: self.w.as_ptr().add(c0 * cin), rs: cin, cs: 1 },
+                    Strided { ptr: self.x.as_ptr().add(x0), rs: 1, cs: cin },
+                    false,
+                    gemm::Parallelism::None,
+                );
+                let add = transpose::Add {
+                    bias: self.bias.map(|b| &b[c0..c0 + cn]),
+                    res: self.residual.map(|r| (&r[first..], cout)),
+                };
+                transpose::transpose(isa, cn, jn, t.as_ptr(), jn, dst, cs, add);
+            }
+            T_BUF.set(t);
+        }
         // The activation in the small-K tiles' registers, where they take the block and it is
         // one they have.
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
@@ -246,7 +296,7 @@ impl Pointwise<'_> {
         }
         // Else the outputs start as bias (+ residual); the product is added to them. NHWC: a
         // run of channels per pixel; NCHW: a run of pixels per channel.
-        for i in (0..runs).filter(|_| small.is_none()) {
+        for i in (0..runs).filter(|_| small.is_none() && !orient) {
             // SAFETY: run `i`'s `len` elements at `dst + i·step` are this task's (see above).
             let run = unsafe { std::slice::from_raw_parts_mut(dst.add(i * step), len) };
             let res = self.residual.map(|r| &r[first + i * o_step..][..len]);
@@ -262,7 +312,7 @@ impl Pointwise<'_> {
                 (_, None, None) => run.fill(0.0),
             }
         }
-        if cin > 0 && small.is_none() {
+        if cin > 0 && small.is_none() && !orient {
             let (x0, x_rs, x_cs) =
                 if nhwc { ((n * pixels + j0) * cin, 1, cin) } else { (n * cin * pixels + j0, pixels, 1) };
             // SAFETY: dst holds the block's cn × jn elements at strides (rs, cs) (above); W

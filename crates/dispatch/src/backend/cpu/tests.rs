@@ -800,6 +800,7 @@ fn pointwise_kernel_is_exact() {
             (1, 32, 1280, 49),
             (2, 40, 333, 37),
             (3, 9, 24, 700),
+            (1, 72, 10, 9),
         ] {
             for variant in 0..4usize {
                 let (has_bias, has_res) = (variant % 2 == 0, variant / 2 == 1);
@@ -1036,8 +1037,9 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
             ];
             for (whole_max, split) in paths {
                 let what = format!("case {case} {layout:?} whole_max {whole_max} {split:?}");
-                let mut o32 = vec![SENTINEL; lens.output];
+                let mut o32 = vec![SENTINEL; lens.output + 16];
                 block.run_with(&mut o32, whole_max, split).expect("f32");
+                assert!(o32[lens.output..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()), "{what}: guard words");
                 let mut o16 = vec![f16::ZERO; lens.output];
                 block.run_with(&mut o16, whole_max, split).expect("f16");
                 let mut ob16 = vec![bf16::ZERO; lens.output];

@@ -280,46 +280,15 @@ fn planes_out_scalar(sums: &[f32], plane: usize, from: usize, out: &mut [f32]) {
     }
 }
 
-/// The transposes in 8 × 8 blocks of AVX registers (24 shuffles per 64 elements, against 64
-/// scalar stores).
+/// The transposes in 8 × 8 blocks of AVX registers (`transpose.rs`'s `t8`: 24 shuffles per
+/// 64 elements, against 64 scalar stores).
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::super::super::transpose::avx::t8;
     use super::{G, TBUF, TPAD, Taps, planes_in_scalar, planes_out_scalar};
     use std::arch::x86_64::*;
 
     const _: () = assert!(G == 8, "one AVX register of f32 per pixel");
-
-    /// `out[j]` lane `i` = `r[i]` lane `j`.
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn t8(r: [__m256; 8]) -> [__m256; 8] {
-        let a0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let a1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let a2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let a3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let a4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let a5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let a6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let a7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let b0 = _mm256_shuffle_ps::<0x44>(a0, a2);
-        let b1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
-        let b2 = _mm256_shuffle_ps::<0x44>(a1, a3);
-        let b3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
-        let b4 = _mm256_shuffle_ps::<0x44>(a4, a6);
-        let b5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
-        let b6 = _mm256_shuffle_ps::<0x44>(a5, a7);
-        let b7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
-        [
-            _mm256_permute2f128_ps::<0x20>(b0, b4),
-            _mm256_permute2f128_ps::<0x20>(b1, b5),
-            _mm256_permute2f128_ps::<0x20>(b2, b6),
-            _mm256_permute2f128_ps::<0x20>(b3, b7),
-            _mm256_permute2f128_ps::<0x31>(b0, b4),
-            _mm256_permute2f128_ps::<0x31>(b1, b5),
-            _mm256_permute2f128_ps::<0x31>(b2, b6),
-            _mm256_permute2f128_ps::<0x31>(b3, b7),
-        ]
-    }
 
     /// [`super::pixels`] in AVX registers. Written with intrinsics because LLVM's SLP
     /// vectoriser turned the plain loops of the 8-pixel stride-1 block (64 contiguous
