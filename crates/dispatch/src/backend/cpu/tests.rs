@@ -343,6 +343,23 @@ fn parallel_paths_are_exact() {
     }
 }
 
+/// `B` stored `[N, K]` and large enough (`N·K ≥ 2^19`) for the products of at most 256 rows a
+/// call to be computed channel-major and transposed into the output (`ORIENT_MAX_ROWS`):
+/// row tails past the 8 × 8 transpose blocks, both sides of the row bound per call, every
+/// epilogue, padded views, A transposed (which keeps the direct path).
+#[test]
+fn linear_layout_products_through_the_transpose_are_exact() {
+    let mut seed = 700;
+    for &(m, n, k, ta) in
+        &[(33, 1031, 517, false), (150, 1100, 480, false), (600, 1030, 520, false), (40, 1030, 520, true)]
+    {
+        for variant in [0, 1, 2, 3, 4] {
+            check_matmul(&matmul_desc(m, n, k, ta, true, variant), seed);
+            seed += 1;
+        }
+    }
+}
+
 /// f32 outputs on either side of the one-call limit (`CACHED_OUT`, 2^18 elements): one `gemm`
 /// then the epilogue below it, row panels above it; every epilogue, both B layouts.
 #[test]
