@@ -415,8 +415,8 @@ impl Block<'_> {
             }
             // SAFETY: f holds rows·ow pixels of jc channels (jr read); the band's rows·ow
             // pixels of co channels lie inside the output at dst with these strides (the
-            // caller's contract), or in `tbuf` (opix × co); the projection weight holds co × hid (checked by `run`),
-            // columns j0..j0 + jr read.
+            // caller's contract), or in `tbuf` (opix × co); the projection weight holds
+            // co × hid (checked by `run`), columns j0..j0 + jr read.
             unsafe {
                 gemm_f32(
                     rows * ow,

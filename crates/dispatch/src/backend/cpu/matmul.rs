@@ -230,7 +230,8 @@ const ORIENT_MAX_ROWS: usize = 256;
 const ORIENT_MIN_B: usize = 1 << 19;
 
 thread_local! {
-    /// A thread's transposed product ([`ORIENT_MAX_ROWS`]), kept between calls.
+    /// A thread's product before its transpose ([`ORIENT_MAX_ROWS`]; at most that many rows
+    /// of `N`), kept between calls.
     static T_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 

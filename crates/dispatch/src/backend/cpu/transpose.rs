@@ -1,15 +1,18 @@
 //! f32 transposes in 8 × 8 blocks of AVX registers (24 shuffles per 64 elements, against 64
-//! scalar loads and stores), with the pointwise kernel's epilogue (bias per row of the source,
-//! residual) folded into the stores.
+//! scalar loads and stores), with a bias per source row and a residual added on the way.
 //!
 //! `gemm` lays its problems out so that the output's contiguous dimension is its `M`
-//! (`gemm-0.19`'s `do_transpose`). An NHWC 1 × 1 convolution's output has its channels
-//! contiguous, so the weight is `gemm`'s left operand, packed per call from `[out, in]` rows
-//! into column panels: a transposing gather. With few pixels (MobileNetV2's 7² layers) that
-//! packing is most of the call; in NCHW the same product has the pixels as `M` and the weight
-//! on the right, read along its rows. The pointwise kernel therefore computes such NHWC blocks
-//! in the NCHW orientation: the input block transposed once per call, the product into a
-//! channel-major buffer, transposed into the output (see `pointwise.rs`).
+//! (`gemm-0.19`'s `do_transpose`), and packs its left operand per call; where that operand
+//! is stored along `K`, the packing is a transposing gather. Several products are therefore
+//! computed with the other dimension contiguous, into a buffer, and transposed into the
+//! output here:
+//! - the pointwise kernel's NHWC channel ranges (few pixels: MobileNetV2's 7² layers), whose
+//!   weight would be that operand (`pointwise.rs`);
+//! - the fused block's NHWC channel-split projection and its NCHW whole-image projection of
+//!   few output channels (`block.rs`);
+//! - matmuls with `B` stored `[N, K]` of at most 256 rows a call (`matmul.rs`).
+//!
+//! The depthwise kernel's small-plane tile (`depthwise/tile.rs`) uses [`avx::t8`] too.
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
