@@ -83,14 +83,14 @@ const E_BUDGET: usize = 32 * 1024;
 const CHANNEL_SPLIT_PIXELS: usize = 64;
 
 /// NCHW blocks of at most this many output channels, over whole images (MobileNetV2's blocks
-/// 6–14), compute the projection pixel-major and transpose it into the output planes. `gemm`
+/// 5–13), compute the projection pixel-major and transpose it into the output planes. `gemm`
 /// makes the output's contiguous dimension its `M`: written into the planes, the pixels are
 /// its `M` and the depthwise output (pixels × hidden, the larger operand) is packed through a
 /// transposing gather; pixel-major, the channels are and the weight is gathered instead, as
 /// in NHWC. The network profiled, the two interleaved run by run (2-core AVX-512 Xeon,
-/// medians of 21): 0.79–0.83 of the time on blocks 6–7 (32 channels), 0.89–0.96 on 8–11
-/// (64), 0.96–1.0 on 12–14 (96); 1.05 on block 15 (160), and 0.98–1.04 on the bands of
-/// blocks 2–4.
+/// medians of 21): 0.79–0.83 of the time on blocks 5–6 (32 channels), 0.96 on block 7,
+/// 0.89–0.91 on 8–10 (64), 0.96–1.0 on 11–13 (96); 1.05 on block 14 (160), and 0.95–1.04 on
+/// the bands of blocks 2–4.
 const NCHW_PIXEL_MAJOR_MAX_CO: usize = 96;
 
 /// Images whose expanded tensor (hidden channels padded to [`VB`]) has at most this many f32
