@@ -380,67 +380,73 @@ impl Block<'_> {
         let mut f_buf = scratch(rows * ow * hc + 16)?;
         let f = aligned(&mut f_buf, rows * ow * hc);
         let own = aligned(&mut own_buf, if image.is_some() { 0 } else { erows * w * hc });
-        // NCHW over a whole image with few output channels: the projection pixel-major into
-        // `tbuf` (`[pixel][co]`, starting at the bias), then transposed into the planes with
-        // the residual (see [`NCHW_PIXEL_MAJOR_MAX_CO`]).
-        let opix = rows * ow;
-        let orient = d.layout == Layout::Nchw && image.is_some() && co <= NCHW_PIXEL_MAJOR_MAX_CO;
-        let mut tbuf = if orient { scratch(co * opix)? } else { Vec::new() };
-        if orient && let Some(bp) = self.project.1 {
-            for r in tbuf.chunks_exact_mut(co) {
-                r.copy_from_slice(&bp[..co]);
-            }
-        }
-        let preset = orient && self.project.1.is_some();
-        let (pd, p_rs, p_cs) = if orient { (tbuf.as_mut_ptr(), co, 1) } else { (dst, o_rs, o_cs) };
-        let mut j0 = 0;
-        while j0 < hid {
-            let jc = hc.min(p.hp - j0);
-            let jr = jc.min(hid - j0);
-            let a = ChunkArgs { d, p, r_lo, r_hi, rows, j0, jc };
-            // 1. The expanded rows inside the image, [r][x][jc] from row r_lo on.
-            let e = match image {
-                Some(img) => &img[iy0 * w * jc..],
-                None => {
-                    let er = &mut own[..(r_hi - r_lo) * w * jc];
-                    self.expand_act(isa, p, n, iy0..iy0 + r_hi - r_lo, j0, jc, jr, er)?;
-                    &own[..]
+        // The chunks of hidden channels, their projections into `pd` at strides (p_rs, p_cs),
+        // added to what is there from the first chunk on where `preset`.
+        let mut chunks = |pd: *mut f32, p_rs: usize, p_cs: usize, preset: bool| -> Result<()> {
+            let mut j0 = 0;
+            while j0 < hid {
+                let jc = hc.min(p.hp - j0);
+                let jr = jc.min(hid - j0);
+                let a = ChunkArgs { d, p, r_lo, r_hi, rows, j0, jc };
+                // 1. The expanded rows inside the image, [r][x][jc] from row r_lo on.
+                let e = match image {
+                    Some(img) => &img[iy0 * w * jc..],
+                    None => {
+                        let er = &mut own[..(r_hi - r_lo) * w * jc];
+                        self.expand_act(isa, p, n, iy0..iy0 + r_hi - r_lo, j0, jc, jr, er)?;
+                        &own[..]
+                    }
+                };
+                // 2. The depthwise rows into f.
+                depthwise(isa, &a, e, f);
+                // 3. f's projection onto the band's output: dst (+)= f · Wpᵀ.
+                if f.len() < rows * ow * jc {
+                    return Err(internal("a block band past its buffers".into()));
                 }
-            };
-            // 2. The depthwise rows into f.
-            depthwise(isa, &a, e, f);
-            // 3. f's projection onto the band's output: dst (+)= f · Wpᵀ.
-            if f.len() < rows * ow * jc {
-                return Err(internal("a block band past its buffers".into()));
+                // SAFETY: f holds rows·ow pixels of jc channels (jr read); the band's rows·ow
+                // pixels of co channels lie inside the output at dst with these strides (the
+                // caller's contract), or in the product buffer (opix × co); the projection
+                // weight holds co × hid (checked by `run`), columns j0..j0 + jr read.
+                unsafe {
+                    gemm_f32(
+                        rows * ow,
+                        co,
+                        jr,
+                        Strided { ptr: pd, rs: p_rs, cs: p_cs },
+                        Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
+                        Strided { ptr: self.project.0.as_ptr().add(j0), rs: 1, cs: hid },
+                        j0 > 0 || preset,
+                        gemm::Parallelism::None,
+                    );
+                }
+                j0 += jc;
             }
-            // SAFETY: f holds rows·ow pixels of jc channels (jr read); the band's rows·ow
-            // pixels of co channels lie inside the output at dst with these strides (the
-            // caller's contract), or in `tbuf` (opix × co); the projection weight holds
-            // co × hid (checked by `run`), columns j0..j0 + jr read.
-            unsafe {
-                gemm_f32(
-                    rows * ow,
-                    co,
-                    jr,
-                    Strided { ptr: pd, rs: p_rs, cs: p_cs },
-                    Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
-                    Strided { ptr: self.project.0.as_ptr().add(j0), rs: 1, cs: hid },
-                    j0 > 0 || preset,
-                    gemm::Parallelism::None,
-                );
-            }
-            j0 += jc;
-        }
-        if orient {
+            Ok(())
+        };
+        // NCHW over a whole image with few output channels: the projection pixel-major into
+        // this thread's product buffer (`[pixel][co]`, starting at the bias), then transposed
+        // into the planes with the residual (see [`NCHW_PIXEL_MAJOR_MAX_CO`]).
+        let opix = rows * ow;
+        if d.layout == Layout::Nchw && image.is_some() && co <= NCHW_PIXEL_MAJOR_MAX_CO {
             let (x0, _, _) = self.x_view(n, oy0);
             let plane = d.out_h() * ow;
             let add = transpose::Add { bias: None, res: d.residual().then(|| (&self.x[x0..], d.height * d.width)) };
-            // SAFETY: tbuf holds opix × co; the band's opix pixels of the co planes lie inside
-            // the output at dst, `plane` apart (the caller's contract), and the residual (the
-            // input's, stride 1 only, where the planes are as large) at x0, as many apart.
-            unsafe { transpose::transpose(isa, opix, co, tbuf.as_ptr(), co, dst, plane, add) };
-            return Ok(());
+            return transpose::with_product(co * opix, |t| {
+                if let Some(bp) = self.project.1 {
+                    for r in t.chunks_exact_mut(co) {
+                        r.copy_from_slice(&bp[..co]);
+                    }
+                }
+                chunks(t.as_mut_ptr(), co, 1, self.project.1.is_some())?;
+                // SAFETY: t holds opix × co; the band's opix pixels of the co planes lie
+                // inside the output at dst, `plane` apart (the caller's contract), and the
+                // residual (the input's, stride 1 only, where the planes are as large) at x0,
+                // as many apart.
+                unsafe { transpose::transpose(isa, opix, co, t.as_ptr(), co, dst, plane, add) };
+                Ok(())
+            })?;
         }
+        chunks(dst, o_rs, o_cs, false)?;
         // SAFETY: the band's rows·ow pixels of co channels lie inside the output at dst.
         unsafe { self.finish(n, oy0, rows * ow, 0..co, dst, o_rs, o_cs) };
         Ok(())
@@ -550,46 +556,50 @@ impl Block<'_> {
             let (o0, on) = (t * ob, ob.min(co - t * ob));
             // SAFETY: the caller's contract: `out` points to the whole output.
             let dst = unsafe { out.0.add(d.output_index(n, 0, 0, 0)) };
-            let mut tbuf = if orient { scratch(on * opix)? } else { Vec::new() };
-            // The product's destination: `tbuf` (channel-major), or the output's channels o0...
-            // SAFETY (the `add`): those channels lie inside the output (the caller's contract).
-            let (pd, p_rs, p_cs) =
-                if orient { (tbuf.as_mut_ptr(), 1, opix) } else { (unsafe { dst.add(o0 * o_cs) }, o_rs, o_cs) };
-            let mut j0 = 0;
-            while j0 < hid {
-                let jc = jb.min(p.hp - j0);
-                let jr = jc.min(hid - j0);
-                let f = &f_all[j0 * opix..][..jc * opix];
-                // SAFETY: f holds opix pixels of jc channels (jr read); the image's opix
-                // pixels of output channels o0..o0 + on lie inside the output at dst with
-                // these strides (the caller's contract), and no other task writes those
-                // channels (or in `tbuf`, on × opix); the projection weight holds co × hid
-                // (checked by `run`), rows o0..o0 + on and columns j0..j0 + jr read.
-                unsafe {
-                    gemm_f32(
-                        opix,
-                        on,
-                        jr,
-                        Strided { ptr: pd, rs: p_rs, cs: p_cs },
-                        Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
-                        Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
-                        j0 > 0,
-                        gemm::Parallelism::None,
-                    );
+            // The projection into `pd` at strides (p_rs, p_cs): this thread's product buffer
+            // (channel-major), or the output's channels o0...
+            let project = |pd: *mut f32, p_rs: usize, p_cs: usize| {
+                let mut j0 = 0;
+                while j0 < hid {
+                    let jc = jb.min(p.hp - j0);
+                    let jr = jc.min(hid - j0);
+                    let f = &f_all[j0 * opix..][..jc * opix];
+                    // SAFETY: f holds opix pixels of jc channels (jr read); the image's opix
+                    // pixels of output channels o0..o0 + on lie inside the output at dst with
+                    // these strides (the caller's contract), and no other task writes those
+                    // channels (or in the product buffer, on × opix); the projection weight
+                    // holds co × hid (checked by `run`), rows o0..o0 + on and columns
+                    // j0..j0 + jr read.
+                    unsafe {
+                        gemm_f32(
+                            opix,
+                            on,
+                            jr,
+                            Strided { ptr: pd, rs: p_rs, cs: p_cs },
+                            Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
+                            Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
+                            j0 > 0,
+                            gemm::Parallelism::None,
+                        );
+                    }
+                    j0 += jc;
                 }
-                j0 += jc;
-            }
+            };
             if orient {
                 let (x0, _, _) = self.x_view(n, 0);
                 let add = transpose::Add {
                     bias: self.project.1.map(|b| &b[o0..o0 + on]),
                     res: d.residual().then(|| (&self.x[x0 + o0..], d.channels)),
                 };
-                // SAFETY: tbuf holds on × opix; the output's opix pixels of channels
-                // o0..o0 + on at dst + o0, `co` apart, are this task's (as above).
-                unsafe { transpose::transpose(isa, on, opix, tbuf.as_ptr(), opix, dst.add(o0), co, add) };
-                return Ok(());
+                return transpose::with_product(on * opix, |t| {
+                    project(t.as_mut_ptr(), 1, opix);
+                    // SAFETY: t holds on × opix; the output's opix pixels of channels
+                    // o0..o0 + on at dst + o0, `co` apart, are this task's (as above).
+                    unsafe { transpose::transpose(isa, on, opix, t.as_ptr(), opix, dst.add(o0), co, add) };
+                });
             }
+            // SAFETY: those channels lie inside the output (the caller's contract).
+            project(unsafe { dst.add(o0 * o_cs) }, o_rs, o_cs);
             // SAFETY: as for the projection.
             unsafe { self.finish(n, 0, opix, o0..o0 + on, dst, o_rs, o_cs) };
             Ok(())

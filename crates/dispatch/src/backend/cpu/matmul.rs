@@ -229,12 +229,6 @@ const ORIENT_MAX_ROWS: usize = 256;
 /// See [`ORIENT_MAX_ROWS`] (2 MiB of f32).
 const ORIENT_MIN_B: usize = 1 << 19;
 
-thread_local! {
-    /// A thread's product before its transpose ([`ORIENT_MAX_ROWS`]; at most that many rows
-    /// of `N`), kept between calls.
-    static T_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
 /// Strides of `op(A)` and `op(B)` and the first elements of one batch.
 #[derive(Clone, Copy)]
 pub(super) struct Geometry {
@@ -279,14 +273,14 @@ impl MatmulOperands<'_> {
         dst_rs: usize,
         par: gemm::Parallelism,
     ) {
-        // Both operands along K (`B` stored `[N, K]`): the product channel-major (see
-        // [`ORIENT_MAX_ROWS`]) into a per-thread buffer, then transposed into `dst`.
-        if g.a_cs == 1 && g.b_rs == 1 && rows < n && rows <= ORIENT_MAX_ROWS && n * k >= ORIENT_MIN_B {
-            let mut t = T_BUF.take();
-            t.resize(rows * n, 0.0);
-            // SAFETY: as below, with `t` (n × rows, column stride rows) as the destination;
-            // then `t` holds n rows of `rows`, and dst `rows` rows of n at stride dst_rs.
-            unsafe {
+        // Both operands along K (`B` stored `[N, K]`): the product rows-contiguous (see
+        // [`ORIENT_MAX_ROWS`]) into this thread's product buffer, then transposed into `dst`
+        // (without the buffer, where it cannot be allocated, written in place below).
+        let orient = g.a_cs == 1 && g.b_rs == 1 && rows < n && rows <= ORIENT_MAX_ROWS && n * k >= ORIENT_MIN_B;
+        // SAFETY: as below, with `t` (n × rows, column stride rows) as the destination; then
+        // `t` holds n rows of `rows`, and dst `rows` rows of n at stride dst_rs.
+        if orient
+            && let Ok(()) = transpose::with_product(rows * n, |t| unsafe {
                 gemm_f32(
                     rows,
                     n,
@@ -298,8 +292,8 @@ impl MatmulOperands<'_> {
                     par,
                 );
                 transpose::transpose(Isa::detect(), n, rows, t.as_ptr(), rows, dst, dst_rs, Default::default());
-            }
-            T_BUF.set(t);
+            })
+        {
             return;
         }
         // SAFETY: (the caller's contract) every element (i, p) of op(A) at

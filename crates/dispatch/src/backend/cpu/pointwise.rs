@@ -31,10 +31,11 @@
 //! where it lies an NHWC product has `W` as its left operand, packed per call through a
 //! transposing gather, while channel-major (NCHW's orientation) it reads `W` along its rows
 //! where they lie. In-process A/B on MobileNetV2's 7² layers (49 pixels, bias + ReLU6, 2
-//! threads of a 2-core AVX-512 Xeon, medians of 31 interleaved rounds): 0.94 of the time on 960 → 160, 0.87 on
-//! 320 → 1280, 0.90 on 960 → 320, 0.85 on 160 → 960 (NCHW took 0.76–0.78; what is left is
-//! mostly `gemm`'s packing of the input, row-major in NHWC). The head (320 → 1280) in the
-//! whole network: 0.77 (profiled, the two interleaved run by run, medians of 21).
+//! threads of a 2-core AVX-512 Xeon, medians of 31 interleaved rounds): 0.94 of the time on
+//! 960 → 160, 0.87 on 320 → 1280, 0.90 on 960 → 320, 0.85 on 160 → 960 (NCHW took
+//! 0.76–0.78; what is left is mostly `gemm`'s packing of the input, row-major in NHWC). The
+//! head (320 → 1280) in the whole network: 0.77 (profiled, the two interleaved run by run,
+//! medians of 21).
 //!
 //! How the threads split the work ([`channel_ranges`]): below [`PARALLEL_MIN`] multiply-adds
 //! one task per image; with fewer than [`SPLIT_PIXELS`] pixels per thread, or in NCHW with at
@@ -113,8 +114,6 @@ const PARALLEL_MIN: usize = 1 << 17;
 thread_local! {
     /// A thread's f32 block for half-precision outputs, taken out of its slot while in use.
     static STAGE_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// A thread's channel-major product of an NHWC block taken in the NCHW orientation.
-    static T_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// The operands as f32 (widened where stored in half precision).
@@ -236,17 +235,15 @@ impl Pointwise<'_> {
             (unsafe { out.0.add(first) }.cast::<f32>(), o_rs, o_cs)
         };
         let (runs, len, step, o_step) = if nhwc { (jn, cn, cs, o_cs) } else { (cn, jn, rs, o_rs) };
-        // `orient`: the product into a per-thread channel-major buffer, then transposed into
-        // the block with the bias and residual (see `transpose.rs`).
+        // `orient`: the product into this thread's product buffer (channel-major), then
+        // transposed into the block with the bias and residual (see `transpose.rs`).
         if orient {
-            let mut t = T_BUF.take();
-            t.resize(cn * jn, 0.0);
             let x0 = (n * pixels + j0) * cin;
             // SAFETY: t holds cn × jn at (jn, 1); W is cout × cin (checked by `run`), rows
             // c0..c0 + cn read; x holds the block's jn pixels of cin channels from x0. Then
             // dst holds the block's jn pixels of cn channels, `cs` apart (above), and the
             // residual, where given, the output's.
-            unsafe {
+            transpose::with_product(cn * jn, |t| unsafe {
                 gemm_f32(
                     cn,
                     jn,
@@ -262,8 +259,7 @@ impl Pointwise<'_> {
                     res: self.residual.map(|r| (&r[first..], cout)),
                 };
                 transpose::transpose(isa, cn, jn, t.as_ptr(), jn, dst, cs, add);
-            }
-            T_BUF.set(t);
+            })?;
         }
         // The activation in the small-K tiles' registers, where they take the block and it is
         // one they have.

@@ -16,7 +16,29 @@
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
+use super::scratch;
 use super::simd::Isa;
+use crate::Result;
+use std::cell::Cell;
+
+thread_local! {
+    /// This thread's buffer for a product before its transpose, kept between calls (taken
+    /// out of its slot while in use, so a nested call allocates its own).
+    static PRODUCT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// `f` on this thread's product buffer of `len` elements, whose contents are left over from
+/// earlier calls: the product written into it must overwrite every element it later reads.
+/// An allocation failure is `Error::OutOfMemory`.
+pub(super) fn with_product<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
+    let mut buf = PRODUCT.take();
+    if buf.len() < len {
+        buf = scratch(len)?;
+    }
+    let r = f(&mut buf[..len]);
+    PRODUCT.set(buf);
+    Ok(r)
+}
 
 /// What the transpose adds on the way: `bias[i]` to every element of source row `i`, and
 /// the residual `res[j·ldr + i]` (laid out as the destination).
