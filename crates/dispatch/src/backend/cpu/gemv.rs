@@ -26,7 +26,9 @@
 //!   group 48 or 64 KiB, which no other group reads) is read from memory once, in runs of a
 //!   page or more and in storage order, and from L1 by the other groups; the partial sums carry across chunks in an 8-lane buffer and are summed pairwise
 //!   at the end.
-//!   On AVX-512, from 14 rows of `A`, instead, `B` is gathered into panels of two 16-column
+//!   On AVX-512, instead, up to 16 rows of `A` meet `B` as dot products in 16 lanes, both
+//!   operands read in place, 4 rows of `A` × 6 of `B` a register tile ([`avx512::cols_dot`]);
+//!   from 17 rows (the mid-sized products) `B` is gathered into panels of two 16-column
 //!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
 //!   tiles ([`avx512::cols_panels`]).
 //!
@@ -921,7 +923,7 @@ mod avx512 {
     }
 
     /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` (rows `ldb` apart, `ldb` below
-    /// 2^31 / 16): panel by panel of two strips (32 rows of `B`) × [`NK_PANEL_K`], each
+    /// 2^31 / 16) and more than 16 rows of `A` ([`super::nk_panels`]): panel by panel of two strips (32 rows of `B`) × [`NK_PANEL_K`], each
     /// strip gathered into the packed weight's layout (a `K` step's 16 columns side by side:
     /// one 16-lane gather of a column of 16 rows), then every group of up to 8 rows of `A`
     /// meets the panel with [`tile`]'s sums in registers. The panels go along `K` first, so
@@ -997,6 +999,200 @@ mod avx512 {
                     t = ar[q].mul_add(br[q], t);
                 }
                 acc[i * nb + j] = t;
+            }
+        }
+    }
+
+    /// Rows of `A` per register tile of [`cols_dot`].
+    const DOT_A: usize = 4;
+    /// Rows of `B` per register tile of [`cols_dot`]: 4 × 6 sums, 6 vectors of `B` and one of
+    /// `A` in the 32 `zmm` registers.
+    const DOT_B: usize = 6;
+    /// `K` per chunk of [`cols_dot`]: a tile's 6 rows of `B` over one chunk (6 KiB) stay in L1
+    /// while the row groups of `A` pass over them. 256 took 0.82–0.94 of the time of 512 and
+    /// 1024 at 16 × 4096 × 4096, 16 × 4096 × 11008, 16 × 11008 × 4096 and 4 × 4096 × 11008
+    /// (in-process, alternated per round).
+    const DOT_KC: usize = 256;
+    /// Elements ahead along each row of `B` that the first row group's steps prefetch into L1
+    /// (half a chunk: the next chunk's lines arrive while this one is computed). Against none,
+    /// 128 took 0.88–0.95 of the time at 16 × N × K; 64, 192 and 256, or the next chunk into
+    /// L2 instead, were level or slower.
+    const DOT_AHEAD: usize = 128;
+
+    /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` and at most
+    /// [`SKINNY_M`](super::super::matmul::SKINNY_M) rows of `A`, as dot products along `K` in
+    /// 16 lanes: tile by tile of [`DOT_B`] rows of `B` (each tile's rows read along all of `K`,
+    /// six sequential streams), chunk by chunk of [`DOT_KC`], every group of up to [`DOT_A`]
+    /// rows of `A` meets the chunk with the 4 × 6 sums in registers ([`dot_tile`]: 10 loads,
+    /// both operands straight from their rows, per 24 multiply-adds; no packing). The sums
+    /// carry across chunks in a small buffer (at most 16 × 6 vectors, L1) and each is reduced
+    /// to one number at the end of its tile (a tree of adds). The last `k mod 16` elements are
+    /// masked loads. Lane `l` sums the products at `q ≡ l (mod 16)` in `K` order, so the bits
+    /// differ from the `K × N` kernels' (within the same bound).
+    ///
+    /// Against the kernels it replaces (in-process A/B alternated per round, 2 threads, on a
+    /// 2-core AVX-512 Xeon, medians): the gathered panels ([`cols_panels`]) at 16 × 4096 ×
+    /// 4096, 16 × 4096 × 11008 and 16 × 11008 × 4096 0.82–0.85 of the time; the AVX2 tile
+    /// ([`super::cols_block`]) at 1–12 × 4096 × 4096, 1 × 11008 × 4096 and 4 × 4096 × 11008
+    /// 0.71–0.96. From 32 rows the panels were faster (1.07–1.6×).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn cols_dot(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        const MAX_M: usize = super::super::matmul::SKINNY_M;
+        let (m, k, lda, ldb) = (p.m, p.k, p.lda, p.ldb);
+        assert!(
+            (1..=MAX_M).contains(&m)
+                && k > 0
+                && nb > 0
+                && (j0 + nb - 1) * ldb + k <= p.b.len()
+                && (m - 1) * lda + k <= p.a.len()
+                && acc.len() >= m * nb,
+            "dot tile past its operands"
+        );
+        let mut part = [_mm512_setzero_ps(); MAX_M * DOT_B];
+        let mut jj = 0;
+        while jj < nb {
+            let c = DOT_B.min(nb - jj);
+            let part = &mut part[..m * c];
+            part.fill(_mm512_setzero_ps());
+            for q0 in (0..k).step_by(DOT_KC) {
+                let kl = DOT_KC.min(k - q0);
+                let mut g0 = 0;
+                while g0 < m {
+                    let r = DOT_A.min(m - g0);
+                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
+                    // and B's rows j0 + jj..j0 + jj + c at columns q0..q0 + kl, inside both
+                    // (asserted above), and writes `part`'s r · c vectors from g0 · c.
+                    unsafe {
+                        dot_tile_any(
+                            r,
+                            c,
+                            p.a.as_ptr().add(g0 * lda + q0),
+                            lda,
+                            p.b.as_ptr().add((j0 + jj) * ldb + q0),
+                            ldb,
+                            kl,
+                            part.as_mut_ptr().add(g0 * c),
+                            g0 == 0,
+                        )
+                    };
+                    g0 += r;
+                }
+            }
+            for i in 0..m {
+                for j in 0..c {
+                    acc[i * nb + jj + j] = _mm512_reduce_add_ps(part[i * c + j]);
+                }
+            }
+            jj += c;
+        }
+    }
+
+    /// [`dot_tile`] for `r` rows of `A` (1..=[`DOT_A`]) and `c` rows of `B` (1..=[`DOT_B`]).
+    ///
+    /// # Safety
+    /// As [`dot_tile`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot_tile_any(
+        r: usize,
+        c: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        kl: usize,
+        part: *mut __m512,
+        prefetch: bool,
+    ) {
+        macro_rules! by_rows {
+            ($c:literal) => {
+                match r {
+                    4 => dot_tile::<4, $c>(a, lda, b, ldb, kl, part, prefetch),
+                    3 => dot_tile::<3, $c>(a, lda, b, ldb, kl, part, prefetch),
+                    2 => dot_tile::<2, $c>(a, lda, b, ldb, kl, part, prefetch),
+                    _ => dot_tile::<1, $c>(a, lda, b, ldb, kl, part, prefetch),
+                }
+            };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match c {
+                6 => by_rows!(6),
+                5 => by_rows!(5),
+                4 => by_rows!(4),
+                3 => by_rows!(3),
+                2 => by_rows!(2),
+                _ => by_rows!(1),
+            }
+        }
+    }
+
+    /// One `R × C` tile of dot products over `kl` elements of `K`: `a` and `b` the first rows'
+    /// first elements (rows `lda` and `ldb` apart), the 16-lane sums from and back to `part`
+    /// (row `i`, column `j` at `i · C + j`). Steps of 16 elements, then the last `kl mod 16` as
+    /// masked loads (the lanes past the end read as zero, from neither operand). With
+    /// `prefetch`, each step also prefetches, into L1, the line [`DOT_AHEAD`] elements on in
+    /// each row of `B`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `a` is readable at rows `i < R`, elements `q < kl`, `b` at rows
+    /// `j < C`, elements `q < kl`, and `part` holds `R · C` vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn dot_tile<const R: usize, const C: usize>(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        kl: usize,
+        part: *mut __m512,
+        prefetch: bool,
+    ) {
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX-512F and
+        // the extents read and written; masked loads touch only their unmasked lanes, inside
+        // the rows. The prefetch address is only computed (wrapping) and prefetched, which
+        // never faults.
+        unsafe {
+            let mut s = [[_mm512_setzero_ps(); C]; R];
+            for (i, row) in s.iter_mut().enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = *part.add(i * C + j);
+                }
+            }
+            let mut q = 0;
+            while q + 16 <= kl {
+                let bv: [__m512; C] = std::array::from_fn(|j| _mm512_loadu_ps(b.add(j * ldb + q)));
+                if prefetch {
+                    for j in 0..C {
+                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(j * ldb + q + DOT_AHEAD) as *const i8);
+                    }
+                }
+                for (i, row) in s.iter_mut().enumerate() {
+                    let av = _mm512_loadu_ps(a.add(i * lda + q));
+                    for (v, bv) in row.iter_mut().zip(&bv) {
+                        *v = _mm512_fmadd_ps(av, *bv, *v);
+                    }
+                }
+                q += 16;
+            }
+            if q < kl {
+                let mask = ((1u32 << (kl - q)) - 1) as __mmask16;
+                let bv: [__m512; C] = std::array::from_fn(|j| _mm512_maskz_loadu_ps(mask, b.add(j * ldb + q)));
+                for (i, row) in s.iter_mut().enumerate() {
+                    let av = _mm512_maskz_loadu_ps(mask, a.add(i * lda + q));
+                    for (v, bv) in row.iter_mut().zip(&bv) {
+                        *v = _mm512_fmadd_ps(av, *bv, *v);
+                    }
+                }
+            }
+            for (i, row) in s.iter().enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    *part.add(i * C + j) = *v;
+                }
             }
         }
     }
@@ -1195,16 +1391,28 @@ multiversion! {
     fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
 }
 
+/// Whether `B` stored `N × K` takes [`avx512::cols_dot`] at `m` rows: on AVX-512, up to
+/// [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the gathered panels were faster).
+fn nk_dot(isa: Isa, m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512 && m <= super::matmul::SKINNY_M;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, m);
+        false
+    }
+}
+
 /// Whether `B` stored `N × K` (rows `ldb` apart) takes [`avx512::cols_panels`] at `m` rows:
-/// on AVX-512 from [`PANEL_MIN_M`] rows. In alternated runs on a 2-core AVX-512 Xeon (medians,
-/// ms), against [`cols_block`] up to 16 rows and `gemm` above: 16 × 4096 × 4096 4.9–5.5
-/// against 6.4–7.0, 16 × 11008 × 4096 13.7–14.9 against 16.4–20, 32, 64 and 96 × 4096 × 4096
-/// 6.9–8.6, 13–20 and 16.5–19 against 14.6–19.4, 17–39 and 26–27.7; level at 12 rows, and at
-/// 1–8 rows [`cols_block`] took half the time. A 16 × 16 in-register transpose (64 shuffles,
-/// masked loads) in place of the gathers was level or slower.
+/// on AVX-512 above [`SKINNY_M`](super::matmul::SKINNY_M) rows (the mid-sized products of
+/// [`PANELS_KN_M`](super::matmul::PANELS_KN_M) rows at most; up to 16 [`nk_dot`] takes them).
+/// In alternated runs on a 2-core AVX-512 Xeon (medians, ms), against `gemm`: 32, 64 and 96 ×
+/// 4096 × 4096 6.9–8.6, 13–20 and 16.5–19 against 14.6–19.4, 17–39 and 26–27.7. A 16 × 16
+/// in-register transpose (64 shuffles, masked loads) in place of the gathers was level or
+/// slower.
 pub(super) fn nk_panels(isa: Isa, m: usize, ldb: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return isa == Isa::Avx512 && m >= PANEL_MIN_M && ldb < 1 << 27;
+    return isa == Isa::Avx512 && m > super::matmul::SKINNY_M && ldb < 1 << 27;
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (isa, m, ldb);
@@ -1244,11 +1452,10 @@ fn direct_kn(isa: Isa, m: usize) -> bool {
 
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
 /// (on AVX-512 the direct kernel where [`Block::direct`], else from 14 rows the panels with
-/// AVX-512 register tiles), [`cols_block`] for
-/// `N × K`, or its AVX-512 panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s tile
-/// (two rows of a group per `zmm`, half the multiply-add instructions) was tried and left out:
-/// level with the AVX2 tile in alternated runs at 16 × 4096 × 4096, which is bound by reading
-/// `B`, not by arithmetic.
+/// AVX-512 register tiles), [`cols_block`] for `N × K`, or on AVX-512 its dot products
+/// ([`nk_dot`]) or panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s own tile
+/// (two rows of a group per `zmm`, 8 lanes of `K` each) was level with the AVX2 tile at 16 ×
+/// 4096 × 4096; the 16-lane dot tile with its own chunk order and prefetch is what gained.
 fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if by_rows && p.direct {
@@ -1261,6 +1468,13 @@ fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &
     if by_rows && isa == Isa::Avx512 && p.m >= PANEL_MIN_M {
         // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
         unsafe { avx512::rows_panels(p, j0, nb, acc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !by_rows && nk_dot(isa, p.m) {
+        // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where the CPU
+        // reported AVX-512F.
+        unsafe { avx512::cols_dot(p, j0, nb, acc) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -1308,7 +1522,8 @@ impl MatmulOperands<'_> {
         let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
         let ldb = if by_rows { g.b_rs } else { g.b_cs };
-        let apack = if by_rows || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
+        let apack =
+            if by_rows || nk_dot(isa, m) || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
         let block =
             Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb, m, k, direct: by_rows && direct_kn(isa, m) };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous

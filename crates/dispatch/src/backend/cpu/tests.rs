@@ -208,6 +208,25 @@ fn skinny_k_chunks_are_exact() {
     });
 }
 
+/// `B` stored `N × K` up to 16 rows (on AVX-512 the 16-lane dot products, elsewhere the AVX2
+/// and portable tiles): `K` within and across the 256-element chunks with every 16-lane tail
+/// (masked loads) and none, every row-group remainder (M mod 4), widths leaving every
+/// remainder of the 6-row tiles, within one 64-column block and across blocks, A transposed or
+/// not, every epilogue, padded views, in every instruction set.
+#[test]
+fn skinny_nk_dot_products_are_exact() {
+    in_each_isa(|_| {
+        let mut seed = 2100;
+        for m in [1, 2, 3, 4, 6, 9, 16] {
+            for &(n, k) in &[(1, 1), (5, 15), (6, 16), (7, 17), (64, 255), (11, 256), (70, 257), (131, 530)] {
+                let d = matmul_desc(m, n, k, (m + n) % 2 == 0, true, seed as usize);
+                check_matmul(&d, seed);
+                seed += 1;
+            }
+        }
+    });
+}
+
 /// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2; on AVX-512 from 33 rows, and here
 /// from 14 with the direct kernel left out, as well as with it): K within one and across 128-row
 /// panels (64 on AVX-512) with a short last one, widths across 64-column panels (128 on AVX-512)
