@@ -710,7 +710,7 @@ mod avx {
 /// against 40–53 (alternated runs), and with 64 × 128 panels ([`avx`]'s `WIDE_PANEL`) 16 ×
 /// 4096 × 4096 in 5.3–7.7 ms.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::{Block, STRIP, STRIP_KC};
     use std::arch::x86_64::*;
 
@@ -1004,15 +1004,15 @@ mod avx512 {
     }
 
     /// Rows of `A` per register tile of [`cols_dot`].
-    const DOT_A: usize = 4;
+    pub(in crate::backend::cpu) const DOT_A: usize = 4;
     /// Rows of `B` per register tile of [`cols_dot`]: 4 × 6 sums, 6 vectors of `B` and one of
     /// `A` in the 32 `zmm` registers.
-    const DOT_B: usize = 6;
+    pub(in crate::backend::cpu) const DOT_B: usize = 6;
     /// `K` per chunk of [`cols_dot`]: a tile's 6 rows of `B` over one chunk (6 KiB) stay in L1
     /// while the row groups of `A` pass over them. 256 took 0.82–0.94 of the time of 512 and
     /// 1024 at 16 × 4096 × 4096, 16 × 4096 × 11008, 16 × 11008 × 4096 and 4 × 4096 × 11008
     /// (in-process, alternated per round).
-    const DOT_KC: usize = 256;
+    pub(in crate::backend::cpu) const DOT_KC: usize = 256;
     /// Elements ahead along each row of `B` that the first row group's steps prefetch into L1
     /// (half a chunk: the next chunk's lines arrive while this one is computed). Against none,
     /// 128 took 0.88–0.95 of the time at 16 × N × K; 64, 192 and 256, or the next chunk into
@@ -1097,7 +1097,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn dot_tile_any(
+    pub(in crate::backend::cpu) unsafe fn dot_tile_any(
         r: usize,
         c: usize,
         a: *const f32,

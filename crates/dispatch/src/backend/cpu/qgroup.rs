@@ -171,17 +171,23 @@ pub(super) use with_format;
 /// planes are `scales` and `body`.
 #[inline(always)]
 fn rows_of<F: Format>(scales: &[u8], body: &[u8], k: usize, j0: usize, dst: &mut [f32]) {
-    let nb = k / F::BS;
     for (jj, row) in dst.chunks_exact_mut(k).enumerate() {
-        let b0 = (j0 + jj) * nb;
-        for (b, blk) in row.chunks_exact_mut(F::BS).enumerate() {
-            let s = &scales[(b0 + b) * F::SB..][..F::SB];
-            let q = &body[(b0 + b) * F::BB..][..F::BB];
-            for (g, out) in blk.chunks_exact_mut(G).enumerate() {
-                let mut w = [0.0f32; G];
-                F::group(s, q, g, &mut w);
-                out.copy_from_slice(&w);
-            }
+        chunk_of::<F>(scales, body, k, j0 + jj, 0, row);
+    }
+}
+
+/// Dequantizes elements `q0 .. q0 + dst.len()` of row `j` of a weight `[_, k]` in format `F`
+/// into `dst` (`q0` and the length multiples of `F::BS`).
+#[inline(always)]
+pub(super) fn chunk_of<F: Format>(scales: &[u8], body: &[u8], k: usize, j: usize, q0: usize, dst: &mut [f32]) {
+    let b0 = j * (k / F::BS) + q0 / F::BS;
+    for (b, blk) in dst.chunks_exact_mut(F::BS).enumerate() {
+        let s = &scales[(b0 + b) * F::SB..][..F::SB];
+        let q = &body[(b0 + b) * F::BB..][..F::BB];
+        for (g, out) in blk.chunks_exact_mut(G).enumerate() {
+            let mut w = [0.0f32; G];
+            F::group(s, q, g, &mut w);
+            out.copy_from_slice(&w);
         }
     }
 }

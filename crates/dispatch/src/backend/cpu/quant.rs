@@ -7,7 +7,10 @@
 //!   of a weight row, once in registers, meets the same 32 columns of every row of `op(A)`
 //!   (densified to f32 once, `M × K`, L1/L2-resident) in 16-lane accumulators, one per row,
 //!   reduced once per output. Every weight byte is read from memory once, whatever `M`; the
-//!   kernel is compiled per instruction set (`simd.rs`).
+//!   kernel is compiled per instruction set (`simd.rs`). On AVX-512 from [`TILES_MIN_M`] rows,
+//!   instead, six weight rows at a time are dequantized chunk by chunk of `K` into an L1
+//!   buffer and met by `gemv.rs`'s dense `N × K` dot-product tiles ([`avx512::decode`]), so
+//!   each row of `op(A)` is read once per six weight rows.
 //! - **Larger M**: threads over panels of [`panel_cols`] weight rows; each panel is dequantized
 //!   group by group into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm`
 //!   call multiplies `op(A)` by it. Only a panel, never the whole weight, is ever dequantized;
@@ -117,6 +120,95 @@ multiversion! {
     fn decode_cols(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) => decode_cols_inner
 }
 
+/// The fewest rows of `A` that take the AVX-512 decode tiles ([`avx512::decode`]). In-process
+/// A/B against [`decode_fmt`] (alternated per round, 2 threads, 2-core AVX-512 Xeon, medians):
+/// at 16 × 4096 × 4096 0.26 of the time in `Q8_0`, 0.37–0.38 in `Q4_0`, `Q4_1` and `Q4_K`,
+/// 0.69 in `Q6_K`; at 8 × 11008 × 4096 0.53–0.70; at 4 rows 0.53–0.94, at 3 rows 0.59–0.93;
+/// at 2 rows 0.89–1.10 (level), so below 3 rows [`decode_fmt`] stays.
+#[cfg(target_arch = "x86_64")]
+const TILES_MIN_M: usize = 3;
+
+/// The decode kernel on AVX-512 from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums, with the weight's
+/// rows taken [`DOT_B`](super::gemv::avx512::DOT_B) at a time and `K` in chunks of
+/// [`DOT_KC`](super::gemv::avx512::DOT_KC): each chunk of those rows is dequantized into an
+/// L1 buffer, then met by the dense `N × K` dot-product tiles (`gemv.rs`, 4 rows of `A` × 6
+/// weight rows, 16-lane sums in registers) for every row group of `A`. So each element of `A`
+/// is read from L1/L2 once per six weight rows, not once per row.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::super::gemv::avx512::{DOT_A, DOT_B, DOT_KC, dot_tile_any};
+    use super::super::qgroup::{Format, chunk_of, with_format};
+    use super::{QWeights, SKINNY_M};
+    use std::arch::x86_64::*;
+    use tilekit_kernels::quant::GgmlType;
+
+    /// `acc[jj·m + i] = op(A)[i] · W[j0 + jj]` for `m` (at most 16) dense rows of `A` (`m × k`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn decode(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+        // SAFETY: the caller promises AVX-512F.
+        with_format!(w.ty, F => unsafe { tiles::<F>(w, a, m, j0, acc) }, _ => acc.fill(f32::NAN));
+    }
+
+    /// [`decode`] for format `F`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn tiles<F: Format>(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+        let k = w.k;
+        let cols = acc.len() / m;
+        assert!(
+            (1..=SKINNY_M).contains(&m) && k > 0 && a.len() >= m * k && j0 + cols <= w.n,
+            "decode tile past its operands"
+        );
+        let mut buf = [0.0f32; DOT_B * DOT_KC];
+        let mut part = [_mm512_setzero_ps(); SKINNY_M * DOT_B];
+        let mut jj = 0;
+        while jj < cols {
+            let c = DOT_B.min(cols - jj);
+            let part = &mut part[..m * c];
+            part.fill(_mm512_setzero_ps());
+            for q0 in (0..k).step_by(DOT_KC) {
+                let kl = DOT_KC.min(k - q0);
+                for (j, dst) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
+                    chunk_of::<F>(w.scales, w.body, k, j0 + jj + j, q0, &mut dst[..kl]);
+                }
+                let mut g0 = 0;
+                while g0 < m {
+                    let r = DOT_A.min(m - g0);
+                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
+                    // (`m × k`, asserted) and the buffer's c rows at columns 0..kl, and writes
+                    // `part`'s r · c vectors from g0 · c.
+                    unsafe {
+                        dot_tile_any(
+                            r,
+                            c,
+                            a.as_ptr().add(g0 * k + q0),
+                            k,
+                            buf.as_ptr(),
+                            DOT_KC,
+                            kl,
+                            part.as_mut_ptr().add(g0 * c),
+                            false,
+                        )
+                    };
+                    g0 += r;
+                }
+            }
+            for j in 0..c {
+                for i in 0..m {
+                    acc[(jj + j) * m + i] = _mm512_reduce_add_ps(part[i * c + j]);
+                }
+            }
+            jj += c;
+        }
+    }
+}
+
 /// Weight rows per panel of the larger-M path: an L2-sized slab of `K` dequantized values per
 /// row, at least 8 and at most 256 rows.
 fn panel_cols(k: usize) -> usize {
@@ -201,7 +293,15 @@ impl QuantOperands<'_> {
                 if m <= SKINNY_M {
                     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
                     let cols = n.div_ceil(4 * threads).max(8);
-                    let task = |(b, chunk): (usize, &mut [f32])| decode_cols(isa, w, a, m, b * cols, chunk);
+                    let task = |(b, chunk): (usize, &mut [f32])| {
+                        #[cfg(target_arch = "x86_64")]
+                        if isa == Isa::Avx512 && m >= TILES_MIN_M {
+                            // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
+                            unsafe { avx512::decode(w, a, m, b * cols, chunk) };
+                            return;
+                        }
+                        decode_cols(isa, w, a, m, b * cols, chunk)
+                    };
                     if parallel {
                         for_each_chunk_mut(&mut acc, cols * m, |b, c| task((b, c)));
                     } else {
