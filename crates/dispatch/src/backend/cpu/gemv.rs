@@ -129,7 +129,7 @@ fn rows_tail(p: &Block, j0: usize, full: usize, nb: usize, acc: &mut [f32]) {
 /// The sum of `v`'s lanes, pairwise: the upper half added to the lower, lane by lane, until
 /// one lane is left.
 #[inline(always)]
-fn pairwise_sum<const L: usize>(mut v: [f32; L]) -> f32 {
+pub(super) fn pairwise_sum<const L: usize>(mut v: [f32; L]) -> f32 {
     let mut w = L / 2;
     while w > 0 {
         for l in 0..w {
@@ -198,10 +198,10 @@ multiversion! {
 }
 
 /// Lanes of one accumulator of the `N × K` kernel (one AVX2 vector).
-const DOT_LANES: usize = 8;
+pub(super) const DOT_LANES: usize = 8;
 
 /// Rows of `A` per register tile of the `N × K` kernel.
-const GROUP: usize = 4;
+pub(super) const GROUP: usize = 4;
 
 /// K elements per chunk of the `N × K` kernel with more than one row group of `A`: a tile's rows
 /// of `B` over one chunk (3 × 4 KiB) stay in L1 while the row groups pass over them, and each
@@ -226,7 +226,7 @@ pub(super) fn kc(m: usize) -> usize {
 /// stream: rows in groups of [`GROUP`] (the last group 1–3 rows), and within a group, step by
 /// step of [`DOT_LANES`] columns, the group's rows side by side. Only the first
 /// `k − k mod DOT_LANES` columns; the tail is read from `A` itself.
-fn pack_groups(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
+pub(super) fn pack_groups(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
     let full = k - k % DOT_LANES;
     let mut out = scratch(m * full)?;
     let mut at = 0;
@@ -250,7 +250,7 @@ fn pack_groups(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
 /// (or null): rows of `B` to prefetch meanwhile (the AVX2 copies; see [`avx::chunk_tile`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
+pub(super) fn chunk_tile<const FMA: bool, const R: usize, const C: usize>(
     ap: &[f32],
     b: &[f32],
     ldb: usize,

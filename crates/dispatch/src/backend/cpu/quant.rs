@@ -7,10 +7,11 @@
 //!   of a weight row, once in registers, meets the same 32 columns of every row of `op(A)`
 //!   (densified to f32 once, `M × K`, L1/L2-resident) in 16-lane accumulators, one per row,
 //!   reduced once per output. Every weight byte is read from memory once, whatever `M`; the
-//!   kernel is compiled per instruction set (`simd.rs`). On AVX-512 from [`TILES_MIN_M`] rows,
-//!   instead, six weight rows at a time are dequantized chunk by chunk of `K` into an L1
-//!   buffer and met by `gemv.rs`'s dense `N × K` dot-product tiles ([`avx512::decode`]), so
-//!   each row of `op(A)` is read once per six weight rows.
+//!   kernel is compiled per instruction set (`simd.rs`). From [`TILES_MIN_M`] rows, instead,
+//!   a few weight rows at a time are dequantized chunk by chunk of `K` into an L1 buffer and
+//!   met by `gemv.rs`'s dense `N × K` register tiles (six rows and the 16-lane dot tiles on
+//!   AVX-512, [`avx512::decode`]; three rows and the 8-lane tiles elsewhere, [`tiles_fmt`]),
+//!   so each row of `op(A)` is read once per six or three weight rows rather than per row.
 //! - **Larger M**: threads over panels of [`panel_cols`] weight rows; each panel is dequantized
 //!   group by group into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm`
 //!   call multiplies `op(A)` by it. Only a panel, never the whole weight, is ever dequantized;
@@ -22,7 +23,7 @@
 
 use super::matmul::{Epilogue, SKINNY_M, Strided, epilogue_rows, gemm_f32};
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
-use super::qgroup::{Format, G, dequant_rows, with_format};
+use super::qgroup::{Format, G, chunk_of, dequant_rows, with_format};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal, scratch};
 use crate::Result;
@@ -120,12 +121,13 @@ multiversion! {
     fn decode_cols(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) => decode_cols_inner
 }
 
-/// The fewest rows of `A` that take the AVX-512 decode tiles ([`avx512::decode`]). In-process
-/// A/B against [`decode_fmt`] (alternated per round, 2 threads, 2-core AVX-512 Xeon, medians):
-/// at 16 × 4096 × 4096 0.26 of the time in `Q8_0`, 0.37–0.38 in `Q4_0`, `Q4_1` and `Q4_K`,
-/// 0.69 in `Q6_K`; at 8 × 11008 × 4096 0.53–0.70; at 4 rows 0.53–0.94, at 3 rows 0.59–0.93;
-/// at 2 rows 0.89–1.10 (level), so below 3 rows [`decode_fmt`] stays.
-#[cfg(target_arch = "x86_64")]
+/// The fewest rows of `A` that take the decode tiles ([`tiles_fmt`], [`avx512::decode`]) rather
+/// than [`decode_fmt`]. In-process A/B (alternated per round, 2 threads, 2-core AVX-512 Xeon,
+/// medians), the AVX-512 tiles: at 16 × 4096 × 4096 0.26 of the time in `Q8_0`, 0.37–0.38 in
+/// `Q4_0`, `Q4_1` and `Q4_K`, 0.69 in `Q6_K`; at 8 × 11008 × 4096 0.53–0.70; at 4 rows
+/// 0.53–0.94, at 3 rows 0.59–0.93; at 2 rows 0.89–1.10 (level). The AVX2 tiles (the AVX2 copy
+/// run on the same machine): 16 rows 0.41–0.60, 8 rows 0.49–0.67, 4 rows 0.56–0.85, 3 rows
+/// 0.80–1.04 (`Q4_1` and `Q6_K` level).
 const TILES_MIN_M: usize = 3;
 
 /// The decode kernel on AVX-512 from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums, with the weight's
@@ -207,6 +209,103 @@ mod avx512 {
             jj += c;
         }
     }
+}
+
+/// Weight rows per tile of [`tiles_fmt`] (the `N × K` tile's columns).
+const TILE_W: usize = 3;
+
+/// `K` per chunk of [`tiles_fmt`]: a tile's three dequantized rows over one chunk (12 KiB)
+/// stay in L1 while the row groups of `A` pass over them, as in the dense `N × K` kernel.
+const TILE_KC: usize = 1024;
+
+/// The decode kernel without AVX-512, from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums
+/// with the weight's rows taken [`TILE_W`] at a time and `K` in chunks of [`TILE_KC`]; each
+/// chunk of those rows is dequantized into an L1 buffer and met by the dense `N × K` kernel's
+/// register tiles (`gemv.rs`'s `chunk_tile`: 4 rows of `A`, packed by `pack_groups`, × 3
+/// weight rows, 8-lane sums, summed pairwise at the end). Each row of `op(A)` is read once per
+/// three weight rows instead of once per row.
+#[inline(always)]
+fn tiles_fmt<const FMA: bool, F: Format>(w: &QWeights, apack: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+    use super::gemv::{DOT_LANES, GROUP, chunk_tile, pairwise_sum};
+    let k = w.k;
+    let cols = acc.len() / m;
+    let mut buf = [0.0f32; TILE_W * TILE_KC];
+    let mut part = [[0.0f32; DOT_LANES]; SKINNY_M * TILE_W];
+    let null = std::ptr::null();
+    let mut jj = 0;
+    while jj < cols {
+        let c = TILE_W.min(cols - jj);
+        let part = &mut part[..m * c];
+        part.fill([0.0; DOT_LANES]);
+        for q0 in (0..k).step_by(TILE_KC) {
+            let kl = TILE_KC.min(k - q0);
+            for (j, dst) in buf.chunks_exact_mut(TILE_KC).take(c).enumerate() {
+                chunk_of::<F>(w.scales, w.body, k, j0 + jj + j, q0, &mut dst[..kl]);
+            }
+            for g0 in (0..m).step_by(GROUP) {
+                let r = GROUP.min(m - g0);
+                // The group's packed steps start at g0 · k; its chunk at q0 · r further on.
+                let ap = &apack[g0 * k + q0 * r..];
+                let pt = &mut part[g0 * c..];
+                macro_rules! by_rows {
+                    ($c:literal) => {
+                        match r {
+                            4 => chunk_tile::<FMA, 4, $c>(ap, &buf, TILE_KC, kl, pt, c, null),
+                            3 => chunk_tile::<FMA, 3, $c>(ap, &buf, TILE_KC, kl, pt, c, null),
+                            2 => chunk_tile::<FMA, 2, $c>(ap, &buf, TILE_KC, kl, pt, c, null),
+                            _ => chunk_tile::<FMA, 1, $c>(ap, &buf, TILE_KC, kl, pt, c, null),
+                        }
+                    };
+                }
+                match c {
+                    3 => by_rows!(3),
+                    2 => by_rows!(2),
+                    _ => by_rows!(1),
+                }
+            }
+        }
+        for j in 0..c {
+            for i in 0..m {
+                acc[(jj + j) * m + i] = pairwise_sum(part[i * c + j]);
+            }
+        }
+        jj += c;
+    }
+}
+
+#[inline(always)]
+fn decode_tiles_inner<const FMA: bool>(w: &QWeights, apack: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+    with_format!(w.ty, F => tiles_fmt::<FMA, F>(w, apack, m, j0, acc), _ => acc.fill(f32::NAN));
+}
+
+multiversion! {
+    /// [`tiles_fmt`] for the weight's format and the detected instruction set.
+    fn decode_tiles(w: &QWeights, apack: &[f32], m: usize, j0: usize, acc: &mut [f32]) => decode_tiles_inner
+}
+
+/// The decode kernels (`M ≤ 16`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Decode {
+    /// [`decode_fmt`]: each group meets every row of `A`.
+    Groups,
+    /// [`tiles_fmt`]: dequantized chunks of three weight rows, `gemv.rs`'s `N × K` tiles.
+    Tiles,
+    /// [`avx512::decode`]: dequantized chunks of six weight rows, the AVX-512 dot tiles.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Tiles,
+}
+
+/// The decode kernel for `m` rows of `A` in `isa`.
+fn decode_kernel(isa: Isa, m: usize) -> Decode {
+    if m < TILES_MIN_M {
+        return Decode::Groups;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        return Decode::Avx512Tiles;
+    }
+    let _ = isa;
+    Decode::Tiles
 }
 
 /// Weight rows per panel of the larger-M path: an L2-sized slab of `K` dequantized values per
@@ -293,14 +392,17 @@ impl QuantOperands<'_> {
                 if m <= SKINNY_M {
                     let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
                     let cols = n.div_ceil(4 * threads).max(8);
-                    let task = |(b, chunk): (usize, &mut [f32])| {
+                    let kernel = decode_kernel(isa, m);
+                    // A packed in groups of 4 rows for the tiles without AVX-512.
+                    let apack =
+                        if kernel == Decode::Tiles { super::gemv::pack_groups(a, k, m, k)? } else { Vec::new() };
+                    let task = |(b, chunk): (usize, &mut [f32])| match kernel {
                         #[cfg(target_arch = "x86_64")]
-                        if isa == Isa::Avx512 && m >= TILES_MIN_M {
-                            // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
-                            unsafe { avx512::decode(w, a, m, b * cols, chunk) };
-                            return;
-                        }
-                        decode_cols(isa, w, a, m, b * cols, chunk)
+                        // SAFETY: `decode_kernel` only picks these for `Isa::Avx512`, which is only
+                        // made where the CPU reported AVX-512F.
+                        Decode::Avx512Tiles => unsafe { avx512::decode(w, a, m, b * cols, chunk) },
+                        Decode::Tiles => decode_tiles(isa, w, &apack, m, b * cols, chunk),
+                        Decode::Groups => decode_cols(isa, w, a, m, b * cols, chunk),
                     };
                     if parallel {
                         for_each_chunk_mut(&mut acc, cols * m, |b, c| task((b, c)));
@@ -425,9 +527,11 @@ mod tests {
         assert!(out[m * n..].iter().all(|&x| x == -77.0), "{ty} {isa:?} {m}x{n}x{k}: wrote past the output");
     }
 
-    /// Every format in every instruction set the CPU has: M = 1…16 (decode) and 17 (panels),
-    /// K one block and many, N odd; then shapes large enough to split N across threads into
-    /// blocks that do not divide it.
+    /// Every format in every instruction set the CPU has: M = 1…16 (decode: from 3 rows the
+    /// tiles, every row-group remainder) and 17 (panels), K one block and many (across the
+    /// tiles' 256- and 1024-element chunks, the last one short for the 32-element formats), N
+    /// leaving every remainder of the 3- and 6-row weight tiles; then shapes large enough to
+    /// split N across threads into blocks that do not divide it.
     #[test]
     fn quantized_matmul_is_exact_in_every_isa() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
