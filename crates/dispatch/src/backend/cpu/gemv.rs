@@ -24,8 +24,9 @@
 //!   registers (7 loads per 12 vector multiply-adds; 4 columns a tile at M ≤ 2; written in AVX
 //!   intrinsics where the CPU has AVX2 and FMA). The tile's chunk of `B` (12 KiB; with one
 //!   group 48 or 64 KiB, which no other group reads) is read from memory once, in runs of a
-//!   page or more and in storage order, and from L1 by the other groups; the partial sums carry across chunks in an 8-lane buffer and are summed pairwise
-//!   at the end.
+//!   page or more and in storage order, and from L1 by the other groups; the partial sums
+//!   carry across chunks in an 8-lane buffer and are summed pairwise at the end. (The
+//!   quantized decode kernels, `quant.rs`, run these tiles too, on dequantized chunks.)
 //!   On AVX-512, instead, up to 16 rows of `A` meet `B` as dot products in 16 lanes, both
 //!   operands read in place, 4 rows of `A` × 6 of `B` a register tile ([`avx512::cols_dot`]);
 //!   from 17 rows (the mid-sized products) `B` is gathered into panels of two 16-column
@@ -922,15 +923,15 @@ pub(super) mod avx512 {
         static NK_PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
 
-    /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` (rows `ldb` apart, `ldb` below
-    /// 2^31 / 16) and more than 16 rows of `A` ([`super::nk_panels`]): panel by panel of two strips (32 rows of `B`) × [`NK_PANEL_K`], each
-    /// strip gathered into the packed weight's layout (a `K` step's 16 columns side by side:
-    /// one 16-lane gather of a column of 16 rows), then every group of up to 8 rows of `A`
-    /// meets the panel with [`tile`]'s sums in registers. The panels go along `K` first, so
-    /// the 32 rows of `B` are read as 32 sequential streams. In the strips the sums run in `K`
-    /// order, one fused multiply-add a step: the same bits as the `K × N` kernels. The last
-    /// `nb mod 16` columns are dot products in 16 lanes, summed pairwise (other bits, within
-    /// the same bound).
+    /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` (rows `ldb` apart, `ldb` below 2^31 / 16)
+    /// and more than 16 rows of `A` ([`super::nk_panels`]): panel by panel of two strips (32 rows
+    /// of `B`) × [`NK_PANEL_K`], each strip gathered into the packed weight's layout (a `K` step's
+    /// 16 columns side by side: one 16-lane gather of a column of 16 rows), then every group of up
+    /// to 8 rows of `A` meets the panel with [`tile`]'s sums in registers. The panels go along `K`
+    /// first, so the 32 rows of `B` are read as 32 sequential streams. In the strips the sums run
+    /// in `K` order, one fused multiply-add a step: the same bits as the `K × N` kernels. The last
+    /// `nb mod 16` columns are dot products in 16 lanes, summed pairwise (other bits, within the
+    /// same bound).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1009,14 +1010,14 @@ pub(super) mod avx512 {
     /// `A` in the 32 `zmm` registers.
     pub(in crate::backend::cpu) const DOT_B: usize = 6;
     /// `K` per chunk of [`cols_dot`]: a tile's 6 rows of `B` over one chunk (6 KiB) stay in L1
-    /// while the row groups of `A` pass over them. 256 took 0.82–0.94 of the time of 512 and
-    /// 1024 at 16 × 4096 × 4096, 16 × 4096 × 11008, 16 × 11008 × 4096 and 4 × 4096 × 11008
-    /// (in-process, alternated per round).
+    /// while the row groups of `A` pass over them. With the prefetch, 256 took 0.84–0.99 of
+    /// 512's time at 16 × 4096 × 4096, 16 × 4096 × 11008, 16 × 11008 × 4096 and 4 × 4096 ×
+    /// 11008 (in-process, alternated per round); without it 1024 and 2048 were slower than 512.
     pub(in crate::backend::cpu) const DOT_KC: usize = 256;
     /// Elements ahead along each row of `B` that the first row group's steps prefetch into L1
     /// (half a chunk: the next chunk's lines arrive while this one is computed). Against none,
-    /// 128 took 0.88–0.95 of the time at 16 × N × K; 64, 192 and 256, or the next chunk into
-    /// L2 instead, were level or slower.
+    /// 128 took 0.92–0.94 of the time at the three 16-row shapes above; 64, 192 and 256 were
+    /// slower, the next chunk into L2 instead level.
     const DOT_AHEAD: usize = 128;
 
     /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` and at most

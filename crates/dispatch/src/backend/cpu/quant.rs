@@ -130,8 +130,8 @@ multiversion! {
 /// 0.80–1.04 (`Q4_1` and `Q6_K` level).
 const TILES_MIN_M: usize = 3;
 
-/// The decode kernel on AVX-512 from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums, with the weight's
-/// rows taken [`DOT_B`](super::gemv::avx512::DOT_B) at a time and `K` in chunks of
+/// The decode kernel on AVX-512 from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums, with
+/// the weight's rows taken [`DOT_B`](super::gemv::avx512::DOT_B) at a time and `K` in chunks of
 /// [`DOT_KC`](super::gemv::avx512::DOT_KC): each chunk of those rows is dequantized into an
 /// L1 buffer, then met by the dense `N × K` dot-product tiles (`gemv.rs`, 4 rows of `A` × 6
 /// weight rows, 16-lane sums in registers) for every row group of `A`. So each element of `A`
