@@ -167,6 +167,220 @@ macro_rules! with_format {
 }
 pub(super) use with_format;
 
+/// The groups of [`Format`] dequantized with AVX-512 intrinsics straight into two vectors,
+/// for the decode kernel that keeps its sums in registers (`quant.rs`'s `avx512::rows`):
+/// the same `f32` operations in the same order as [`Format::group`], lane by lane, so the
+/// same weights bit for bit (checked below against the host dequantizer).
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+    use std::arch::x86_64::*;
+
+    /// [`Format::group`] in two AVX-512 vectors, the block's scales read once per block.
+    pub(in crate::backend::cpu) trait Group512: Format {
+        /// What [`Self::group512`] needs of a block's scales, computed once per block.
+        type Scales: Copy;
+
+        /// The scales of the block whose scale bytes start at `s` and body bytes at `q`.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F and F16C; `s` and `q` point at the block's `SB` and `BB`
+        /// bytes.
+        unsafe fn scales(s: *const u8, q: *const u8) -> Self::Scales;
+
+        /// Group `g` of the block whose body bytes start at `q` and whose scales are `sc`:
+        /// elements `0 .. 16` and `16 .. 32`.
+        ///
+        /// # Safety
+        /// As [`Self::scales`]; `g < BS / 32`.
+        unsafe fn group512(sc: &Self::Scales, q: *const u8, g: usize) -> [__m512; 2];
+    }
+
+    /// The little-endian f16 at `s` (unaligned) as an f32, broadcast: the conversion is exact,
+    /// so this is [`f16`](super::f16)'s value (a NaN stays a NaN, quieted as `half` quiets it).
+    ///
+    /// # Safety
+    /// AVX-512F and F16C; two readable bytes at `s`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn scale(s: *const u8) -> f32 {
+        // SAFETY: the caller promises two bytes at s.
+        let bits = unsafe { s.cast::<u16>().read_unaligned() };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    /// 16 bytes at `p` widened to 16 `i32` lanes (zero-extended).
+    ///
+    /// # Safety
+    /// AVX-512F; 16 readable bytes at `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn u8x16(p: *const u8) -> __m512i {
+        // SAFETY: the caller promises 16 bytes at p.
+        _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
+    }
+
+    /// `0.0, 1.0, … 15.0`: the sixteen values of a 4-bit quant.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn iota() -> __m512 {
+        _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0)
+    }
+
+    /// Lane `l` is `table[x[l] mod 16]` (`x` the lanes of 4-bit quants with any higher bits
+    /// set, which the permute ignores): each dequantized weight is read from the sixteen
+    /// values a block's scales give, which are computed with the same operations as
+    /// [`Format::group`]'s per element, so they are the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn lookup(x: __m512i, table: __m512) -> __m512 {
+        _mm512_permutexvar_ps(x, table)
+    }
+
+    /// `ds * (v - 32) as f32` in each lane, `v` the low bits `(l >> ls) & 0xF` and the high
+    /// bits `(h >> hs) & 3` (`Q6_K`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn q6k(l: __m512i, h: __m512i, ls: __m128i, hs: __m128i, ds: f32) -> __m512 {
+        let lo = _mm512_and_si512(_mm512_srl_epi32(l, ls), _mm512_set1_epi32(0xF));
+        let hi = _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srl_epi32(h, hs), _mm512_set1_epi32(3)));
+        let v = _mm512_sub_epi32(_mm512_or_si512(lo, hi), _mm512_set1_epi32(32));
+        _mm512_mul_ps(_mm512_set1_ps(ds), _mm512_cvtepi32_ps(v))
+    }
+
+    impl Group512 for Q8_0 {
+        type Scales = __m512;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
+            // SAFETY: the block's 2 scale bytes (the caller's promise).
+            _mm512_set1_ps(unsafe { scale(s) })
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn group512(&d: &__m512, q: *const u8, _: usize) -> [__m512; 2] {
+            // SAFETY: the block's 32 body bytes.
+            let (lo, hi) = unsafe { (_mm_loadu_si128(q.cast()), _mm_loadu_si128(q.add(16).cast())) };
+            [
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
+            ]
+        }
+    }
+
+    impl Group512 for Q4_0 {
+        /// `(q - 8) as f32 * d` for `q` in `0 .. 16`.
+        type Scales = __m512;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
+            // SAFETY: the block's 2 scale bytes.
+            let d = unsafe { scale(s) };
+            _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), _mm512_set1_ps(d))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn group512(&t: &__m512, q: *const u8, _: usize) -> [__m512; 2] {
+            // SAFETY: the block's 16 body bytes.
+            let x = unsafe { u8x16(q) };
+            [lookup(x, t), lookup(_mm512_srli_epi32::<4>(x), t)]
+        }
+    }
+
+    impl Group512 for Q4_1 {
+        /// `q as f32 * d + m` for `q` in `0 .. 16`.
+        type Scales = __m512;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
+            // SAFETY: the block's 4 scale bytes.
+            let (d, m) = unsafe { (scale(s), scale(s.add(2))) };
+            _mm512_add_ps(_mm512_mul_ps(iota(), _mm512_set1_ps(d)), _mm512_set1_ps(m))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn group512(&t: &__m512, q: *const u8, _: usize) -> [__m512; 2] {
+            // SAFETY: the block's 16 body bytes.
+            let x = unsafe { u8x16(q) };
+            [lookup(x, t), lookup(_mm512_srli_epi32::<4>(x), t)]
+        }
+    }
+
+    impl Group512 for Q4K {
+        /// `d1` of the eight sub-blocks, then `m1`.
+        type Scales = [f32; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
+            // SAFETY: the block's 4 scale bytes and the 12 packed scale bytes leading its body.
+            let (d, min, p) = unsafe { (scale(s), scale(s.add(2)), &*q.cast::<[u8; 12]>()) };
+            let mut out = [0.0; 16];
+            for g in 0..8 {
+                let (sc, mn) = if g < 4 {
+                    (p[g] & 63, p[g + 4] & 63)
+                } else {
+                    ((p[g + 4] & 0xF) | ((p[g - 4] >> 6) << 4), (p[g + 4] >> 4) | ((p[g] >> 6) << 4))
+                };
+                (out[g], out[8 + g]) = (d * f32::from(sc), min * f32::from(mn)); // d1, m1
+            }
+            out
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn group512(sc: &[f32; 16], q: *const u8, g: usize) -> [__m512; 2] {
+            // d1 * q as f32 - m1 for q in 0 .. 16.
+            let t = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(sc[g]), iota()), _mm512_set1_ps(sc[8 + g]));
+            // SAFETY: sub-block g's 32 bytes at 12 + 32 · (g / 2) of the 140 (g < 8).
+            let (lo, hi) = unsafe {
+                let qs = q.add(12 + 32 * (g / 2));
+                (u8x16(qs), u8x16(qs.add(16)))
+            };
+            if g & 1 == 0 {
+                [lookup(lo, t), lookup(hi, t)]
+            } else {
+                [lookup(_mm512_srli_epi32::<4>(lo), t), lookup(_mm512_srli_epi32::<4>(hi), t)]
+            }
+        }
+    }
+
+    impl Group512 for Q6K {
+        /// `d · scales[i]` of the sixteen 16-element sub-blocks.
+        type Scales = [f32; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
+            // SAFETY: the block's 2 scale bytes and its 16 sub-block scales at 192 of the 208
+            // body bytes.
+            let (d, sc) = unsafe { (scale(s), &*q.add(192).cast::<[u8; 16]>()) };
+            sc.map(|x| d * f32::from(x as i8))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn group512(ds: &[f32; 16], q: *const u8, g: usize) -> [__m512; 2] {
+            // The layout of `Q6K::group`: low bits at 64h + 32·(t & 1), high bits at 128 + 32h,
+            // the two 16-element scales 8h + 2t and the next (g < 8, so all inside the 208 bytes).
+            let (h, t) = (g / 4, g % 4);
+            let (ls, hs) = (_mm_cvtsi32_si128(4 * (t >> 1) as i32), _mm_cvtsi32_si128(2 * t as i32));
+            let ds = &ds[8 * h + 2 * t..][..2];
+            // SAFETY: 32 bytes at each of ql and qh, inside the body.
+            unsafe {
+                let (ql, qh) = (q.add(64 * h + 32 * (t & 1)), q.add(128 + 32 * h));
+                [q6k(u8x16(ql), u8x16(qh), ls, hs, ds[0]), q6k(u8x16(ql.add(16)), u8x16(qh.add(16)), ls, hs, ds[1])]
+            }
+        }
+    }
+}
+
 /// Dequantizes whole rows: `dst` (`rows × k`, row-major) gets rows `j0 ..` of the weight whose
 /// planes are `scales` and `body`.
 #[inline(always)]
@@ -209,6 +423,58 @@ mod tests {
     use super::*;
     use crate::backend::cpu::simd::Isa;
     use crate::quant_tensor::{PlaneGeometry, split_planes};
+
+    /// The AVX-512 groups (`avx512::Group512`: the scales once per block, the 4-bit formats by
+    /// table lookup) are bit for bit [`Format::group`]'s, for every group of blocks of
+    /// arbitrary bytes (every kind of f16 scale, every quant value).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_groups_match_the_portable_groups() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            println!("SKIP avx512 groups: this CPU has no AVX-512");
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        fn check<F: avx512::Group512>(ty: GgmlType) {
+            let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64 ^ F::BB as u64;
+            let blocks = 600;
+            let mut next = || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            };
+            let (s, q): (Vec<u8>, Vec<u8>) =
+                ((0..blocks * F::SB).map(|_| next()).collect(), (0..blocks * F::BB).map(|_| next()).collect());
+            for b in 0..blocks {
+                let (sb, qb) = (&s[b * F::SB..][..F::SB], &q[b * F::BB..][..F::BB]);
+                // SAFETY: AVX-512F and F16C (checked above); the block's bytes are in sb, qb.
+                let sc = unsafe { F::scales(sb.as_ptr(), qb.as_ptr()) };
+                for g in 0..F::BS / G {
+                    let mut want = [0.0f32; G];
+                    F::group(sb, qb, g, &mut want);
+                    let mut got = [0.0f32; G];
+                    // SAFETY: as above; g < BS / 32.
+                    let v = unsafe { F::group512(&sc, qb.as_ptr(), g) };
+                    // SAFETY: two vectors of 16 floats into 32.
+                    unsafe {
+                        std::arch::x86_64::_mm512_storeu_ps(got.as_mut_ptr(), v[0]);
+                        std::arch::x86_64::_mm512_storeu_ps(got.as_mut_ptr().add(16), v[1]);
+                    }
+                    for (l, (x, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan()),
+                            "{ty} block {b} group {g} lane {l}: {x:e} vs {e:e}"
+                        );
+                    }
+                }
+            }
+        }
+        for ty in GgmlType::QUANTIZED {
+            // SAFETY: the CPU has AVX-512F and F16C (Isa::Avx512 is only made where it does).
+            with_format!(ty, F => unsafe { check::<F>(ty) }, _ => unreachable!());
+        }
+    }
 
     /// The planes' geometry and each [`Format`]'s constants agree.
     #[test]

@@ -3,15 +3,18 @@
 //! The weight `W` `[N, K]` stays quantized in memory (the two planes of `quant_tensor.rs`);
 //! it is dequantized 32 elements at a time straight from the planes into `f32` lanes
 //! (`qgroup.rs`: one scale's group, bit for bit what the host dequantizer gives):
-//! - **Decode** (`M ≤ 16`): threads over blocks of output columns (rows of `W`); each group
-//!   of a weight row, once in registers, meets the same 32 columns of every row of `op(A)`
-//!   (densified to f32 once, `M × K`, L1/L2-resident) in 16-lane accumulators, one per row,
-//!   reduced once per output. Every weight byte is read from memory once, whatever `M`; the
-//!   kernel is compiled per instruction set (`simd.rs`). From [`TILES_MIN_M`] rows, instead,
-//!   a few weight rows at a time are dequantized chunk by chunk of `K` into an L1 buffer and
-//!   met by `gemv.rs`'s dense `N × K` register tiles (six rows and the 16-lane dot tiles on
-//!   AVX-512, [`avx512::decode`]; three rows and the 8-lane tiles elsewhere, [`tiles_fmt`]),
-//!   so each row of `op(A)` is read once per six or three weight rows rather than per row.
+//! - **Decode** (`M ≤ 16`): threads over blocks of output columns (rows of `W`), every weight
+//!   byte read from memory once, whatever `M`; `op(A)` is densified to f32 once (`M × K`,
+//!   L1/L2-resident). On AVX-512, up to [`ROWS_MAX_M`] rows, each weight row's groups are
+//!   dequantized by hand-written intrinsics into registers (`qgroup.rs`'s `avx512`: the 4-bit
+//!   formats as a 16-entry table lookup, the scales once per block) and met by the same
+//!   columns of each row of `op(A)`, the sums in registers ([`avx512::decode_rows`]).
+//!   Without AVX-512, below [`TILES_MIN_M`] rows, the same order in plain Rust compiled per
+//!   instruction set (`simd.rs`, [`decode_fmt`]). Above those, a few weight rows at a time are
+//!   dequantized chunk by chunk of `K` into an L1 buffer and met by `gemv.rs`'s dense `N × K`
+//!   register tiles (six rows and the 16-lane dot tiles on AVX-512, [`avx512::decode`]; three
+//!   rows and the 8-lane tiles elsewhere, [`tiles_fmt`]), so each row of `op(A)` is read once
+//!   per six or three weight rows rather than per row.
 //! - **Larger M**: threads over panels of [`panel_cols`] weight rows; each panel is dequantized
 //!   group by group into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm`
 //!   call multiplies `op(A)` by it. Only a panel, never the whole weight, is ever dequantized;
@@ -121,16 +124,30 @@ multiversion! {
     fn decode_cols(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) => decode_cols_inner
 }
 
-/// The fewest rows of `A` that take the decode tiles ([`tiles_fmt`], [`avx512::decode`]) rather
-/// than [`decode_fmt`]. In-process A/B (alternated per round, 2 threads, 2-core AVX-512 Xeon,
-/// medians), the AVX-512 tiles: at 16 × 4096 × 4096 0.26 of the time in `Q8_0`, 0.37–0.38 in
-/// `Q4_0`, `Q4_1` and `Q4_K`, 0.69 in `Q6_K`; at 8 × 11008 × 4096 0.53–0.70; at 4 rows
-/// 0.53–0.94, at 3 rows 0.59–0.93; at 2 rows 0.89–1.10 (level). The AVX2 tiles (the AVX2 copy
-/// run on the same machine): 16 rows 0.41–0.60, 8 rows 0.49–0.67, 4 rows 0.56–0.85, 3 rows
-/// 0.80–1.04 (`Q4_1` and `Q6_K` level).
+/// The fewest rows of `A` that take [`tiles_fmt`] rather than [`decode_fmt`] without AVX-512
+/// (on AVX-512, [`avx512::decode_rows`] takes up to [`ROWS_MAX_M`] rows and the AVX-512 tiles
+/// the rest). In-process A/B against [`decode_fmt`] (alternated per round, 2 threads, 2-core
+/// AVX-512 Xeon, medians), the AVX2 tiles (the AVX2 copy run on that machine): 16 rows
+/// 0.41–0.60 of the time, 8 rows 0.49–0.67, 4 rows 0.56–0.85, 3 rows 0.80–1.04 (`Q4_1` and
+/// `Q6_K` level); the AVX-512 tiles: at 16 × 4096 × 4096 0.26 in `Q8_0`, 0.37–0.38 in `Q4_0`,
+/// `Q4_1` and `Q4_K`, 0.69 in `Q6_K`; at 8 × 11008 × 4096 0.53–0.70.
 const TILES_MIN_M: usize = 3;
 
-/// The decode kernel on AVX-512 from [`TILES_MIN_M`] rows of `A`: [`decode_fmt`]'s sums, with
+/// The most rows of `A` that take [`avx512::decode_rows`] rather than the AVX-512 tiles.
+/// In-process A/B against the kernels it replaced (alternated per round, 2 threads, 2-core
+/// AVX-512 Xeon, medians, all five formats): against [`decode_fmt`] at 1 × 4096 × 4096 0.39–0.61
+/// of the time (`Q4_0` 0.39, `Q4_K` 0.42, `Q6_K` 0.61), at 1 × 11008 × 4096 and 1 × 4096 ×
+/// 11008 0.35–0.69, at 2 rows 0.41–0.64; against the tiles at 3 rows 0.47–0.77, at 4 rows
+/// 0.63–1.08 over two runs (level on average); with 5–8 rows (four sums a row no longer fit
+/// the 32 registers) 0.73–1.40, so the tiles keep those.
+const ROWS_MAX_M: usize = 4;
+
+/// How far ahead [`avx512::decode_rows`] prefetches the weight's planes, in bytes of the body
+/// plane (the scale plane as many blocks ahead). In-process A/B at 1 × 11008 × 4096: 0.80–0.94
+/// of the time without in `Q8_0` and `Q4_1`, level (0.97–1.03) in the others.
+const PREFETCH: usize = 1024;
+
+/// The decode kernel on AVX-512 from [`ROWS_MAX_M`]` + 1` rows of `A`: [`decode_fmt`]'s sums, with
 /// the weight's rows taken [`DOT_B`](super::gemv::avx512::DOT_B) at a time and `K` in chunks of
 /// [`DOT_KC`](super::gemv::avx512::DOT_KC): each chunk of those rows is dequantized into an
 /// L1 buffer, then met by the dense `N × K` dot-product tiles (`gemv.rs`, 4 rows of `A` × 6
@@ -139,8 +156,9 @@ const TILES_MIN_M: usize = 3;
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::super::gemv::avx512::{DOT_A, DOT_B, DOT_KC, dot_tile_any};
-    use super::super::qgroup::{Format, chunk_of, with_format};
-    use super::{QWeights, SKINNY_M};
+    use super::super::qgroup::avx512::Group512;
+    use super::super::qgroup::{Format, G, chunk_of, with_format};
+    use super::{PREFETCH, QWeights, ROWS_MAX_M, SKINNY_M};
     use std::arch::x86_64::*;
     use tilekit_kernels::quant::GgmlType;
 
@@ -152,6 +170,125 @@ mod avx512 {
     pub(super) unsafe fn decode(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
         // SAFETY: the caller promises AVX-512F.
         with_format!(w.ty, F => unsafe { tiles::<F>(w, a, m, j0, acc) }, _ => acc.fill(f32::NAN));
+    }
+
+    /// `acc[jj·m + i] = op(A)[i] · W[j0 + jj]` for `m` (1 to [`ROWS_MAX_M`]) dense rows of `A`
+    /// (`m × k`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn decode_rows(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+        debug_assert!((1..=ROWS_MAX_M).contains(&m));
+        // SAFETY: the caller promises AVX-512F and F16C.
+        with_format!(w.ty, F => unsafe {
+            match m {
+                1 => rows::<F, 1>(w, a, j0, acc),
+                2 => rows::<F, 2>(w, a, j0, acc),
+                3 => rows::<F, 3>(w, a, j0, acc),
+                _ => rows::<F, 4>(w, a, j0, acc),
+            }
+        }, _ => acc.fill(f32::NAN));
+    }
+
+    /// [`decode_rows`] for format `F` and `M` rows: each weight row's groups dequantized into
+    /// registers ([`Group512`], the scales once per block) two at a time and met by the same
+    /// 64 columns of each row of `A`; the sums stay in registers (four vectors per row, so
+    /// consecutive fused multiply-adds do not wait on each other) and are reduced once per
+    /// output. The weight's planes are prefetched [`PREFETCH`] bytes ahead.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn rows<F: Group512, const M: usize>(w: &QWeights, a: &[f32], j0: usize, acc: &mut [f32]) {
+        let (k, gpb) = (w.k, F::BS / G);
+        let nb = k / F::BS;
+        let cols = acc.len() / M;
+        assert!(
+            k.is_multiple_of(F::BS)
+                && (gpb == 1 || gpb.is_multiple_of(2))
+                && a.len() >= M * k
+                && j0 + cols <= w.n
+                && w.scales.len() >= (j0 + cols) * nb * F::SB
+                && w.body.len() >= (j0 + cols) * nb * F::BB,
+            "decode rows past their operands"
+        );
+        let pf = PREFETCH / F::BB;
+        for (jj, out) in acc.chunks_exact_mut(M).enumerate() {
+            let b0 = (j0 + jj) * nb;
+            // SAFETY (every pointer below): rows j0 .. j0 + cols of both planes, nb blocks
+            // each, and A's M rows of k are inside the slices (asserted); block b < nb of the
+            // row starts at b · SB and b · BB, and its groups g < gpb at column b · BS + g · 32.
+            let (sp, qp) = unsafe { (w.scales.as_ptr().add(b0 * F::SB), w.body.as_ptr().add(b0 * F::BB)) };
+            let mut sum = [[_mm512_setzero_ps(); 4]; M];
+            // Two groups at a time, the second into the other pair of sums: two blocks of the
+            // one-group formats (and one at the end of an odd count), or two sub-blocks of a
+            // K-quant super-block.
+            let mut b = 0;
+            while b < nb {
+                unsafe {
+                    // A hint only: past the planes' end it reads nothing.
+                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add((b + pf) * F::BB).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add((b + pf) * F::SB).cast());
+                    let (s0, q0) = (sp.add(b * F::SB), qp.add(b * F::BB));
+                    let sc0 = F::scales(s0, q0);
+                    if gpb == 1 {
+                        let [w0, w1] = F::group512(&sc0, q0, 0);
+                        if b + 1 < nb {
+                            let (s1, q1) = (sp.add((b + 1) * F::SB), qp.add((b + 1) * F::BB));
+                            let [w2, w3] = F::group512(&F::scales(s1, q1), q1, 0);
+                            for (i, s) in sum.iter_mut().enumerate() {
+                                madd4(s, a.as_ptr().add(i * k + b * G), [w0, w1, w2, w3]);
+                            }
+                        } else {
+                            for (i, s) in sum.iter_mut().enumerate() {
+                                madd2(s, a.as_ptr().add(i * k + b * G), [w0, w1]);
+                            }
+                        }
+                        b += 2;
+                    } else {
+                        for g in (0..gpb).step_by(2) {
+                            let [w0, w1] = F::group512(&sc0, q0, g);
+                            let [w2, w3] = F::group512(&sc0, q0, g + 1);
+                            for (i, s) in sum.iter_mut().enumerate() {
+                                madd4(s, a.as_ptr().add(i * k + b * F::BS + g * G), [w0, w1, w2, w3]);
+                            }
+                        }
+                        b += 1;
+                    }
+                }
+            }
+            for (o, s) in out.iter_mut().zip(&sum) {
+                *o = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])));
+            }
+        }
+    }
+
+    /// `s[v] += a[16v ..][..16] · w[v]` for the four vectors.
+    ///
+    /// # Safety
+    /// AVX-512F; 64 readable `f32` at `a`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn madd4(s: &mut [__m512; 4], a: *const f32, w: [__m512; 4]) {
+        for v in 0..4 {
+            // SAFETY: the caller promises 64 floats at a.
+            s[v] = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(a.add(16 * v)), w[v], s[v]) };
+        }
+    }
+
+    /// `s[v] += a[16v ..][..16] · w[v]` for the first two vectors.
+    ///
+    /// # Safety
+    /// AVX-512F; 32 readable `f32` at `a`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn madd2(s: &mut [__m512; 4], a: *const f32, w: [__m512; 2]) {
+        for v in 0..2 {
+            // SAFETY: the caller promises 32 floats at a.
+            s[v] = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(a.add(16 * v)), w[v], s[v]) };
+        }
     }
 
     /// [`decode`] for format `F`.
@@ -293,16 +430,19 @@ enum Decode {
     /// [`avx512::decode`]: dequantized chunks of six weight rows, the AVX-512 dot tiles.
     #[cfg(target_arch = "x86_64")]
     Avx512Tiles,
+    /// [`avx512::decode_rows`]: [`decode_fmt`]'s order with the groups and sums in registers.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Rows,
 }
 
 /// The decode kernel for `m` rows of `A` in `isa`.
 fn decode_kernel(isa: Isa, m: usize) -> Decode {
-    if m < TILES_MIN_M {
-        return Decode::Groups;
-    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        return Decode::Avx512Tiles;
+        return if m <= ROWS_MAX_M { Decode::Avx512Rows } else { Decode::Avx512Tiles };
+    }
+    if m < TILES_MIN_M {
+        return Decode::Groups;
     }
     let _ = isa;
     Decode::Tiles
@@ -401,6 +541,9 @@ impl QuantOperands<'_> {
                         // SAFETY: `decode_kernel` only picks these for `Isa::Avx512`, which is only
                         // made where the CPU reported AVX-512F.
                         Decode::Avx512Tiles => unsafe { avx512::decode(w, a, m, b * cols, chunk) },
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: as above.
+                        Decode::Avx512Rows => unsafe { avx512::decode_rows(w, a, m, b * cols, chunk) },
                         Decode::Tiles => decode_tiles(isa, w, &apack, m, b * cols, chunk),
                         Decode::Groups => decode_cols(isa, w, a, m, b * cols, chunk),
                     };
@@ -527,8 +670,9 @@ mod tests {
         assert!(out[m * n..].iter().all(|&x| x == -77.0), "{ty} {isa:?} {m}x{n}x{k}: wrote past the output");
     }
 
-    /// Every format in every instruction set the CPU has: M = 1…16 (decode: from 3 rows the
-    /// tiles, every row-group remainder) and 17 (panels), K one block and many (across the
+    /// Every format in every instruction set the CPU has: M = 1…16 (decode: on AVX-512 the
+    /// register kernel to 4 rows, with an odd and an even count of 32-element blocks, then the
+    /// tiles; elsewhere the tiles from 3 rows; every row-group remainder) and 17 (panels), K one block and many (across the
     /// tiles' 256- and 1024-element chunks, the last one short for the 32-element formats), N
     /// leaving every remainder of the 3- and 6-row weight tiles; then shapes large enough to
     /// split N across threads into blocks that do not divide it.
@@ -541,6 +685,7 @@ mod tests {
             for isa in Isa::available() {
                 for m in 1..=17 {
                     check(isa, ty, (m, 13, bs), m == 3, &mut seed);
+                    check(isa, ty, (m, 7, 2 * bs), false, &mut seed);
                     check(isa, ty, (m, 5, many), m == 16, &mut seed);
                 }
                 for m in [1, 7, 16, 17] {
