@@ -381,6 +381,198 @@ pub(super) mod avx512 {
     }
 }
 
+/// The groups of [`Format`] dequantized with AVX2 intrinsics into four vectors: the AVX2 copy
+/// of [`avx512`] for the decode kernel of 1–2 rows without AVX-512 (`quant.rs`'s
+/// `avx2::rows`), the scales once per block, each weight by [`Format::group`]'s operations in
+/// its order (checked bit for bit below).
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+    use std::arch::x86_64::*;
+
+    /// [`Format::group`] in four AVX2 vectors, the block's scales read once per block.
+    pub(in crate::backend::cpu) trait Group256: Format {
+        /// What [`Self::group256`] needs of a block's scales.
+        type Scales: Copy;
+
+        /// The scales of the block whose scale bytes start at `s` and body bytes at `q`.
+        ///
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C; `s` and `q` point at the block's `SB` and `BB`
+        /// bytes.
+        unsafe fn scales(s: *const u8, q: *const u8) -> Self::Scales;
+
+        /// Group `g` of the block whose body bytes start at `q`: elements `8v .. 8v + 8` in
+        /// vector `v`.
+        ///
+        /// # Safety
+        /// As [`Self::scales`]; `g < BS / 32`.
+        unsafe fn group256(sc: &Self::Scales, q: *const u8, g: usize) -> [__m256; 4];
+    }
+
+    /// The little-endian f16 at `s` as an f32 (exact, as [`f16`](super::f16)).
+    ///
+    /// # Safety
+    /// F16C; two readable bytes at `s`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale(s: *const u8) -> f32 {
+        // SAFETY: the caller promises two bytes at s.
+        let bits = unsafe { s.cast::<u16>().read_unaligned() };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    /// 8 bytes at `p` widened to 8 `i32` lanes (zero-extended).
+    ///
+    /// # Safety
+    /// AVX2; 8 readable bytes at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn u8x8(p: *const u8) -> __m256i {
+        // SAFETY: the caller promises 8 bytes at p.
+        _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) })
+    }
+
+    /// The low nibble (`hi` false) or the high nibble of each lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn nibble(x: __m256i, hi: bool) -> __m256i {
+        if hi { _mm256_srli_epi32::<4>(x) } else { _mm256_and_si256(x, _mm256_set1_epi32(0xF)) }
+    }
+
+    impl Group256 for Q8_0 {
+        type Scales = __m256;
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> __m256 {
+            // SAFETY: the block's 2 scale bytes (the caller's promise).
+            _mm256_set1_ps(unsafe { scale(s) })
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn group256(&d: &__m256, q: *const u8, _: usize) -> [__m256; 4] {
+            // x[i].qs[j]*d; SAFETY: the block's 32 body bytes, 8 at a time.
+            let w = |v: usize| unsafe {
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(8 * v).cast()))), d)
+            };
+            [w(0), w(1), w(2), w(3)]
+        }
+    }
+
+    impl Group256 for Q4_0 {
+        type Scales = __m256;
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> __m256 {
+            // SAFETY: the block's 2 scale bytes.
+            _mm256_set1_ps(unsafe { scale(s) })
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn group256(&d: &__m256, q: *const u8, _: usize) -> [__m256; 4] {
+            // SAFETY: the block's 16 body bytes.
+            let (x0, x1) = unsafe { (u8x8(q), u8x8(q.add(8))) };
+            // (x - 8) * d: low nibbles are elements 0..16, high nibbles 16..32.
+            let w = |v| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))), d);
+            [w(nibble(x0, false)), w(nibble(x1, false)), w(nibble(x0, true)), w(nibble(x1, true))]
+        }
+    }
+
+    impl Group256 for Q4_1 {
+        type Scales = [__m256; 2];
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, _: *const u8) -> [__m256; 2] {
+            // SAFETY: the block's 4 scale bytes.
+            unsafe { [_mm256_set1_ps(scale(s)), _mm256_set1_ps(scale(s.add(2)))] }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn group256(&[d, m]: &[__m256; 2], q: *const u8, _: usize) -> [__m256; 4] {
+            // SAFETY: the block's 16 body bytes.
+            let (x0, x1) = unsafe { (u8x8(q), u8x8(q.add(8))) };
+            // x * d + m.
+            let w = |v| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), d), m);
+            [w(nibble(x0, false)), w(nibble(x1, false)), w(nibble(x0, true)), w(nibble(x1, true))]
+        }
+    }
+
+    impl Group256 for Q4K {
+        /// `d1` of the eight sub-blocks, then `m1` (as `avx512::Group512`'s).
+        type Scales = [f32; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
+            // SAFETY: the block's 4 scale bytes and 12 packed scale bytes leading its body.
+            let (d, min, p) = unsafe { (scale(s), scale(s.add(2)), &*q.cast::<[u8; 12]>()) };
+            let mut out = [0.0; 16];
+            for g in 0..8 {
+                let (sc, mn) = if g < 4 {
+                    (p[g] & 63, p[g + 4] & 63)
+                } else {
+                    ((p[g + 4] & 0xF) | ((p[g - 4] >> 6) << 4), (p[g + 4] >> 4) | ((p[g] >> 6) << 4))
+                };
+                (out[g], out[8 + g]) = (d * f32::from(sc), min * f32::from(mn)); // d1, m1
+            }
+            out
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn group256(sc: &[f32; 16], q: *const u8, g: usize) -> [__m256; 4] {
+            let (d1, m1) = (_mm256_set1_ps(sc[g]), _mm256_set1_ps(sc[8 + g]));
+            let shift = _mm_cvtsi32_si128(4 * (g & 1) as i32);
+            // d1 * ((qs >> shift) & 0xF) - m1; SAFETY: sub-block g's 32 bytes at
+            // 12 + 32 · (g / 2) of the 140 (g < 8), 8 at a time.
+            let w = |v: usize| unsafe {
+                let x = u8x8(q.add(12 + 32 * (g / 2) + 8 * v));
+                let x = _mm256_and_si256(_mm256_srl_epi32(x, shift), _mm256_set1_epi32(0xF));
+                _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(x)), m1)
+            };
+            [w(0), w(1), w(2), w(3)]
+        }
+    }
+
+    impl Group256 for Q6K {
+        /// `d · scales[i]` of the sixteen 16-element sub-blocks.
+        type Scales = [f32; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
+            // SAFETY: the block's 2 scale bytes and its 16 sub-block scales at 192 of the 208.
+            let (d, sc) = unsafe { (scale(s), &*q.add(192).cast::<[u8; 16]>()) };
+            sc.map(|x| d * f32::from(x as i8))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn group256(ds: &[f32; 16], q: *const u8, g: usize) -> [__m256; 4] {
+            // `Q6K::group`'s layout: low bits at 64h + 32·(t & 1), high bits at 128 + 32h, the
+            // scales of elements 0..16 and 16..32 at 8h + 2t and the next.
+            let (h, t) = (g / 4, g % 4);
+            let (ls, hs) = (_mm_cvtsi32_si128(4 * (t >> 1) as i32), _mm_cvtsi32_si128(2 * t as i32));
+            let ds = &ds[8 * h + 2 * t..][..2];
+            // SAFETY: 8 bytes at each offset 8v < 32 of ql and qh, inside the body.
+            let w = |v: usize| unsafe {
+                let (l, hb) = (u8x8(q.add(64 * h + 32 * (t & 1) + 8 * v)), u8x8(q.add(128 + 32 * h + 8 * v)));
+                let lo = _mm256_and_si256(_mm256_srl_epi32(l, ls), _mm256_set1_epi32(0xF));
+                let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srl_epi32(hb, hs), _mm256_set1_epi32(3)));
+                let x = _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32));
+                _mm256_mul_ps(_mm256_set1_ps(ds[v / 2]), _mm256_cvtepi32_ps(x))
+            };
+            [w(0), w(1), w(2), w(3)]
+        }
+    }
+}
+
 /// Dequantizes whole rows: `dst` (`rows × k`, row-major) gets rows `j0 ..` of the weight whose
 /// planes are `scales` and `body`.
 #[inline(always)]
@@ -424,6 +616,37 @@ mod tests {
     use crate::backend::cpu::simd::Isa;
     use crate::quant_tensor::{PlaneGeometry, split_planes};
 
+    /// Random blocks of format `F` (`(scale plane, body plane)`, 600 blocks) and a check that
+    /// `got`'s groups are bit for bit [`Format::group`]'s.
+    #[cfg(target_arch = "x86_64")]
+    fn check_groups<F: Format>(ty: GgmlType, got: impl Fn(&[u8], &[u8], &mut [[f32; G]])) {
+        let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64 ^ F::BB as u64;
+        let blocks = 600;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 24) as u8
+        };
+        let (s, q): (Vec<u8>, Vec<u8>) =
+            ((0..blocks * F::SB).map(|_| next()).collect(), (0..blocks * F::BB).map(|_| next()).collect());
+        for b in 0..blocks {
+            let (sb, qb) = (&s[b * F::SB..][..F::SB], &q[b * F::BB..][..F::BB]);
+            let mut all = vec![[0.0f32; G]; F::BS / G];
+            got(sb, qb, &mut all);
+            for (g, got) in all.iter().enumerate() {
+                let mut want = [0.0f32; G];
+                F::group(sb, qb, g, &mut want);
+                for (l, (x, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan()),
+                        "{ty} block {b} group {g} lane {l}: {x:e} vs {e:e}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The AVX-512 groups (`avx512::Group512`: the scales once per block, the 4-bit formats by
     /// table lookup) are bit for bit [`Format::group`]'s, for every group of blocks of
     /// arbitrary bytes (every kind of f16 scale, every quant value).
@@ -436,42 +659,51 @@ mod tests {
         }
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         fn check<F: avx512::Group512>(ty: GgmlType) {
-            let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64 ^ F::BB as u64;
-            let blocks = 600;
-            let mut next = || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 24) as u8
-            };
-            let (s, q): (Vec<u8>, Vec<u8>) =
-                ((0..blocks * F::SB).map(|_| next()).collect(), (0..blocks * F::BB).map(|_| next()).collect());
-            for b in 0..blocks {
-                let (sb, qb) = (&s[b * F::SB..][..F::SB], &q[b * F::BB..][..F::BB]);
-                // SAFETY: AVX-512F and F16C (checked above); the block's bytes are in sb, qb.
-                let sc = unsafe { F::scales(sb.as_ptr(), qb.as_ptr()) };
-                for g in 0..F::BS / G {
-                    let mut want = [0.0f32; G];
-                    F::group(sb, qb, g, &mut want);
-                    let mut got = [0.0f32; G];
-                    // SAFETY: as above; g < BS / 32.
-                    let v = unsafe { F::group512(&sc, qb.as_ptr(), g) };
-                    // SAFETY: two vectors of 16 floats into 32.
-                    unsafe {
-                        std::arch::x86_64::_mm512_storeu_ps(got.as_mut_ptr(), v[0]);
-                        std::arch::x86_64::_mm512_storeu_ps(got.as_mut_ptr().add(16), v[1]);
-                    }
-                    for (l, (x, e)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            x.to_bits() == e.to_bits() || (x.is_nan() && e.is_nan()),
-                            "{ty} block {b} group {g} lane {l}: {x:e} vs {e:e}"
-                        );
+            check_groups::<F>(ty, |sb, qb, out| {
+                // SAFETY: AVX-512F and F16C (checked above); the block's bytes are sb and qb;
+                // g < BS / 32; two vectors of 16 floats into each group's 32.
+                unsafe {
+                    let sc = F::scales(sb.as_ptr(), qb.as_ptr());
+                    for (g, o) in out.iter_mut().enumerate() {
+                        let v = F::group512(&sc, qb.as_ptr(), g);
+                        std::arch::x86_64::_mm512_storeu_ps(o.as_mut_ptr(), v[0]);
+                        std::arch::x86_64::_mm512_storeu_ps(o.as_mut_ptr().add(16), v[1]);
                     }
                 }
-            }
+            });
         }
         for ty in GgmlType::QUANTIZED {
             // SAFETY: the CPU has AVX-512F and F16C (Isa::Avx512 is only made where it does).
+            with_format!(ty, F => unsafe { check::<F>(ty) }, _ => unreachable!());
+        }
+    }
+
+    /// The AVX2 groups (`avx2::Group256`) are bit for bit [`Format::group`]'s, as above.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_groups_match_the_portable_groups() {
+        if !Isa::available().contains(&Isa::Avx2) {
+            println!("SKIP avx2 groups: this CPU has no AVX2");
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn check<F: avx2::Group256>(ty: GgmlType) {
+            check_groups::<F>(ty, |sb, qb, out| {
+                // SAFETY: AVX2, FMA and F16C (checked above); the block's bytes are sb and qb;
+                // g < BS / 32; four vectors of 8 floats into each group's 32.
+                unsafe {
+                    let sc = F::scales(sb.as_ptr(), qb.as_ptr());
+                    for (g, o) in out.iter_mut().enumerate() {
+                        let v = F::group256(&sc, qb.as_ptr(), g);
+                        for (i, v) in v.into_iter().enumerate() {
+                            std::arch::x86_64::_mm256_storeu_ps(o.as_mut_ptr().add(8 * i), v);
+                        }
+                    }
+                }
+            });
+        }
+        for ty in GgmlType::QUANTIZED {
+            // SAFETY: the CPU has AVX2, FMA and F16C (Isa::Avx2 is only made where it does).
             with_format!(ty, F => unsafe { check::<F>(ty) }, _ => unreachable!());
         }
     }

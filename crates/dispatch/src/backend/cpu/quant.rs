@@ -8,9 +8,10 @@
 //!   L1/L2-resident). On AVX-512, up to [`ROWS_MAX_M`] rows, each weight row's groups are
 //!   dequantized by hand-written intrinsics into registers (`qgroup.rs`'s `avx512`: the 4-bit
 //!   formats as a 16-entry table lookup, the scales once per block) and met by the same
-//!   columns of each row of `op(A)`, the sums in registers ([`avx512::decode_rows`]).
-//!   Without AVX-512, below [`TILES_MIN_M`] rows, the same order in plain Rust compiled per
-//!   instruction set (`simd.rs`, [`decode_fmt`]). Above those, a few weight rows at a time are
+//!   columns of each row of `op(A)`, the sums in registers ([`avx512::decode_rows`]); on AVX2
+//!   the same in 8-lane vectors up to [`AVX2_ROWS_MAX_M`] rows ([`avx2::decode_rows`]).
+//!   Otherwise, below [`TILES_MIN_M`] rows, that order in plain Rust compiled per instruction
+//!   set (`simd.rs`, [`decode_fmt`]: the portable copy, on aarch64 NEON). Above those, a few weight rows at a time are
 //!   dequantized chunk by chunk of `K` into an L1 buffer and met by `gemv.rs`'s dense `N × K`
 //!   register tiles (six rows and the 16-lane dot tiles on AVX-512, [`avx512::decode`], the
 //!   K-quants dequantized by the intrinsics groups; three rows and the 8-lane tiles elsewhere,
@@ -390,6 +391,96 @@ mod avx512 {
     }
 }
 
+/// The most rows of `A` that take [`avx2::decode_rows`] on AVX2 without AVX-512 (four sums a
+/// row in the 16 `ymm` registers leave room for two rows). In-process A/B against
+/// [`decode_fmt`] (the AVX2 copies forced on the 2-core AVX-512 Xeon, alternated per round, 1
+/// and 2 rows × 4096 × 4096, 1 × 11008 × 4096, 1 × 4096 × 11008, medians): 0.51–0.60 of the
+/// time in `Q4_0`, 0.49–0.54 in `Q4_1`, 0.47–0.56 in `Q4_K`, 0.83–0.95 in `Q6_K`, 0.84–0.93 in
+/// `Q8_0` (a first run 0.88–1.21).
+const AVX2_ROWS_MAX_M: usize = 2;
+
+/// The decode kernel for 1–2 rows of `A` on AVX2 without AVX-512: [`avx512::decode_rows`]'s
+/// loop in 8-lane vectors, one group at a time (four sums a row), the groups from
+/// `qgroup.rs`'s `avx2` copy.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::qgroup::avx2::Group256;
+    use super::super::qgroup::{G, with_format};
+    use super::{AVX2_ROWS_MAX_M, PREFETCH, QWeights};
+    use std::arch::x86_64::*;
+    use tilekit_kernels::quant::GgmlType;
+
+    /// `acc[jj·m + i] = op(A)[i] · W[j0 + jj]` for `m` (1 to [`AVX2_ROWS_MAX_M`]) dense rows
+    /// of `A` (`m × k`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn decode_rows(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
+        debug_assert!((1..=AVX2_ROWS_MAX_M).contains(&m));
+        // SAFETY: the caller promises AVX2, FMA and F16C.
+        with_format!(w.ty, F => unsafe {
+            match m {
+                1 => rows::<F, 1>(w, a, j0, acc),
+                _ => rows::<F, 2>(w, a, j0, acc),
+            }
+        }, _ => acc.fill(f32::NAN));
+    }
+
+    /// [`decode_rows`] for format `F` and `M` rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows<F: Group256, const M: usize>(w: &QWeights, a: &[f32], j0: usize, acc: &mut [f32]) {
+        let (k, gpb) = (w.k, F::BS / G);
+        let nb = k / F::BS;
+        let cols = acc.len() / M;
+        assert!(
+            k.is_multiple_of(F::BS)
+                && a.len() >= M * k
+                && j0 + cols <= w.n
+                && w.scales.len() >= (j0 + cols) * nb * F::SB
+                && w.body.len() >= (j0 + cols) * nb * F::BB,
+            "decode rows past their operands"
+        );
+        let pf = PREFETCH / F::BB;
+        for (jj, out) in acc.chunks_exact_mut(M).enumerate() {
+            let b0 = (j0 + jj) * nb;
+            // SAFETY (every pointer below): rows j0 .. j0 + cols of both planes, nb blocks
+            // each, and A's M rows of k are inside the slices (asserted); block b < nb of the
+            // row starts at b · SB and b · BB, and its groups g < gpb at column b · BS + g · 32.
+            let (sp, qp) = unsafe { (w.scales.as_ptr().add(b0 * F::SB), w.body.as_ptr().add(b0 * F::BB)) };
+            let mut sum = [[_mm256_setzero_ps(); 4]; M];
+            for b in 0..nb {
+                unsafe {
+                    // A hint only: past the planes' end it reads nothing.
+                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add((b + pf) * F::BB).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add((b + pf) * F::SB).cast());
+                    let (s, q) = (sp.add(b * F::SB), qp.add(b * F::BB));
+                    let sc = F::scales(s, q);
+                    for g in 0..gpb {
+                        let wv = F::group256(&sc, q, g);
+                        for (i, s) in sum.iter_mut().enumerate() {
+                            let ap = a.as_ptr().add(i * k + b * F::BS + g * G);
+                            for v in 0..4 {
+                                s[v] = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(8 * v)), wv[v], s[v]);
+                            }
+                        }
+                    }
+                }
+            }
+            for (o, s) in out.iter_mut().zip(&sum) {
+                let v = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+                let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                *o = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)));
+            }
+        }
+    }
+}
+
 /// Weight rows per tile of [`tiles_fmt`] (the `N × K` tile's columns).
 const TILE_W: usize = 3;
 
@@ -475,6 +566,9 @@ enum Decode {
     /// [`avx512::decode_rows`]: [`decode_fmt`]'s order with the groups and sums in registers.
     #[cfg(target_arch = "x86_64")]
     Avx512Rows,
+    /// [`avx2::decode_rows`]: the same in 8-lane vectors, 1–2 rows.
+    #[cfg(target_arch = "x86_64")]
+    Avx2Rows,
 }
 
 /// The decode kernel for `m` rows of `A` in `isa`.
@@ -482,6 +576,10 @@ fn decode_kernel(isa: Isa, m: usize) -> Decode {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         return if m <= ROWS_MAX_M { Decode::Avx512Rows } else { Decode::Avx512Tiles };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && m <= AVX2_ROWS_MAX_M {
+        return Decode::Avx2Rows;
     }
     if m < TILES_MIN_M {
         return Decode::Groups;
@@ -586,6 +684,10 @@ impl QuantOperands<'_> {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: as above.
                         Decode::Avx512Rows => unsafe { avx512::decode_rows(w, a, m, b * cols, chunk) },
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: only picked for `Isa::Avx2`, made where the CPU reported
+                        // AVX2, FMA and F16C.
+                        Decode::Avx2Rows => unsafe { avx2::decode_rows(w, a, m, b * cols, chunk) },
                         Decode::Tiles => decode_tiles(isa, w, &apack, m, b * cols, chunk),
                         Decode::Groups => decode_cols(isa, w, a, m, b * cols, chunk),
                     };

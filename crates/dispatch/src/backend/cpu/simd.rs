@@ -12,10 +12,11 @@
 /// The instruction sets the CPU kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
-    /// x86-64 with AVX-512F (and AVX2, FMA).
+    /// x86-64 with AVX-512F (and AVX2, FMA, F16C).
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// x86-64 with AVX2 and FMA.
+    /// x86-64 with AVX2 and FMA (and F16C, which every such CPU has: the quantized kernels
+    /// convert their f16 scales with it).
     #[cfg(target_arch = "x86_64")]
     Avx2,
     /// Whatever the target's baseline is (SSE2 on x86-64, NEON on aarch64).
@@ -39,7 +40,10 @@ impl Isa {
             {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 return Isa::Avx2;
             }
         }
@@ -52,7 +56,10 @@ impl Isa {
         let mut out = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 out.push(Isa::Avx2);
             }
             if Isa::detect() == Isa::Avx512 {
