@@ -8,6 +8,12 @@
 //! the `f32` operations of `tilekit_kernels::quant::dequant` in the same order (Rust never
 //! contracts `a * b + c`), so every weight is bit for bit the host dequantizer's; the tests
 //! below check that for every type and group.
+//!
+//! The decode kernels that keep their sums in registers (`quant.rs`) take hand-written
+//! intrinsics copies instead, [`avx512`] and [`avx2`]: each block's scales converted once, on
+//! AVX-512 the 4-bit quants looked up in a 16-entry table by one permute. Each weight is still
+//! computed by the same operations in the same order, and the tests below check them bit for
+//! bit against [`Format::group`].
 
 use super::simd::multiversion;
 use tilekit_kernels::quant::GgmlType;
@@ -168,9 +174,10 @@ macro_rules! with_format {
 pub(super) use with_format;
 
 /// The groups of [`Format`] dequantized with AVX-512 intrinsics straight into two vectors,
-/// for the decode kernel that keeps its sums in registers (`quant.rs`'s `avx512::rows`):
-/// the same `f32` operations in the same order as [`Format::group`], lane by lane, so the
-/// same weights bit for bit (checked below against the host dequantizer).
+/// for the decode kernel that keeps its sums in registers (`quant.rs`'s `avx512::rows`) and
+/// the K-quants' chunks in the decode tiles (`avx512::chunk512`): the same `f32` operations
+/// in the same order as [`Format::group`], lane by lane, so the same weights bit for bit
+/// (checked below).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};

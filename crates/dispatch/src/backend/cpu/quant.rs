@@ -11,12 +11,12 @@
 //!   columns of each row of `op(A)`, the sums in registers ([`avx512::decode_rows`]); on AVX2
 //!   the same in 8-lane vectors up to [`AVX2_ROWS_MAX_M`] rows ([`avx2::decode_rows`]).
 //!   Otherwise, below [`TILES_MIN_M`] rows, that order in plain Rust compiled per instruction
-//!   set (`simd.rs`, [`decode_fmt`]: the portable copy, on aarch64 NEON). Above those, a few weight rows at a time are
-//!   dequantized chunk by chunk of `K` into an L1 buffer and met by `gemv.rs`'s dense `N × K`
-//!   register tiles (six rows and the 16-lane dot tiles on AVX-512, [`avx512::decode`], the
-//!   K-quants dequantized by the intrinsics groups; three rows and the 8-lane tiles elsewhere,
-//!   [`tiles_fmt`]), so each row of `op(A)` is read once per six or three weight rows rather
-//!   than per row.
+//!   set (`simd.rs`, [`decode_fmt`]: the portable copy, on aarch64 NEON). Above those, a few
+//!   weight rows at a time are dequantized chunk by chunk of `K` into an L1 buffer and met by
+//!   `gemv.rs`'s dense `N × K` register tiles (six rows and the 16-lane dot tiles on AVX-512,
+//!   [`avx512::decode`], the K-quants dequantized by the intrinsics groups; three rows and the
+//!   8-lane tiles elsewhere, [`tiles_fmt`]), so each row of `op(A)` is read once per six or
+//!   three weight rows rather than per row.
 //! - **Larger M**: threads over panels of [`panel_cols`] weight rows; each panel is dequantized
 //!   group by group into an L2-sized f32 scratch (`cols × K`), then one single-threaded `gemm`
 //!   call multiplies `op(A)` by it. Only a panel, never the whole weight, is ever dequantized;
@@ -142,14 +142,16 @@ const TILES_MIN_M: usize = 3;
 /// 11008 0.35–0.69, at 2 rows 0.41–0.64; against the tiles at 3 rows 0.47–0.77, at 4 rows
 /// 0.63–1.08 over two runs (level on average); with 5–8 rows (four sums a row no longer fit
 /// the 32 registers) 0.73–1.40, so the tiles keep those.
+#[cfg(target_arch = "x86_64")]
 const ROWS_MAX_M: usize = 4;
 
-/// How far ahead [`avx512::decode_rows`] prefetches the weight's planes, in bytes of the body
-/// plane (the scale plane as many blocks ahead). In-process A/B at 1 × 11008 × 4096: 0.80–0.94
+/// How far ahead [`avx512::decode_rows`] and [`avx2::decode_rows`] prefetch the weight's planes,
+/// in bytes of the body plane (the scale plane as many blocks ahead). In-process A/B at 1 × 11008 × 4096: 0.80–0.94
 /// of the time without in `Q8_0` and `Q4_1`, level (0.97–1.03) in the others.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 1024;
 
-/// The decode kernel on AVX-512 from [`ROWS_MAX_M`]` + 1` rows of `A`: [`decode_fmt`]'s sums, with
+/// The decode kernel on AVX-512 above [`ROWS_MAX_M`] rows of `A`: [`decode_fmt`]'s sums, with
 /// the weight's rows taken [`DOT_B`](super::gemv::avx512::DOT_B) at a time and `K` in chunks of
 /// [`DOT_KC`](super::gemv::avx512::DOT_KC): each chunk of those rows is dequantized into an
 /// L1 buffer, then met by the dense `N × K` dot-product tiles (`gemv.rs`, 4 rows of `A` × 6
@@ -167,10 +169,10 @@ mod avx512 {
     /// `acc[jj·m + i] = op(A)[i] · W[j0 + jj]` for `m` (at most 16) dense rows of `A` (`m × k`).
     ///
     /// # Safety
-    /// The CPU has AVX-512F.
+    /// The CPU has AVX-512F and F16C.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn decode(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
-        // SAFETY: the caller promises AVX-512F.
+        // SAFETY: the caller promises AVX-512F and F16C.
         with_format!(w.ty, F => unsafe { tiles::<F>(w, a, m, j0, acc) }, _ => acc.fill(f32::NAN));
     }
 
@@ -325,7 +327,7 @@ mod avx512 {
     /// [`decode`] for format `F`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F.
+    /// The CPU has AVX-512F and F16C.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn tiles<F: Group512>(w: &QWeights, a: &[f32], m: usize, j0: usize, acc: &mut [f32]) {
@@ -397,6 +399,7 @@ mod avx512 {
 /// and 2 rows × 4096 × 4096, 1 × 11008 × 4096, 1 × 4096 × 11008, medians): 0.51–0.60 of the
 /// time in `Q4_0`, 0.49–0.54 in `Q4_1`, 0.47–0.56 in `Q4_K`, 0.83–0.95 in `Q6_K`, 0.84–0.93 in
 /// `Q8_0` (a first run 0.88–1.21).
+#[cfg(target_arch = "x86_64")]
 const AVX2_ROWS_MAX_M: usize = 2;
 
 /// The decode kernel for 1–2 rows of `A` on AVX2 without AVX-512: [`avx512::decode_rows`]'s
@@ -679,7 +682,7 @@ impl QuantOperands<'_> {
                     let task = |(b, chunk): (usize, &mut [f32])| match kernel {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `decode_kernel` only picks these for `Isa::Avx512`, which is only
-                        // made where the CPU reported AVX-512F.
+                        // made where the CPU reported AVX-512F and F16C.
                         Decode::Avx512Tiles => unsafe { avx512::decode(w, a, m, b * cols, chunk) },
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: as above.
