@@ -173,6 +173,64 @@ macro_rules! with_format {
 }
 pub(super) use with_format;
 
+/// The little-endian f16 at `s` (unaligned) as an f32 by F16C, for the intrinsics copies
+/// ([`avx512`], [`avx2`]): the conversion is exact, so this is [`f16`](fn@f16)'s value (a NaN
+/// stays a NaN, quieted as `half` quiets it).
+///
+/// # Safety
+/// F16C; two readable bytes at `s`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn scale(s: *const u8) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller promises two bytes at s.
+    let bits = unsafe { s.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// A `Q4_K` super-block's `d1 = d · sc` of its eight sub-blocks, then `m1 = min · m`
+/// ([`Q4K::group`]'s, once per super-block), for the intrinsics copies.
+///
+/// # Safety
+/// F16C; the block's 4 scale bytes at `s` and its 12 packed scale bytes at `q` (its body's
+/// start).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn q4k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
+    // SAFETY: the caller's promise.
+    let (d, min, p) = unsafe { (scale(s), scale(s.add(2)), &*q.cast::<[u8; 12]>()) };
+    let mut out = [0.0; 16];
+    for g in 0..8 {
+        let (sc, mn) = if g < 4 {
+            (p[g] & 63, p[g + 4] & 63)
+        } else {
+            ((p[g + 4] & 0xF) | ((p[g - 4] >> 6) << 4), (p[g + 4] >> 4) | ((p[g] >> 6) << 4))
+        };
+        (out[g], out[8 + g]) = (d * f32::from(sc), min * f32::from(mn)); // d1, m1
+    }
+    out
+}
+
+/// A `Q6_K` super-block's `d · scales[i]` of its sixteen 16-element sub-blocks ([`Q6K::group`]'s,
+/// once per super-block), for the intrinsics copies.
+///
+/// # Safety
+/// F16C; the block's 2 scale bytes at `s` and its 208 body bytes at `q`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn q6k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
+    // SAFETY: the caller's promise; the sub-block scales are bytes 192 .. 208 of the body.
+    let (d, sc) = unsafe { (scale(s), &*q.add(192).cast::<[u8; 16]>()) };
+    let mut out = [0.0; 16];
+    for (o, &x) in out.iter_mut().zip(sc) {
+        *o = d * f32::from(x as i8);
+    }
+    out
+}
+
 /// The groups of [`Format`] dequantized with AVX-512 intrinsics straight into two vectors,
 /// for the decode kernel that keeps its sums in registers (`quant.rs`'s `avx512::rows`) and
 /// the K-quants' chunks in the decode tiles (`avx512::chunk512`): the same `f32` operations
@@ -181,6 +239,7 @@ pub(super) use with_format;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+    use super::{q4k_scales, q6k_scales, scale};
     use std::arch::x86_64::*;
 
     /// [`Format::group`] in two AVX-512 vectors, the block's scales read once per block.
@@ -201,19 +260,6 @@ pub(super) mod avx512 {
         /// # Safety
         /// As [`Self::scales`]; `g < BS / 32`.
         unsafe fn group512(sc: &Self::Scales, q: *const u8, g: usize) -> [__m512; 2];
-    }
-
-    /// The little-endian f16 at `s` (unaligned) as an f32, broadcast: the conversion is exact,
-    /// so this is [`f16`](super::f16)'s value (a NaN stays a NaN, quieted as `half` quiets it).
-    ///
-    /// # Safety
-    /// AVX-512F and F16C; two readable bytes at `s`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn scale(s: *const u8) -> f32 {
-        // SAFETY: the caller promises two bytes at s.
-        let bits = unsafe { s.cast::<u16>().read_unaligned() };
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
     /// 16 bytes at `p` widened to 16 `i32` lanes (zero-extended).
@@ -326,18 +372,8 @@ pub(super) mod avx512 {
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
-            // SAFETY: the block's 4 scale bytes and the 12 packed scale bytes leading its body.
-            let (d, min, p) = unsafe { (scale(s), scale(s.add(2)), &*q.cast::<[u8; 12]>()) };
-            let mut out = [0.0; 16];
-            for g in 0..8 {
-                let (sc, mn) = if g < 4 {
-                    (p[g] & 63, p[g + 4] & 63)
-                } else {
-                    ((p[g + 4] & 0xF) | ((p[g - 4] >> 6) << 4), (p[g + 4] >> 4) | ((p[g] >> 6) << 4))
-                };
-                (out[g], out[8 + g]) = (d * f32::from(sc), min * f32::from(mn)); // d1, m1
-            }
-            out
+            // SAFETY: the caller's promise, F16C included.
+            unsafe { q4k_scales(s, q) }
         }
 
         #[inline]
@@ -365,10 +401,8 @@ pub(super) mod avx512 {
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
-            // SAFETY: the block's 2 scale bytes and its 16 sub-block scales at 192 of the 208
-            // body bytes.
-            let (d, sc) = unsafe { (scale(s), &*q.add(192).cast::<[u8; 16]>()) };
-            sc.map(|x| d * f32::from(x as i8))
+            // SAFETY: the caller's promise, F16C included.
+            unsafe { q6k_scales(s, q) }
         }
 
         #[inline]
@@ -395,6 +429,7 @@ pub(super) mod avx512 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+    use super::{q4k_scales, q6k_scales, scale};
     use std::arch::x86_64::*;
 
     /// [`Format::group`] in four AVX2 vectors, the block's scales read once per block.
@@ -415,18 +450,6 @@ pub(super) mod avx2 {
         /// # Safety
         /// As [`Self::scales`]; `g < BS / 32`.
         unsafe fn group256(sc: &Self::Scales, q: *const u8, g: usize) -> [__m256; 4];
-    }
-
-    /// The little-endian f16 at `s` as an f32 (exact, as [`f16`](super::f16)).
-    ///
-    /// # Safety
-    /// F16C; two readable bytes at `s`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scale(s: *const u8) -> f32 {
-        // SAFETY: the caller promises two bytes at s.
-        let bits = unsafe { s.cast::<u16>().read_unaligned() };
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
     /// 8 bytes at `p` widened to 8 `i32` lanes (zero-extended).
@@ -517,18 +540,8 @@ pub(super) mod avx2 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
-            // SAFETY: the block's 4 scale bytes and 12 packed scale bytes leading its body.
-            let (d, min, p) = unsafe { (scale(s), scale(s.add(2)), &*q.cast::<[u8; 12]>()) };
-            let mut out = [0.0; 16];
-            for g in 0..8 {
-                let (sc, mn) = if g < 4 {
-                    (p[g] & 63, p[g + 4] & 63)
-                } else {
-                    ((p[g + 4] & 0xF) | ((p[g - 4] >> 6) << 4), (p[g + 4] >> 4) | ((p[g] >> 6) << 4))
-                };
-                (out[g], out[8 + g]) = (d * f32::from(sc), min * f32::from(mn)); // d1, m1
-            }
-            out
+            // SAFETY: the caller's promise, F16C included.
+            unsafe { q4k_scales(s, q) }
         }
 
         #[inline]
@@ -554,9 +567,8 @@ pub(super) mod avx2 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, q: *const u8) -> [f32; 16] {
-            // SAFETY: the block's 2 scale bytes and its 16 sub-block scales at 192 of the 208.
-            let (d, sc) = unsafe { (scale(s), &*q.add(192).cast::<[u8; 16]>()) };
-            sc.map(|x| d * f32::from(x as i8))
+            // SAFETY: the caller's promise, F16C included.
+            unsafe { q6k_scales(s, q) }
         }
 
         #[inline]

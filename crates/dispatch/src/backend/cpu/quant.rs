@@ -56,6 +56,18 @@ pub(super) struct QWeights<'d> {
 }
 
 impl QWeights<'_> {
+    /// Whether rows `j0 .. j0 + rows` of the planes hold whole blocks of format `F` (`k` a
+    /// multiple of its block size): the bounds the intrinsics kernels assert before reading
+    /// the planes through pointers.
+    #[cfg(target_arch = "x86_64")]
+    fn holds<F: Format>(&self, j0: usize, rows: usize) -> bool {
+        let blocks = (j0 + rows) * (self.k / F::BS);
+        self.k.is_multiple_of(F::BS)
+            && j0 + rows <= self.n
+            && self.scales.len() >= blocks * F::SB
+            && self.body.len() >= blocks * F::BB
+    }
+
     /// Checks that the planes hold `n · k / block_size` blocks.
     pub(super) fn check(&self) -> Result<PlaneGeometry> {
         let g = PlaneGeometry::of(self.ty).ok_or_else(|| internal(format!("{} is not quantized", self.ty)))?;
@@ -210,12 +222,7 @@ mod avx512 {
         let nb = k / F::BS;
         let cols = acc.len() / M;
         assert!(
-            k.is_multiple_of(F::BS)
-                && (gpb == 1 || gpb.is_multiple_of(2))
-                && a.len() >= M * k
-                && j0 + cols <= w.n
-                && w.scales.len() >= (j0 + cols) * nb * F::SB
-                && w.body.len() >= (j0 + cols) * nb * F::BB,
+            w.holds::<F>(j0, cols) && (gpb == 1 || gpb.is_multiple_of(2)) && a.len() >= M * k,
             "decode rows past their operands"
         );
         let pf = PREFETCH / F::BB;
@@ -334,13 +341,7 @@ mod avx512 {
         let k = w.k;
         let cols = acc.len() / m;
         assert!(
-            (1..=SKINNY_M).contains(&m)
-                && k > 0
-                && k.is_multiple_of(F::BS)
-                && a.len() >= m * k
-                && j0 + cols <= w.n
-                && w.scales.len() >= (j0 + cols) * (k / F::BS) * F::SB
-                && w.body.len() >= (j0 + cols) * (k / F::BS) * F::BB,
+            (1..=SKINNY_M).contains(&m) && k > 0 && a.len() >= m * k && w.holds::<F>(j0, cols),
             "decode tile past its operands"
         );
         let mut buf = [0.0f32; DOT_B * DOT_KC];
@@ -440,14 +441,7 @@ mod avx2 {
         let (k, gpb) = (w.k, F::BS / G);
         let nb = k / F::BS;
         let cols = acc.len() / M;
-        assert!(
-            k.is_multiple_of(F::BS)
-                && a.len() >= M * k
-                && j0 + cols <= w.n
-                && w.scales.len() >= (j0 + cols) * nb * F::SB
-                && w.body.len() >= (j0 + cols) * nb * F::BB,
-            "decode rows past their operands"
-        );
+        assert!(w.holds::<F>(j0, cols) && a.len() >= M * k, "decode rows past their operands");
         let pf = PREFETCH / F::BB;
         for (jj, out) in acc.chunks_exact_mut(M).enumerate() {
             let b0 = (j0 + jj) * nb;
