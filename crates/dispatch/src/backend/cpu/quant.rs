@@ -157,9 +157,10 @@ const TILES_MIN_M: usize = 3;
 #[cfg(target_arch = "x86_64")]
 const ROWS_MAX_M: usize = 4;
 
-/// How far ahead [`avx512::decode_rows`] and [`avx2::decode_rows`] prefetch the weight's planes,
-/// in bytes of the body plane (the scale plane as many blocks ahead). In-process A/B at 1 × 11008 × 4096: 0.80–0.94
-/// of the time without in `Q8_0` and `Q4_1`, level (0.97–1.03) in the others.
+/// How far ahead [`avx512::decode_rows`] and [`avx2::decode_rows`] prefetch the weight's
+/// planes, in bytes of the body plane (the scale plane as many blocks ahead). In-process A/B
+/// of the AVX-512 kernel at 1 × 11008 × 4096: 0.80–0.94 of the time without in `Q8_0` and
+/// `Q4_1`, level (0.97–1.03) in the others.
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 1024;
 
@@ -811,12 +812,13 @@ mod tests {
         assert!(out[m * n..].iter().all(|&x| x == -77.0), "{ty} {isa:?} {m}x{n}x{k}: wrote past the output");
     }
 
-    /// Every format in every instruction set the CPU has: M = 1…16 (decode: on AVX-512 the
-    /// register kernel to 4 rows, with an odd and an even count of 32-element blocks, then the
-    /// tiles; elsewhere the tiles from 3 rows; every row-group remainder) and 17 (panels), K one block and many (across the
-    /// tiles' 256- and 1024-element chunks, the last one short for the 32-element formats), N
-    /// leaving every remainder of the 3- and 6-row weight tiles; then shapes large enough to
-    /// split N across threads into blocks that do not divide it.
+    /// Every format in every instruction set the CPU has: M = 1…16 (decode: the register
+    /// kernels to 4 rows on AVX-512 and 2 on AVX2, with an odd and an even count of 32-element
+    /// blocks, then the tiles; the portable kernel below 3 rows and the tiles from 3; every
+    /// row-group remainder) and 17 (panels), K one block and many (across the tiles' 256- and
+    /// 1024-element chunks, the last one short for the 32-element formats), N leaving every
+    /// remainder of the 3- and 6-row weight tiles; then shapes large enough to split N across
+    /// threads into blocks that do not divide it.
     #[test]
     fn quantized_matmul_is_exact_in_every_isa() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
