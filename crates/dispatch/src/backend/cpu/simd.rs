@@ -9,6 +9,15 @@
 //! parameter: [`madd`] is one fused multiply-add where the copy has the instruction and a
 //! multiply then an add where it has not (a software `fma` call would be far slower).
 
+/// Whether the CPU has what [`Isa::Avx2`] promises: AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
 /// The instruction sets the CPU kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
@@ -33,17 +42,10 @@ impl Isa {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            if std::arch::is_x86_feature_detected!("avx512f") && has_avx2() {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            if has_avx2() {
                 return Isa::Avx2;
             }
         }
@@ -56,10 +58,7 @@ impl Isa {
         let mut out = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            if has_avx2() {
                 out.push(Isa::Avx2);
             }
             if Isa::detect() == Isa::Avx512 {
