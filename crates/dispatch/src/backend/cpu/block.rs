@@ -32,12 +32,12 @@
 //! layout (through an f32 staging buffer in the output's layout for f16 and bf16); the
 //! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). The
 //! expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. With at
-//! most [`small_k::SMALL_K`] input channels on AVX2 (MobileNetV2's blocks 2–7), the expansion
-//! is instead the small-K register tiles (`small_k.rs`, shared with the pointwise kernel): 6
-//! pixels × 16 hidden channels over the expand weight transposed once per call
-//! (`[C][hidden]`), the sums starting at the bias and stored through ReLU6 (`gemm`'s
-//! per-call packing dominated its calls of 16–32 input channels and, in bands, 16–32
-//! hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
+//! most [`small_k::SMALL_K`] input channels on AVX2 or AVX-512 (MobileNetV2's blocks 2–7),
+//! the expansion is instead the small-K register tiles (`small_k.rs`, shared with the
+//! pointwise kernel): 6 pixels × 16 hidden channels (32 on AVX-512) over the expand weight
+//! transposed once per call (`[C][hidden]`), the sums starting at the bias and stored
+//! through ReLU6 (`gemm`'s per-call packing dominated its calls of 16–32 input channels and,
+//! in bands, 16–32 hidden channels): 0.74 of the time on block 2, 0.83–0.92 on blocks 3–4 and
 //! 0.92–0.97 on blocks 5–7 (in-process A/B, both layouts, 2 threads); with the bound raised
 //! to 160, blocks 8–17 were level (0.96–1.0 in that A/B, but 0.91–0.94 of the chain's speed
 //! on blocks 8–10 in the bench's table, where they had been 1.01–1.03), so it stays at 32. The
@@ -278,7 +278,9 @@ impl Block<'_> {
             }
             // SAFETY: `pack` makes `wet` only where `takes_small_k` holds, which needs AVX2 and
             // FMA; dst holds `pixels` rows of `jc` (checked above) and is this thread's.
-            return unsafe { small_k::conv(x, x0, w, j0, jc, None, dst.as_mut_ptr(), jc, pixels, small_k::Act::Relu6) };
+            return unsafe {
+                small_k::conv(isa, x, x0, w, j0, jc, None, dst.as_mut_ptr(), jc, pixels, small_k::Act::Relu6)
+            };
         }
         self.expand_rows(n, rows, j0..j0 + jr, dst, jc)?;
         activate(isa, &self.d, p, j0, jc, jr, dst);

@@ -12,12 +12,13 @@
 //! Half-precision outputs go through a per-thread f32 stage of at most [`STAGE`] elements,
 //! rounded once.
 //!
-//! With 1 to [`small_k::SMALL_K`] input channels on AVX2 (MobileNetV2's stem, 27 → 32 over the
-//! im2col patches, and block 1's projection, 32 → 16), the block goes through the small-K
-//! register tiles instead ([`takes_small_k`]): sums starting at the bias (plus the residual),
-//! ReLU and ReLU6 applied in registers, each output stored once. NHWC takes 6 pixels × 16
-//! channels over the weight transposed once per call ([`small_k::conv`]); NCHW 6 channels ×
-//! 16 pixels of the planes, the weight as stored ([`small_k::conv_planes`]). `gemm`'s
+//! With 1 to [`small_k::SMALL_K`] input channels on AVX2 or AVX-512 (MobileNetV2's stem,
+//! 27 → 32 over the im2col patches, and block 1's projection, 32 → 16), the block goes through
+//! the small-K register tiles instead ([`takes_small_k`]): sums starting at the bias (plus the
+//! residual), ReLU and ReLU6 applied in registers, each output stored once. NHWC takes 6
+//! pixels × 16 channels (32 on AVX-512) over the weight transposed once per call
+//! ([`small_k::conv`]); NCHW 6 channels × 16 pixels (32) of the planes, the weight as stored
+//! ([`small_k::conv_planes`]). `gemm`'s
 //! per-call packing of such thin operands was most of its time: in-process A/B against the
 //! `gemm` path (2 threads, bias + ReLU6, medians of 25 interleaved rounds), NHWC 0.68 of the
 //! time on 27 → 32 at 112², 0.73 on 32 → 16 at 112², 0.63 on 16 → 96 at 112², 0.69 on
@@ -76,8 +77,8 @@ const SPLIT_PIXELS: usize = 64;
 /// NCHW outputs with at least this many channels per thread split them over the threads.
 const SPLIT_NCHW_CHANNELS: usize = 48;
 
-/// Whether a convolution goes through the small-K register tiles (AVX2 and FMA, 1 to
-/// [`small_k::SMALL_K`] input channels) instead of `gemm` on outputs set to the bias.
+/// Whether a convolution goes through the small-K register tiles (AVX2 and FMA or AVX-512, 1
+/// to [`small_k::SMALL_K`] input channels) instead of `gemm` on outputs set to the bias.
 fn takes_small_k(isa: Isa, d: &PointwiseDesc) -> bool {
     (1..=small_k::SMALL_K).contains(&d.cin) && isa != Isa::Portable
 }
@@ -280,13 +281,13 @@ impl Pointwise<'_> {
                 Small::Rows(w) => {
                     let x = Strided { ptr: self.x, rs: cin, cs: 1 };
                     let res = self.residual.map(|r| (&r[first..], cout));
-                    unsafe { small_k::conv(x, (n * pixels + j0) * cin, w, c0, cn, res, dst, cs, jn, act)? };
+                    unsafe { small_k::conv(isa, x, (n * pixels + j0) * cin, w, c0, cn, res, dst, cs, jn, act)? };
                 }
                 Small::Planes => {
                     let x = &self.x[n * cin * pixels + j0..];
                     let (w, bias) = (&self.w[c0 * cin..], self.bias.map(|b| &b[c0..]));
                     let res = self.residual.map(|r| (&r[first..], pixels));
-                    unsafe { small_k::conv_planes(x, pixels, w, cin, bias, cn, res, dst, rs, jn, act)? };
+                    unsafe { small_k::conv_planes(isa, x, pixels, w, cin, bias, cn, res, dst, rs, jn, act)? };
                 }
             }
         }

@@ -837,6 +837,8 @@ fn pointwise_kernel_is_exact() {
             (2, 40, 333, 37),
             (3, 9, 24, 700),
             (1, 72, 10, 9),
+            (1, 20, 48, 29),
+            (2, 32, 40, 47),
         ] {
             for variant in 0..4usize {
                 let (has_bias, has_res) = (variant % 2 == 0, variant / 2 == 1);
@@ -871,7 +873,7 @@ fn pointwise_kernel_is_exact() {
                 let guard = 5;
                 // As the kernel chooses, and with the output channels in 3 ranges, in every
                 // instruction set (layers of 1 to 32 input channels take the small-K register
-                // tiles on AVX2, both layouts; `gemm` elsewhere).
+                // tiles on AVX2 and AVX-512, both layouts; `gemm` elsewhere).
                 for ranges in [None, Some(3)] {
                     in_each_isa(|isa| {
                         each_dtype(|dtype, round| {
@@ -906,6 +908,54 @@ fn pointwise_kernel_is_exact() {
                     });
                 }
             }
+        }
+    }
+}
+
+/// The small-K register tiles' activations on −0 and NaN sums, bit for bit
+/// `Activation::apply_f32` (ReLU makes −0 +0, ReLU6 and none keep it; NaN stays NaN), both
+/// layouts, in the AVX2 and AVX-512 tiles: their sums start at the bias, so a bias of −0 and
+/// zero weights over negative inputs sum to −0, and a NaN input pixel to NaN. (`gemm`, the
+/// portable path, adds its product to the bias: +0 there.) Channel and pixel counts past one
+/// 16-lane vector take the tiles' partial lanes.
+#[test]
+fn pointwise_activations_keep_signed_zeros_and_nan() {
+    use super::pointwise::Pointwise;
+    use crate::backend::PointwiseDesc;
+    if Isa::available() == [Isa::Portable] {
+        println!("SKIP pointwise_activations_keep_signed_zeros_and_nan: no register tiles (AVX2) on this CPU");
+        return;
+    }
+    let (cin, cout, pixels) = (5, 21, 37);
+    let mut x = vec![-3.0f32; cin * pixels];
+    x[7] = f32::NAN;
+    let w = vec![0.0f32; cout * cin];
+    let bias = vec![-0.0f32; cout];
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for activation in [Activation::None, Activation::Relu, Activation::Relu6] {
+            let d = PointwiseDesc { batch: 1, cin, cout, pixels, activation, layout };
+            // The pixel whose input holds the NaN (element 7 of x).
+            let nan_px = match layout {
+                Layout::Nchw => 7,
+                _ => 7 / cin,
+            };
+            let pw = Pointwise { d, x: &x, w: &w, bias: Some(&bias), residual: None };
+            in_each_isa(|isa| {
+                if isa == Isa::Portable {
+                    return;
+                }
+                let mut o = vec![SENTINEL; cout * pixels];
+                pw.run_with(&mut o, None).expect("run");
+                for (i, &g) in o.iter().enumerate() {
+                    let px = match layout {
+                        Layout::Nchw => i % pixels,
+                        _ => i / cout,
+                    };
+                    let want = activation.apply_f32(if px == nan_px { f32::NAN } else { -0.0 });
+                    let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
+                    assert!(same, "{isa:?} {layout:?} {activation:?}: output {i} is {g:?}, expected {want:?}");
+                }
+            });
         }
     }
 }
@@ -1000,9 +1050,10 @@ fn activation_op_in_every_dtype() {
 
 /// The fused inverted-residual block, bit for bit the reference on integer data, through its
 /// three paths (images expanded whole, bands that expand their own rows chunk by chunk of
-/// hidden channels, and images split by channels into 1–3 ranges): both layouts, strides 1 and 2, with and without expand and residual,
-/// hidden widths around the 16-channel blocks, rows of 1–70 pixels, several chunks per band,
-/// images of several bands, batches, every output dtype.
+/// hidden channels, and images split by channels into 1–3 ranges), in every instruction set:
+/// both layouts, strides 1 and 2, with and without expand and residual, hidden widths around
+/// the 16-channel blocks, rows of 1–70 pixels, several chunks per band, images of several
+/// bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
     use super::block::{Block, Split};
@@ -1071,21 +1122,26 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                 (usize::MAX, Split::Tasks(3)),
                 (usize::MAX, Split::Auto),
             ];
-            for (whole_max, split) in paths {
-                let what = format!("case {case} {layout:?} whole_max {whole_max} {split:?}");
-                let mut o32 = vec![SENTINEL; lens.output + 16];
-                block.run_with(&mut o32, whole_max, split).expect("f32");
-                assert!(o32[lens.output..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()), "{what}: guard words");
-                let mut o16 = vec![f16::ZERO; lens.output];
-                block.run_with(&mut o16, whole_max, split).expect("f16");
-                let mut ob16 = vec![bf16::ZERO; lens.output];
-                block.run_with(&mut ob16, whole_max, split).expect("bf16");
-                for (i, &r) in want.iter().enumerate() {
-                    assert_eq!(o32[i] as f64, r, "{what} f32 [{i}]");
-                    assert_eq!(o16[i].to_f64(), f16::from_f64(r).to_f64(), "{what} f16 [{i}]");
-                    assert_eq!(ob16[i].to_f64(), bf16::from_f64(r).to_f64(), "{what} bf16 [{i}]");
+            in_each_isa(|isa| {
+                for (whole_max, split) in paths {
+                    let what = format!("case {case} {layout:?} {isa:?} whole_max {whole_max} {split:?}");
+                    let mut o32 = vec![SENTINEL; lens.output + 16];
+                    block.run_with(&mut o32, whole_max, split).expect("f32");
+                    assert!(
+                        o32[lens.output..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()),
+                        "{what}: guard words"
+                    );
+                    let mut o16 = vec![f16::ZERO; lens.output];
+                    block.run_with(&mut o16, whole_max, split).expect("f16");
+                    let mut ob16 = vec![bf16::ZERO; lens.output];
+                    block.run_with(&mut ob16, whole_max, split).expect("bf16");
+                    for (i, &r) in want.iter().enumerate() {
+                        assert_eq!(o32[i] as f64, r, "{what} f32 [{i}]");
+                        assert_eq!(o16[i].to_f64(), f16::from_f64(r).to_f64(), "{what} f16 [{i}]");
+                        assert_eq!(ob16[i].to_f64(), bf16::from_f64(r).to_f64(), "{what} bf16 [{i}]");
+                    }
                 }
-            }
+            });
         }
     }
 }
