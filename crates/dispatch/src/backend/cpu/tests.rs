@@ -773,6 +773,9 @@ fn im2col_gather_is_the_one_hot_convolution() {
             ([2, 1, 1, 1], [1, 1], [1, 1], [1, 1], [0, 0, 0, 0]),
             ([1, 2, 7, 4], [3, 1], [2, 3], [1, 1], [1, 2, 0, 1]),
             ([3, 4, 40, 37], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            // One output column, and odd widths at horizontal stride 2 (the paired copy).
+            ([1, 2, 3, 2], [1, 1], [1, 2], [1, 1], [0, 0, 0, 0]),
+            ([2, 3, 5, 9], [3, 3], [2, 2], [1, 1], [1, 0, 0, 1]),
         ] {
             let d = conv_geometry(layout, [n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads).multiplier(kh * kw);
             let taps = kh * kw;
