@@ -447,7 +447,7 @@ impl Block<'_> {
             while j0 < hid {
                 let jc = hc.min(p.hp - j0);
                 let jr = jc.min(hid - j0);
-                let a = ChunkArgs { d, p, r_lo, r_hi, rows, j0, jc };
+                let a = ChunkArgs { d, p, isa, r_lo, r_hi, rows, j0, jc };
                 // 1. The expanded rows inside the image, [r][x][jc] from row r_lo on.
                 let e = match image {
                     Some(img) => &img[iy0 * w * jc..],
@@ -601,7 +601,7 @@ impl Block<'_> {
             let e = e_buf.aligned(h * w * jc);
             self.expand_act(isa, p, n, 0..h, j0, jc, jr, e)?;
             // The whole image as one band: expanded rows 1..=h are image rows 0..h.
-            let a = ChunkArgs { d, p, r_lo: 1, r_hi: h + 1, rows: oh, j0, jc };
+            let a = ChunkArgs { d, p, isa, r_lo: 1, r_hi: h + 1, rows: oh, j0, jc };
             depthwise(isa, &a, e, f);
             Ok(())
         })?;
@@ -673,6 +673,8 @@ impl Block<'_> {
 struct ChunkArgs<'a> {
     d: &'a InvertedResidualDesc,
     p: &'a Packed,
+    /// The instruction set the depthwise rows run in.
+    isa: Isa,
     /// The expanded rows inside the image.
     r_lo: usize,
     r_hi: usize,
@@ -748,20 +750,24 @@ fn depthwise_inner<const FMA: bool>(a: &ChunkArgs, e: &[f32], f: &mut [f32]) {
         if FMA {
             use super::depthwise::nhwc3::{
                 RowGeometry,
-                avx::{RELU6, row},
+                avx::{RELU6, row, row512},
             };
+            use std::arch::x86_64::__m256;
             // Pixels lo..hi have all three taps inside the row (padding 1 on each side).
             let lo = 1.min(ow);
             let hi = if w > 1 { ((w - 2) / s + 1).min(ow) } else { 0 }.max(lo);
             let g = RowGeometry { c: jc, width: w, pad_left: 1, lo, hi, ow };
             let wd = &p.wd[j0..];
+            // On AVX-512, 16-channel vectors (`jc` is a multiple of VB = 16).
             // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
-            // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+            // `multiversion!`, which run only where the CPU reported AVX2 and FMA; `a.isa` is
+            // `Isa::Avx512` only where it also reported AVX-512F.
             unsafe {
-                if s == 1 {
-                    row::<1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc);
-                } else {
-                    row::<2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc);
+                match (a.isa == Isa::Avx512 && jc.is_multiple_of(16), s) {
+                    (true, 1) => row512::<1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
+                    (true, _) => row512::<2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
+                    (false, 1) => row::<__m256, 1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
+                    (false, _) => row::<__m256, 2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
                 }
             }
             continue;

@@ -819,6 +819,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
             (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
         });
         use nhwc3::avx::{NONE, RELU, RELU6, row};
+        use std::arch::x86_64::__m256;
         use tilekit_kernels::Activation;
         // ReLU and ReLU6 are applied in registers; the other activations after the row.
         let (relu, relu6) = (d.activation == Activation::Relu, d.activation == Activation::Relu6);
@@ -826,12 +827,12 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
         unsafe {
             match (d.stride_w, relu, relu6) {
-                (1, true, _) => row::<1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (1, _, true) => row::<1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (1, ..) => row::<1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (_, true, _) => row::<2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (_, _, true) => row::<2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                _ => row::<2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (1, true, _) => row::<__m256, 1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (1, _, true) => row::<__m256, 1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (1, ..) => row::<__m256, 1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (_, true, _) => row::<__m256, 2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                (_, _, true) => row::<__m256, 2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                _ => row::<__m256, 2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
             }
         }
         if !(relu || relu6 || d.activation == Activation::None) {

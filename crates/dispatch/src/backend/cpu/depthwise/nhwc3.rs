@@ -1,4 +1,5 @@
-//! NHWC 3 × 3 depthwise rows with the weights in registers (AVX2 and FMA): MobileNet's layers.
+//! NHWC 3 × 3 depthwise rows with the weights in registers (AVX2 and FMA; AVX-512 for the
+//! fused block's rows): MobileNet's layers.
 //! The NCHW channel-vector tile (`super::tile`, 8 planes as the lanes) runs its 3 × 3 rows
 //! through the same register tiles ([`avx::dense_rows`]).
 //!
@@ -23,6 +24,14 @@
 //! tile or two at 144–960 channels, so the weights are reloaded every few pixels) took
 //! 0.8–1.05 of the tap-list kernels' time at 144–960 channels, whole rows 1.15 at 96 × 112²
 //! stride 2; prefetching the next segment's input changed nothing.
+//!
+//! The tiles are generic over the vector ([`avx::Vector`]): `__m256`, and `__m512` for the
+//! fused inverted-residual block's rows ([`avx::row512`]: its chunks of hidden channels are
+//! multiples of 16), the same sums in the same order in 16-channel blocks. MobileNetV2 at 224²
+//! profiled per layer, the 16- and 8-channel rows interleaved run by run in one process
+//! (2-core AVX-512 Xeon, medians of 61, two runs): the 17 blocks 0.97–1.0 of the time (blocks
+//! 2–4 0.91–0.99, the rest within noise of level): the rows are mostly bound by the caches,
+//! not the multiply-adds.
 
 /// Lanes per channel block (one AVX2 vector).
 pub(in crate::backend::cpu) const LANES: usize = 8;
@@ -61,6 +70,91 @@ pub(in crate::backend::cpu) mod avx {
     /// ReLU6: below 0 gives 0 (−0 and NaN kept), then above 6 gives 6, as `relu6` there.
     pub(in crate::backend::cpu) const RELU6: u8 = 2;
 
+    /// A vector of channels the tiles run on: `__m256` (AVX2, 8 lanes) or `__m512` (AVX-512,
+    /// 16). Every method is `#[inline(always)]` and compiled inside its caller's
+    /// `#[target_feature]` copy.
+    pub(in crate::backend::cpu) trait Vector: Copy {
+        /// Channels per vector.
+        const LANES: usize;
+        /// # Safety
+        /// The CPU has the vector's instructions; `p` covers [`Self::LANES`] floats.
+        unsafe fn load(p: *const f32) -> Self;
+        /// # Safety
+        /// As [`Self::load`], for writes.
+        unsafe fn store(p: *mut f32, v: Self);
+        /// # Safety
+        /// The CPU has the vector's instructions.
+        unsafe fn zero() -> Self;
+        /// `a·b + c`, one rounding.
+        ///
+        /// # Safety
+        /// The CPU has the vector's instructions and FMA.
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+        /// The activation `A` on the sums.
+        ///
+        /// # Safety
+        /// The CPU has the vector's instructions.
+        unsafe fn finish<const A: u8>(s: Self) -> Self;
+    }
+
+    impl Vector for __m256 {
+        const LANES: usize = LANES;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self) {
+            // SAFETY: the caller's promises.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn finish<const A: u8>(s: Self) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { finish::<A>(s) }
+        }
+    }
+
+    impl Vector for __m512 {
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self) {
+            // SAFETY: the caller's promises.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn finish<const A: u8>(s: Self) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe { finish512::<A>(s) }
+        }
+    }
+
     /// The activation `A` on eight sums.
     ///
     /// # Safety
@@ -79,6 +173,47 @@ pub(in crate::backend::cpu) mod avx {
         }
     }
 
+    /// [`finish`] on sixteen sums.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    pub(super) unsafe fn finish512<const A: u8>(s: __m512) -> __m512 {
+        // SAFETY: the caller promises AVX-512F.
+        unsafe {
+            let zero = _mm512_setzero_ps();
+            match A {
+                RELU => _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(s, zero), s, zero),
+                RELU6 => _mm512_min_ps(
+                    _mm512_set1_ps(6.0),
+                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(s, zero), s, zero),
+                ),
+                _ => s,
+            }
+        }
+    }
+
+    /// [`row`] in 16-channel blocks (`nb` a multiple of 16), compiled for AVX-512.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX2 and FMA.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(in crate::backend::cpu) unsafe fn row512<const S: usize, const A: u8>(
+        x: &[f32],
+        rows: [Option<usize>; 3],
+        g: &RowGeometry,
+        wt: &[f32],
+        ws: usize,
+        bias: Option<&[f32]>,
+        nb: usize,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe { row::<__m512, S, A>(x, rows, g, wt, ws, bias, nb, acc, stride) }
+    }
+
     /// One output row of a 3 × 3 kernel with dilation 1 and horizontal stride `S`, into `acc`
     /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias and activation `A` included.
     /// `rows[ky]` is the offset in `x` of kernel row `ky`'s input row (its first pixel, the
@@ -91,7 +226,7 @@ pub(in crate::backend::cpu) mod avx {
     /// The CPU has AVX2 and FMA.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(in crate::backend::cpu) unsafe fn row<const S: usize, const A: u8>(
+    pub(in crate::backend::cpu) unsafe fn row<V: Vector, const S: usize, const A: u8>(
         x: &[f32],
         rows: [Option<usize>; 3],
         g: &RowGeometry,
@@ -107,7 +242,7 @@ pub(in crate::backend::cpu) mod avx {
             return;
         }
         assert!(
-            nb.is_multiple_of(LANES)
+            nb.is_multiple_of(V::LANES)
                 && nb <= c
                 && width > 0
                 && rows.iter().flatten().all(|&r| r + (width - 1) * c + nb <= x.len())
@@ -136,27 +271,27 @@ pub(in crate::backend::cpu) mod avx {
             let mut j0 = 0;
             loop {
                 let j1 = (j0 + seg).min(count);
-                for c0 in (0..nb).step_by(LANES) {
-                    let w: [__m256; 9] = std::array::from_fn(|t| _mm256_loadu_ps(wt.as_ptr().add(t * ws + c0)));
+                for c0 in (0..nb).step_by(V::LANES) {
+                    let w: [V; 9] = std::array::from_fn(|t| V::load(wt.as_ptr().add(t * ws + c0)));
                     let b = match bias {
-                        Some(b) => _mm256_loadu_ps(b.as_ptr().add(c0)),
-                        None => _mm256_setzero_ps(),
+                        Some(b) => V::load(b.as_ptr().add(c0)),
+                        None => V::zero(),
                     };
                     // The border pixels with the first and the last segment.
                     let r = rp.map(|r| if r.is_null() { r } else { r.add(c0) });
                     if j0 == 0 {
                         for ox in 0..lo {
-                            edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                            edge::<V, A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
                         }
                     }
-                    tiles::<S, A>(j1 - j0, c, &w, b, stride, |j| {
+                    tiles::<V, S, A>(j1 - j0, c, &w, b, stride, |j| {
                         let px = lo + j0 + j;
                         let r = rp.map(|r| if r.is_null() { r } else { r.add((px * S - pad_left) * c + c0) });
                         (r, out.add(px * stride + c0))
                     });
                     if j1 == count {
                         for ox in hi..ow {
-                            edge::<A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
+                            edge::<V, A>(r, ox * S, g, &w, b, out.add(ox * stride + c0));
                         }
                     }
                 }
@@ -204,7 +339,7 @@ pub(in crate::backend::cpu) mod avx {
             let b = _mm256_loadu_ps(bias.as_ptr());
             let (wp, sp) = (win.as_ptr(), sums.as_mut_ptr());
             for oy in 0..oh {
-                tiles::<S, NONE>(ow, LANES, &w, b, LANES, |j| {
+                tiles::<__m256, S, NONE>(ow, LANES, &w, b, LANES, |j| {
                     let r = offs.map(|o| wp.add((oy * row_step + o + j * S) * LANES));
                     (r, sp.add((oy * ow + j) * LANES))
                 });
@@ -219,11 +354,11 @@ pub(in crate::backend::cpu) mod avx {
     /// The CPU has AVX2 and FMA; `at(j)` for `j < n` meets [`tile`]'s promises for the pixels
     /// from `j` on.
     #[inline(always)]
-    unsafe fn tiles<const S: usize, const A: u8>(
+    unsafe fn tiles<V: Vector, const S: usize, const A: u8>(
         n: usize,
         c: usize,
-        w: &[__m256; 9],
-        b: __m256,
+        w: &[V; 9],
+        b: V,
         stride: usize,
         at: impl Fn(usize) -> ([*const f32; 3], *mut f32),
     ) {
@@ -232,15 +367,15 @@ pub(in crate::backend::cpu) mod avx {
             let mut j = 0;
             while j + P <= n {
                 let (r, o) = at(j);
-                tile::<S, P, A>(r, c, w, b, o, stride);
+                tile::<V, S, P, A>(r, c, w, b, o, stride);
                 j += P;
             }
             if j < n {
                 let (r, o) = at(j);
                 match n - j {
-                    3 => tile::<S, 3, A>(r, c, w, b, o, stride),
-                    2 => tile::<S, 2, A>(r, c, w, b, o, stride),
-                    _ => tile::<S, 1, A>(r, c, w, b, o, stride),
+                    3 => tile::<V, S, 3, A>(r, c, w, b, o, stride),
+                    2 => tile::<V, S, 2, A>(r, c, w, b, o, stride),
+                    _ => tile::<V, S, 1, A>(r, c, w, b, o, stride),
                 }
             }
         }
@@ -254,12 +389,12 @@ pub(in crate::backend::cpu) mod avx {
     /// The CPU has AVX2 and FMA; the non-null rows hold `g.width` pixels of 8 lanes, `g.c`
     /// apart.
     #[inline(always)]
-    unsafe fn edge<const A: u8>(
+    unsafe fn edge<V: Vector, const A: u8>(
         rows: [*const f32; 3],
         at: usize,
         g: &RowGeometry,
-        w: &[__m256; 9],
-        b: __m256,
+        w: &[V; 9],
+        b: V,
         out: *mut f32,
     ) {
         // The taps inside the row: kx in ka..kb.
@@ -271,13 +406,13 @@ pub(in crate::backend::cpu) mod avx {
         // SAFETY: the caller's promises; taps ka..kb are inside the row.
         unsafe {
             match (ka, kb) {
-                (1, 3) => edge_taps::<1, 3, A>(r, g.c, w, b, out),
-                (0, 2) => edge_taps::<0, 2, A>(r, g.c, w, b, out),
-                (2, 3) => edge_taps::<2, 3, A>(r, g.c, w, b, out),
-                (0, 1) => edge_taps::<0, 1, A>(r, g.c, w, b, out),
-                (1, 2) => edge_taps::<1, 2, A>(r, g.c, w, b, out),
-                (0, 3) => edge_taps::<0, 3, A>(r, g.c, w, b, out),
-                _ => _mm256_storeu_ps(out, finish::<A>(b)),
+                (1, 3) => edge_taps::<V, 1, 3, A>(r, g.c, w, b, out),
+                (0, 2) => edge_taps::<V, 0, 2, A>(r, g.c, w, b, out),
+                (2, 3) => edge_taps::<V, 2, 3, A>(r, g.c, w, b, out),
+                (0, 1) => edge_taps::<V, 0, 1, A>(r, g.c, w, b, out),
+                (1, 2) => edge_taps::<V, 1, 2, A>(r, g.c, w, b, out),
+                (0, 3) => edge_taps::<V, 0, 3, A>(r, g.c, w, b, out),
+                _ => V::store(out, V::finish::<A>(b)),
             }
         }
     }
@@ -287,20 +422,20 @@ pub(in crate::backend::cpu) mod avx {
     /// # Safety
     /// [`edge`]'s.
     #[inline(always)]
-    unsafe fn edge_taps<const KA: usize, const KB: usize, const A: u8>(
+    unsafe fn edge_taps<V: Vector, const KA: usize, const KB: usize, const A: u8>(
         rows: [*const f32; 3],
         c: usize,
-        w: &[__m256; 9],
-        b: __m256,
+        w: &[V; 9],
+        b: V,
         out: *mut f32,
     ) {
         // SAFETY: the caller's promises.
         unsafe {
             let mut s = b;
-            s = edge_row::<0, KA, KB>(rows[0], c, w, s);
-            s = edge_row::<1, KA, KB>(rows[1], c, w, s);
-            s = edge_row::<2, KA, KB>(rows[2], c, w, s);
-            _mm256_storeu_ps(out, finish::<A>(s));
+            s = edge_row::<V, 0, KA, KB>(rows[0], c, w, s);
+            s = edge_row::<V, 1, KA, KB>(rows[1], c, w, s);
+            s = edge_row::<V, 2, KA, KB>(rows[2], c, w, s);
+            V::store(out, V::finish::<A>(s));
         }
     }
 
@@ -311,16 +446,16 @@ pub(in crate::backend::cpu) mod avx {
     /// # Safety
     /// [`edge`]'s.
     #[inline(always)]
-    unsafe fn edge_row<const KY: usize, const KA: usize, const KB: usize>(
+    unsafe fn edge_row<V: Vector, const KY: usize, const KA: usize, const KB: usize>(
         r: *const f32,
         c: usize,
-        w: &[__m256; 9],
-        mut s: __m256,
-    ) -> __m256 {
+        w: &[V; 9],
+        mut s: V,
+    ) -> V {
         if !r.is_null() {
             for kx in KA..KB {
                 // SAFETY: the caller's promises.
-                s = unsafe { _mm256_fmadd_ps(w[KY * 3 + kx], _mm256_loadu_ps(r.add((kx - KA) * c)), s) };
+                s = unsafe { V::fmadd(w[KY * 3 + kx], V::load(r.add((kx - KA) * c)), s) };
             }
         }
         s
@@ -334,11 +469,11 @@ pub(in crate::backend::cpu) mod avx {
     /// The CPU has AVX2 and FMA; the non-null rows hold `S·(N − 1) + 3` pixels of 8 lanes and
     /// `out` `N` pixels.
     #[inline(always)]
-    unsafe fn tile<const S: usize, const N: usize, const A: u8>(
+    unsafe fn tile<V: Vector, const S: usize, const N: usize, const A: u8>(
         rows: [*const f32; 3],
         c: usize,
-        w: &[__m256; 9],
-        b: __m256,
+        w: &[V; 9],
+        b: V,
         out: *mut f32,
         stride: usize,
     ) {
@@ -352,16 +487,16 @@ pub(in crate::backend::cpu) mod avx {
                 // Input pixel i meets output pixel p through tap kx = i − S·p; taps in
                 // ascending order for each output pixel.
                 for i in 0..S * (N - 1) + 3 {
-                    let v = _mm256_loadu_ps(r.add(i * c));
+                    let v = V::load(r.add(i * c));
                     for (p, s) in s.iter_mut().enumerate() {
                         if let Some(kx) = i.checked_sub(S * p).filter(|&kx| kx < 3) {
-                            *s = _mm256_fmadd_ps(w[ky * 3 + kx], v, *s);
+                            *s = V::fmadd(w[ky * 3 + kx], v, *s);
                         }
                     }
                 }
             }
             for (p, s) in s.iter().enumerate() {
-                _mm256_storeu_ps(out.add(p * stride), finish::<A>(*s));
+                V::store(out.add(p * stride), V::finish::<A>(*s));
             }
         }
     }
@@ -372,8 +507,8 @@ mod tests {
     use std::arch::x86_64::*;
     use tilekit_kernels::Activation;
 
-    /// The in-register ReLU and ReLU6 give what the activation kernel's scalar forms give,
-    /// bit for bit, on the values where their definitions differ: ±0, NaN, ±Inf, 6 and around.
+    /// The in-register ReLU and ReLU6 (8 and, with AVX-512, 16 lanes) give what the activation
+    /// kernel's scalar forms give, bit for bit, on the values where their definitions differ: ±0, NaN, ±Inf, 6 and around.
     #[test]
     fn fused_activations_match_the_scalar_forms() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
@@ -395,6 +530,20 @@ mod tests {
                 }
                 let want = act.apply_f32(x);
                 assert!(got.iter().all(|g| g.to_bits() == want.to_bits()), "{act:?}({x}): {} against {want}", got[0]);
+                if !is_x86_feature_detected!("avx512f") {
+                    continue;
+                }
+                let mut got = [0.0f32; 16];
+                // SAFETY: AVX-512F was detected just above.
+                unsafe {
+                    let v = _mm512_set1_ps(x);
+                    let r = match a {
+                        super::avx::RELU => super::avx::finish512::<{ super::avx::RELU }>(v),
+                        _ => super::avx::finish512::<{ super::avx::RELU6 }>(v),
+                    };
+                    _mm512_storeu_ps(got.as_mut_ptr(), r);
+                }
+                assert!(got.iter().all(|g| g.to_bits() == want.to_bits()), "{act:?}({x}) in 16 lanes: {}", got[0]);
             }
         }
     }
