@@ -29,7 +29,7 @@
 
 use super::scratch;
 #[cfg(target_arch = "x86_64")]
-use super::{matmul::Strided, simd::Isa};
+use super::{internal, matmul::Strided, simd::Isa};
 use crate::Result;
 
 /// Input channels up to which the tiles take a 1 × 1 convolution.
@@ -101,7 +101,22 @@ pub(super) unsafe fn conv(
     pixels: usize,
     act: Act,
 ) -> Result<()> {
-    // SAFETY: the caller's contract; `Isa::Avx512` is only made where the CPU has AVX-512F.
+    let c = w.c;
+    if pixels == 0 || jc == 0 {
+        return Ok(());
+    }
+    let last = (pixels - 1) * x.rs + c.saturating_sub(1) * x.cs;
+    if c == 0
+        || x0 + last >= x.ptr.len()
+        || j0 + jc.next_multiple_of(TILE_N) > w.ld
+        || w.wt.len() < c * w.ld
+        || w.bias.len() < w.ld
+        || res.is_some_and(|(r, ldr)| r.len() < (pixels - 1) * ldr + jc)
+    {
+        return Err(internal("a small-K 1x1 convolution past its buffers".into()));
+    }
+    // SAFETY: the operands checked above; the caller's contract; `Isa::Avx512` is only made
+    // where the CPU has AVX-512F.
     unsafe {
         match isa {
             Isa::Avx512 => avx512::conv(x, x0, w, j0, jc, res, dst, ldo, pixels, act),
@@ -131,6 +146,17 @@ pub(super) unsafe fn conv_planes(
     pixels: usize,
     act: Act,
 ) -> Result<()> {
+    if pixels == 0 || jc == 0 {
+        return Ok(());
+    }
+    if c == 0
+        || x.len() < (c - 1) * ldx + pixels
+        || w.len() < jc * c
+        || bias.is_some_and(|b| b.len() < jc)
+        || res.is_some_and(|(r, ldr)| r.len() < (jc - 1) * ldr + pixels)
+    {
+        return Err(internal("a small-K 1x1 convolution past its buffers".into()));
+    }
     // SAFETY: as in `conv`.
     unsafe {
         match isa {
@@ -144,7 +170,6 @@ pub(super) unsafe fn conv_planes(
 mod avx {
     use super::{Act, TILE_N, Weights};
     use crate::Result;
-    use crate::backend::cpu::internal;
     use crate::backend::cpu::matmul::Strided;
     use std::arch::x86_64::*;
 
@@ -161,7 +186,8 @@ mod avx {
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `dst` is valid for writes of `jc` elements at each
-    /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile.
+    /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile; the other
+    /// operands are inside their buffers (checked by the dispatching `super` function).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub(in crate::backend::cpu) unsafe fn conv(
@@ -210,28 +236,15 @@ mod avx {
     unsafe fn conv_act<const A: u8>(a: &ConvArgs<'_>) -> Result<()> {
         let ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels } = *a;
         let c = w.c;
-        if pixels == 0 || jc == 0 {
-            return Ok(());
-        }
-        let last = (pixels - 1) * x.rs + c.saturating_sub(1) * x.cs;
-        if c == 0
-            || x0 + last >= x.ptr.len()
-            || j0 + jc.next_multiple_of(TILE_N) > w.ld
-            || w.wt.len() < c * w.ld
-            || w.bias.len() < w.ld
-            || res.is_some_and(|(r, ldr)| r.len() < (pixels - 1) * ldr + jc)
-        {
-            return Err(internal("a small-K 1x1 convolution past its buffers".into()));
-        }
         let mut px = 0;
         while px < pixels {
             let n = P.min(pixels - px);
             for jb in (0..jc).step_by(TILE_N) {
                 let width = TILE_N.min(jc - jb);
                 // SAFETY: pixels px..px + n and channels 0..c are inside x, channels
-                // j0 + jb .. + 16 inside wt's rows and bias (checked above), the residual's
-                // pixels px..px + n hold `width` channels from jb (checked above); dst's are
-                // the caller's promise, as is AVX2 and FMA.
+                // j0 + jb .. + 16 inside wt's rows and bias, the residual's pixels px..px + n
+                // hold `width` channels from jb (all checked by `super::conv`); dst's are the
+                // caller's promise, as is AVX2 and FMA.
                 unsafe {
                     let t = Tile {
                         x: x.ptr.as_ptr().add(x0 + px * x.rs),
@@ -281,7 +294,8 @@ mod avx {
     ///
     /// # Safety
     /// As [`conv`]: AVX2 and FMA; `dst` is valid for writes of `pixels` elements at each
-    /// `j·ldo`, `j < jc`, and no other thread reads or writes those meanwhile.
+    /// `j·ldo`, `j < jc`, and no other thread reads or writes those meanwhile; the other
+    /// operands are inside their buffers (checked by the dispatching `super` function).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub(in crate::backend::cpu) unsafe fn conv_planes(
@@ -297,17 +311,6 @@ mod avx {
         pixels: usize,
         act: Act,
     ) -> Result<()> {
-        if pixels == 0 || jc == 0 {
-            return Ok(());
-        }
-        if c == 0
-            || x.len() < (c - 1) * ldx + pixels
-            || w.len() < jc * c
-            || bias.is_some_and(|b| b.len() < jc)
-            || res.is_some_and(|(r, ldr)| r.len() < (jc - 1) * ldr + pixels)
-        {
-            return Err(internal("a small-K 1x1 convolution past its buffers".into()));
-        }
         for p0 in (0..pixels).step_by(PLANE_BLOCK) {
             let p1 = (p0 + PLANE_BLOCK).min(pixels);
             let mut j = 0;
@@ -317,9 +320,9 @@ mod avx {
                 while px < p1 {
                     let width = TILE_N.min(p1 - px);
                     // SAFETY: channels j..j + n of w, bias and res, pixels px..px + width of
-                    // every plane of x and res (checked above); masked lanes past `width` are
-                    // neither read nor written; dst's are the caller's promise, as is AVX2 and
-                    // FMA.
+                    // every plane of x and res (checked by `super::conv_planes`); masked lanes
+                    // past `width` are neither read nor written; dst's are the caller's
+                    // promise, as is AVX2 and FMA.
                     unsafe {
                         let t = PlaneTile {
                             x: x.as_ptr().add(px),
@@ -558,9 +561,8 @@ mod avx {
 /// same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Act, TILE_N, Weights};
+    use super::{Act, Weights};
     use crate::Result;
-    use crate::backend::cpu::internal;
     use crate::backend::cpu::matmul::Strided;
     use std::arch::x86_64::*;
 
@@ -601,7 +603,8 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX2 and FMA; `dst` is valid for writes of `jc` elements at each
-    /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile.
+    /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile; the other
+    /// operands are inside their buffers (checked by the dispatching `super` function).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn conv(
@@ -616,21 +619,7 @@ mod avx512 {
         pixels: usize,
         act: Act,
     ) -> Result<()> {
-        let c = w.c;
-        if pixels == 0 || jc == 0 {
-            return Ok(());
-        }
-        let last = (pixels - 1) * x.rs + c.saturating_sub(1) * x.cs;
-        if c == 0
-            || x0 + last >= x.ptr.len()
-            || j0 + jc.next_multiple_of(TILE_N) > w.ld
-            || w.wt.len() < c * w.ld
-            || w.bias.len() < w.ld
-            || res.is_some_and(|(r, ldr)| r.len() < (pixels - 1) * ldr + jc)
-        {
-            return Err(internal("a small-K 1x1 convolution past its buffers".into()));
-        }
-        // SAFETY: checked above and the caller's contract.
+        // SAFETY: the caller's contract (the operands checked by `super::conv`).
         unsafe {
             match act {
                 Act::Relu6 => conv_act::<2>(x, x0, w, j0, jc, res, dst, ldo, pixels),
@@ -668,7 +657,7 @@ mod avx512 {
                 let width = (2 * L).min(jc - jb);
                 // SAFETY: pixels px..px + n and channels 0..c inside x, channels j0 + jb ..
                 // + width inside wt's rows and the bias, the residual's pixels px..px + n
-                // hold `width` channels from jb (all checked by `conv`); lanes past `width`
+                // hold `width` channels from jb (all checked by `super::conv`); lanes past `width`
                 // are masked off; dst's are the caller's promise, as are the features.
                 unsafe {
                     let t = Tile {
@@ -769,7 +758,8 @@ mod avx512 {
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX2 and FMA; `dst` is valid for writes of `pixels` elements at
-    /// each `j·ldo`, `j < jc`, and no other thread reads or writes those meanwhile.
+    /// each `j·ldo`, `j < jc`, and no other thread reads or writes those meanwhile; the other
+    /// operands are inside their buffers (checked by the dispatching `super` function).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn conv_planes(
@@ -785,17 +775,6 @@ mod avx512 {
         pixels: usize,
         act: Act,
     ) -> Result<()> {
-        if pixels == 0 || jc == 0 {
-            return Ok(());
-        }
-        if c == 0
-            || x.len() < (c - 1) * ldx + pixels
-            || w.len() < jc * c
-            || bias.is_some_and(|b| b.len() < jc)
-            || res.is_some_and(|(r, ldr)| r.len() < (jc - 1) * ldr + pixels)
-        {
-            return Err(internal("a small-K 1x1 convolution past its buffers".into()));
-        }
         for p0 in (0..pixels).step_by(PLANE_BLOCK) {
             let p1 = (p0 + PLANE_BLOCK).min(pixels);
             let mut j = 0;
@@ -805,8 +784,9 @@ mod avx512 {
                 while px < p1 {
                     let width = (2 * L).min(p1 - px);
                     // SAFETY: channels j..j + n of w, bias and res, pixels px..px + width of
-                    // every plane of x and res (checked above); lanes past `width` are masked
-                    // off; dst's are the caller's promise, as are the features.
+                    // every plane of x and res (checked by `super::conv_planes`); lanes past
+                    // `width` are masked off; dst's are the caller's promise, as are the
+                    // features.
                     unsafe {
                         let t = PlaneTile {
                             x: x.as_ptr().add(px),
