@@ -1,5 +1,5 @@
-//! 1 × 1 convolutions of few input channels in register tiles (AVX2 and FMA, or AVX-512): the fused
-//! block's expansion of at most [`SMALL_K`] channels (MobileNetV2's blocks 2–7) and the
+//! 1 × 1 convolutions of few input channels in register tiles (AVX2 and FMA, or AVX-512): the
+//! fused block's expansion of at most [`SMALL_K`] channels (MobileNetV2's blocks 2–7) and the
 //! pointwise kernel's layers of at most [`SMALL_K`], both layouts (the stem's 27 → 32 over
 //! the im2col patches, block 1's 32 → 16 projection, the unfused chain's expansions).
 //!
@@ -115,15 +115,40 @@ pub(super) unsafe fn conv(
     {
         return Err(internal("a small-K 1x1 convolution past its buffers".into()));
     }
+    let a = ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels };
     // SAFETY: the operands checked above; the caller's contract; `Isa::Avx512` is only made
     // where the CPU has AVX-512F.
     unsafe {
         match isa {
-            Isa::Avx512 => avx512::conv(x, x0, w, j0, jc, res, dst, ldo, pixels, act),
-            _ => avx::conv(x, x0, w, j0, jc, res, dst, ldo, pixels, act),
+            Isa::Avx512 => avx512::conv(&a, act),
+            _ => avx::conv(&a, act),
         }
     }
+    Ok(())
 }
+
+/// The operands of [`conv`], checked.
+#[cfg(target_arch = "x86_64")]
+struct ConvArgs<'a> {
+    x: Strided<&'a [f32]>,
+    x0: usize,
+    w: &'a Weights,
+    j0: usize,
+    jc: usize,
+    res: Option<(&'a [f32], usize)>,
+    dst: *mut f32,
+    ldo: usize,
+    pixels: usize,
+}
+
+/// Pixels per block of [`avx::conv_planes`] and [`avx512::conv_planes`]: every group of output
+/// channels takes one block before the next block starts, so the block's input (at most 32
+/// planes × 512 bytes, 16 KiB) is read from L1 by all but the first group. Sweeping each group
+/// over the whole row instead took 1.1–1.25× the time on MobileNetV2's NCHW layers of 16–32
+/// input channels (in-process A/B, 2 threads); blocks of 64–512 pixels were level with this
+/// (AVX2; on AVX-512, 512 was level with it on the stem).
+#[cfg(target_arch = "x86_64")]
+const PLANE_BLOCK: usize = 128;
 
 /// [`conv`] with channels and pixels swapped, for planes (NCHW; see [`avx::conv_planes`]), in
 /// the AVX-512 tiles where `isa` is [`Isa::Avx512`], else the AVX2 ones.
@@ -164,13 +189,12 @@ pub(super) unsafe fn conv_planes(
             _ => avx::conv_planes(x, ldx, w, c, bias, jc, res, dst, ldo, pixels, act),
         }
     }
+    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::{Act, TILE_N, Weights};
-    use crate::Result;
-    use crate::backend::cpu::matmul::Strided;
+    use super::{Act, ConvArgs, PLANE_BLOCK, TILE_N};
     use std::arch::x86_64::*;
 
     /// Pixels per register tile (6 × 16 sums, two weight vectors and the broadcast input in
@@ -188,42 +212,16 @@ mod avx {
     /// The CPU has AVX2 and FMA; `dst` is valid for writes of `jc` elements at each
     /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile; the other
     /// operands are inside their buffers (checked by the dispatching `super` function).
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(in crate::backend::cpu) unsafe fn conv(
-        x: Strided<&[f32]>,
-        x0: usize,
-        w: &Weights,
-        j0: usize,
-        jc: usize,
-        res: Option<(&[f32], usize)>,
-        dst: *mut f32,
-        ldo: usize,
-        pixels: usize,
-        act: Act,
-    ) -> Result<()> {
-        let a = ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels };
+    pub(super) unsafe fn conv(a: &ConvArgs<'_>, act: Act) {
         // SAFETY: the caller's contract.
         unsafe {
             match act {
-                Act::Relu6 => conv_act::<2>(&a),
-                Act::Relu => conv_act::<1>(&a),
-                Act::None => conv_act::<0>(&a),
+                Act::Relu6 => conv_act::<2>(a),
+                Act::Relu => conv_act::<1>(a),
+                Act::None => conv_act::<0>(a),
             }
         }
-    }
-
-    /// The operands of [`conv`].
-    struct ConvArgs<'a> {
-        x: Strided<&'a [f32]>,
-        x0: usize,
-        w: &'a Weights,
-        j0: usize,
-        jc: usize,
-        res: Option<(&'a [f32], usize)>,
-        dst: *mut f32,
-        ldo: usize,
-        pixels: usize,
     }
 
     /// [`conv`] with activation `A` (0 none, 1 ReLU, 2 ReLU6): one copy per activation, so
@@ -233,7 +231,7 @@ mod avx {
     /// As [`conv`].
     #[inline(never)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn conv_act<const A: u8>(a: &ConvArgs<'_>) -> Result<()> {
+    unsafe fn conv_act<const A: u8>(a: &ConvArgs<'_>) {
         let ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels } = *a;
         let c = w.c;
         let mut px = 0;
@@ -271,18 +269,10 @@ mod avx {
             }
             px += n;
         }
-        Ok(())
     }
 
     /// Output channels per tile of [`conv_planes`] (6 × 16 sums in registers).
     const CP: usize = 6;
-
-    /// Pixels per block of [`conv_planes`]: every group of output channels takes one block
-    /// before the next block starts, so the block's input (at most 32 planes × 512 bytes,
-    /// 16 KiB) is read from L1 by all but the first group. Sweeping each group over the
-    /// whole row instead took 1.1–1.25× the time on MobileNetV2's NCHW layers of 16–32 input
-    /// channels (in-process A/B, 2 threads); blocks of 64–512 pixels were level with this.
-    const PLANE_BLOCK: usize = 128;
 
     /// [`conv`] with channels and pixels swapped, for planes (NCHW): `dst[j·ldo + px] =
     /// act(bias[j] + res[j·ldr + px] + Σ_k w[j][k] · x[k·ldx + px])` for output channels
@@ -298,7 +288,7 @@ mod avx {
     /// operands are inside their buffers (checked by the dispatching `super` function).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(in crate::backend::cpu) unsafe fn conv_planes(
+    pub(super) unsafe fn conv_planes(
         x: &[f32],
         ldx: usize,
         w: &[f32],
@@ -310,7 +300,7 @@ mod avx {
         ldo: usize,
         pixels: usize,
         act: Act,
-    ) -> Result<()> {
+    ) {
         for p0 in (0..pixels).step_by(PLANE_BLOCK) {
             let p1 = (p0 + PLANE_BLOCK).min(pixels);
             let mut j = 0;
@@ -349,7 +339,6 @@ mod avx {
                 j += n;
             }
         }
-        Ok(())
     }
 
     /// One tile of [`conv_planes`]: `x`, `res` and `o` at the tile's first pixel (planes
@@ -561,17 +550,13 @@ mod avx {
 /// same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Act, Weights};
-    use crate::Result;
-    use crate::backend::cpu::matmul::Strided;
+    use super::{Act, ConvArgs, PLANE_BLOCK};
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
     const L: usize = 16;
     /// Pixels (rows) or output channels (planes) per tile.
     const P: usize = 6;
-    /// Pixels per block of [`conv_planes`], as [`super::avx`]'s.
-    const PLANE_BLOCK: usize = 128;
 
     /// Lanes `0..n` on (all 16 from `n = 16` on).
     #[inline(always)]
@@ -605,29 +590,16 @@ mod avx512 {
     /// The CPU has AVX-512F, AVX2 and FMA; `dst` is valid for writes of `jc` elements at each
     /// `px·ldo`, `px < pixels`, and no other thread reads or writes those meanwhile; the other
     /// operands are inside their buffers (checked by the dispatching `super` function).
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn conv(
-        x: Strided<&[f32]>,
-        x0: usize,
-        w: &Weights,
-        j0: usize,
-        jc: usize,
-        res: Option<(&[f32], usize)>,
-        dst: *mut f32,
-        ldo: usize,
-        pixels: usize,
-        act: Act,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract (the operands checked by `super::conv`).
+    pub(super) unsafe fn conv(a: &ConvArgs<'_>, act: Act) {
+        // SAFETY: the caller's contract.
         unsafe {
             match act {
-                Act::Relu6 => conv_act::<2>(x, x0, w, j0, jc, res, dst, ldo, pixels),
-                Act::Relu => conv_act::<1>(x, x0, w, j0, jc, res, dst, ldo, pixels),
-                Act::None => conv_act::<0>(x, x0, w, j0, jc, res, dst, ldo, pixels),
+                Act::Relu6 => conv_act::<2>(a),
+                Act::Relu => conv_act::<1>(a),
+                Act::None => conv_act::<0>(a),
             }
         }
-        Ok(())
     }
 
     /// [`conv`] with activation `A`, its operands checked: one copy per activation, each
@@ -635,20 +607,10 @@ mod avx512 {
     ///
     /// # Safety
     /// As [`conv`], the operands inside their buffers.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn conv_act<const A: u8>(
-        x: Strided<&[f32]>,
-        x0: usize,
-        w: &Weights,
-        j0: usize,
-        jc: usize,
-        res: Option<(&[f32], usize)>,
-        dst: *mut f32,
-        ldo: usize,
-        pixels: usize,
-    ) {
+    unsafe fn conv_act<const A: u8>(a: &ConvArgs<'_>) {
+        let ConvArgs { x, x0, w, j0, jc, res, dst, ldo, pixels } = *a;
         let mut px = 0;
         while px < pixels {
             let n = P.min(pixels - px);
@@ -774,7 +736,7 @@ mod avx512 {
         ldo: usize,
         pixels: usize,
         act: Act,
-    ) -> Result<()> {
+    ) {
         for p0 in (0..pixels).step_by(PLANE_BLOCK) {
             let p1 = (p0 + PLANE_BLOCK).min(pixels);
             let mut j = 0;
@@ -819,7 +781,6 @@ mod avx512 {
                 j += n;
             }
         }
-        Ok(())
     }
 
     /// One tile of [`conv_planes`]: `x`, `res` and `o` at the tile's first pixel (planes
