@@ -297,6 +297,13 @@ __device__ __forceinline__ float matmul_epilogue(const MatmulParams& p, float ac
     return activate(p.act, v);
 }
 
+// Element (bt, row, col) of split `split`'s plane in a GEMV split-K workspace
+// `[splits][batch][M][N]` of f32 (`batch` the launch's): gemv.cu and qmatmul.cu store there,
+// `gemv_finalize_<T>` adds the planes in split order.
+__device__ __forceinline__ i64 gemv_ws_index(const MatmulParams& p, int split, i64 bt, int row, int col) {
+    return (((i64)split * p.batch + bt) * p.m + row) * (i64)p.n + col;
+}
+
 template <typename T> __device__ __forceinline__ T* out_ptr(const MatmulParams& p, i64 batch, i64 row, i64 col) {
     return (T*)p.out + p.o_off + batch * p.o_bs + row * p.o_ld + col;
 }

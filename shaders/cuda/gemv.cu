@@ -12,12 +12,17 @@
 //   are reduced with `__shfl_xor_sync` (5 steps), no shared memory. A block (8 warps) owns 16
 //   columns: N = 4096 gives 256 blocks.
 // - `kn` (B stored [K, N]): lane l owns V consecutive columns (one 16-byte load per row of B),
-//   a warp 32·V columns; the 8 warps of a block split K (rows warp, warp + 8, ...), and their
-//   partials meet in shared memory (`atomicAdd` on shared f32, 16 KiB at most). A block owns
-//   32·V columns (128 for f32, 256 for f16/bf16), so K is split across blocks for most shapes.
-// - Split K (`splits` > 1, gridDim.y): block y takes K range [y·k_chunk, (y+1)·k_chunk) and adds
-//   its sums into a zeroed f32 workspace `ws[batch][M][N]` with `atomicAdd`; then
-//   `gemv_finalize_<T>` applies the epilogue. With `splits` = 1 the kernel applies it itself.
+//   a warp 32·V columns; the 8 warps of a block split K (rows warp, warp + 8, ...; 2 or 4 of
+//   them per step, all their loads of B and op(A) issued before the step's FMAs), and their
+//   partials meet in shared memory in warp order (warp 0 stores, warps 1..7 add one after
+//   another between barriers; 16 KiB at most). A block owns 32·V columns (128 for f32, 256 for
+//   f16/bf16), so K is split across blocks for most shapes.
+// - Split K (`splits` > 1, gridDim.y): block y takes K range [y·k_chunk, (y+1)·k_chunk) and
+//   stores its sums in plane y of an f32 workspace `ws[splits][batch][M][N]`; then
+//   `gemv_finalize_<T>` adds the planes in split order and applies the epilogue. With
+//   `splits` = 1 the kernel applies it itself.
+// Every sum is taken in an order fixed by the launch (no atomics): a product gives the same bits
+// on every run.
 // - MT (4 or 16): the register tile's rows; rows past M are skipped (the loops over rows are
 //   unrolled, the guards uniform).
 // `BF`: round both inputs to bf16 first (the bf16-compute policy).
@@ -36,6 +41,8 @@ struct GemvParams {
 
 #define GV_WARPS 8
 #define GV_NK_COLS 2
+// Rows of B a warp of `gemv_kn` loads per step: 4, or 2 with 16-row tiles (registers).
+#define GV_KN_ROWS(MT) ((MT) == 16 ? 2 : 4)
 
 template <typename T, bool BF> __device__ __forceinline__ float gv_in(T x) {
     float v = to_f32(x);
@@ -81,12 +88,12 @@ __device__ __forceinline__ void load_run(const T* src, i64 step, int n, bool vec
     }
 }
 
-// Sends sum `v` of output (row, col): the epilogue and store, or the workspace under split K.
+// Sends sum `v` of output (row, col): the epilogue and store, or this split's workspace plane.
 template <typename T>
 __device__ __forceinline__ void gv_emit(const GemvParams& g, float v, i64 bt, int row, int col) {
     const MatmulParams& p = g.mm;
     if (g.splits > 1) {
-        atomicAdd((float*)g.ws + (bt * p.m + row) * (i64)p.n + col, v);
+        ((float*)g.ws)[gemv_ws_index(p, blockIdx.y, bt, row, col)] = v;
     } else {
         *out_ptr<T>(p, bt, row, col) = from_f32<T>(matmul_epilogue<T>(p, v, bt, row, col));
     }
@@ -155,7 +162,7 @@ template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_nk(c
 template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn(const GemvParams& g) {
     constexpr int V = 16 / sizeof(T);
     constexpr int BCOLS = 32 * V;
-    __shared__ float red[MT][BCOLS];
+    __shared__ __align__(16) float red[MT][BCOLS];
     const MatmulParams& p = g.mm;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * BCOLS, col = n0 + lane * V;
@@ -167,51 +174,84 @@ template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn(c
     const int k_begin = blockIdx.y * g.k_chunk;
     const int k_end = min(p.k, k_begin + g.k_chunk);
     const int cn = col < p.n ? min(V, p.n - col) : 0;
-    for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) (&red[0][0])[e] = 0.0f;
     float acc[MT][V];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < V; j++) acc[m][j] = 0.0f;
     if (cn > 0) {
+        // Each step issues all its loads before its first FMA (the GPU issues in order, so a
+        // load behind an FMA waits for the FMA's operands): U rows of B per warp, and every row
+        // of op(A) for them, rows past M reading row M − 1 (in bounds; their sums are never
+        // emitted). Rows of the step past the range are loaded as the last row and skipped.
+        constexpr int U = GV_KN_ROWS(MT);
 #pragma unroll 1
-        for (int k = k_begin + warp; k < k_end; k += GV_WARPS) {
-            float b[V];
-            load_run<T, BF, V>(B + (i64)k * p.b_ld + col, 1, cn, b_vec, b);
+        for (int k = k_begin + warp; k < k_end; k += GV_WARPS * U) {
+            float b[U][V];
+            float a[U][MT];
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                if (m < p.m) {
+            for (int u = 0; u < U; u++) {
+                const int ku = min(k + u * GV_WARPS, k_end - 1);
+                load_run<T, BF, V>(B + (i64)ku * p.b_ld + col, 1, cn, b_vec, b[u]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
                     // One element of op(A) per row, the same for the whole warp (a broadcast).
-                    const float a = gv_in<T, BF>(ta ? A[(i64)k * p.a_ld + m] : A[(i64)m * p.a_ld + k]);
+                    const int r = min(m, p.m - 1);
+                    a[u][m] = gv_in<T, BF>(ta ? A[(i64)ku * p.a_ld + r] : A[(i64)r * p.a_ld + ku]);
+                }
+            }
 #pragma unroll
-                    for (int j = 0; j < V; j++) acc[m][j] = fmaf(a, b[j], acc[m][j]);
+            for (int u = 0; u < U; u++) {
+                if (k + u * GV_WARPS < k_end) {
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+#pragma unroll
+                        for (int j = 0; j < V; j++) acc[m][j] = fmaf(a[u][m], b[u][j], acc[m][j]);
                 }
             }
         }
     }
-    __syncthreads();
-    if (cn > 0) {
+    // The warps' partials meet in warp order: warp 0 stores, then warps 1..7 add one at a time,
+    // so every run adds them the same way. Each lane's V sums are 16-byte aligned in `red`.
+#pragma unroll 1
+    for (int w = 0; w < GV_WARPS; w++) {
+        if (warp == w && cn > 0) {
 #pragma unroll
-        for (int m = 0; m < MT; m++)
-            if (m < p.m)
+            for (int m = 0; m < MT; m++) {
+                if (m < p.m) {
+                    float4* r = (float4*)&red[m][lane * V];
 #pragma unroll
-                for (int j = 0; j < V; j++) atomicAdd(&red[m][lane * V + j], acc[m][j]);
+                    for (int q = 0; q < V / 4; q++) {
+                        float4 v = make_float4(acc[m][4 * q], acc[m][4 * q + 1], acc[m][4 * q + 2], acc[m][4 * q + 3]);
+                        if (w > 0) {
+                            const float4 o = r[q];
+                            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+                        }
+                        r[q] = v;
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
-    __syncthreads();
     for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) {
         const int m = e / BCOLS, c = n0 + e % BCOLS;
         if (m < p.m && c < p.n) gv_emit<T>(g, red[m][e % BCOLS], bt, m, c);
     }
 }
 
-// The split-K epilogue: one thread per output of the launch's batches.
+// The split-K epilogue: one thread per output of the launch's batches, adding the splits' planes
+// in split order.
 template <typename T> __device__ __forceinline__ void gemv_finalize(const GemvParams& g) {
     const MatmulParams& p = g.mm;
-    const i64 per = (i64)p.m * p.n;
+    const i64 per = (i64)p.m * p.n, plane = per * p.batch;
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= per * p.batch) return;
+    if (i >= plane) return;
     const i64 bt = i / per, row = (i % per) / p.n, col = i % p.n;
-    const float v = ((const float*)g.ws)[i];
+    const float* ws = (const float*)g.ws;
+    float v = ws[i];
+#pragma unroll 1
+    for (int s = 1; s < g.splits; s++) v += ws[s * plane + i];
     *out_ptr<T>(p, bt, row, col) = from_f32<T>(matmul_epilogue<T>(p, v, bt, row, col));
 }
 

@@ -45,8 +45,9 @@
 // L1 (A is at most 16 rows), 16-byte vectors where A's view allows. The partial sums meet by
 // `__shfl_xor_sync`. When the columns alone give under two waves (`qgemv_plan` in
 // crates/kernels/src/catalogue/cuda/quant.rs) K is split across blocks (gridDim.y, whole
-// quantization blocks per split): partial sums go into a zeroed f32 workspace with `atomicAdd`
-// and gemv.cu's `gemv_finalize_<T>` applies the epilogue.
+// quantization blocks per split): each split stores its sums in its own plane of an f32
+// workspace, and gemv.cu's `gemv_finalize_<T>` adds the planes in split order and applies the
+// epilogue (no atomics: the same bits on every run).
 // `_m4` is built with `__launch_bounds__(256, 2)` (at most 128 registers, two blocks per SM);
 // `_m16` with `(256, 1)`: capped at 128 registers its 16 × 2 accumulators and 16-value rows of A
 // spilled (ptxas 12.4, sm_80 and sm_90), uncapped it uses up to 254 without spilling.
@@ -276,7 +277,7 @@ template <typename T>
 __device__ __forceinline__ void q_emit(const QuantParams& q, float v, i64 bt, int row, int col) {
     const MatmulParams& p = q.mm;
     if (q.splits > 1) {
-        atomicAdd((float*)q.ws + (bt * p.m + row) * (i64)p.n + col, v);
+        ((float*)q.ws)[gemv_ws_index(p, blockIdx.y, bt, row, col)] = v;
     } else {
         *out_ptr<T>(p, bt, row, col) = from_f32<T>(matmul_epilogue<T>(p, v, bt, row, col));
     }

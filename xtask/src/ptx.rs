@@ -715,8 +715,9 @@ ptxas info    : Used 127 registers, 33792 bytes smem, 528 bytes cmem[0]\n";
     }
 
     /// Each rule fires on a kernel assembled and disassembled by the pinned tools: a dynamically
-    /// indexed local array, a loop of 32-bit loads, and a loop of 128-bit loads without MMA taken
-    /// as a tensor-core kernel. Without python3 and pip (and no cached wheels) it says so.
+    /// indexed local array, a loop of 32-bit loads, a loop of 128-bit loads without MMA taken
+    /// as a tensor-core kernel, and atomic adds (even in an exempt kernel). Without python3 and
+    /// pip (and no cached wheels) it says so.
     #[test]
     fn the_audit_fires_on_crafted_kernels() {
         let root = crate_root().expect("xtask lives in the workspace");
@@ -748,6 +749,10 @@ ptxas info    : Used 127 registers, 33792 bytes smem, 528 bytes cmem[0]\n";
             );
             assert!(check("wide_loop", sass::Class::Streaming).is_empty());
             assert_eq!(check("wide_loop", sass::Class::TensorCore), ["tensor-core kernel without HMMA"]);
+            let atomics = check("atomic_sum", sass::Class::Exempt("test"));
+            assert_eq!(atomics.len(), 1, "{atomics:?}");
+            assert!(atomics[0].ends_with("atomic instruction(s): sums in arrival order are not reproducible"));
+            assert!(row("atomic_sum").mix.atomics >= 2, "{:?}", row("atomic_sum").mix);
         }
         let _ = std::fs::remove_dir_all(&tmp);
     }

@@ -15,6 +15,11 @@
 //!   the reason, and the table shows the exemption.
 //! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu` but its split-K
 //!   reduction, which is a streaming kernel).
+//! - **No atomics** in any kernel (`ATOM`, `ATOMS`, `ATOMG`, `RED`, `REDG`, `REDAS`): a sum that threads add in
+//!   the order they arrive changes in its last bits from run to run, and tilekit promises the
+//!   same bits for the same call (`tests/tests/load.rs`, `concurrency.rs`). Partial sums meet in
+//!   an order fixed by the launch instead: split-K workspace planes added in split order, warps
+//!   adding into shared memory one after another.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +46,9 @@ pub struct Mix {
     /// Local-memory loads and stores.
     pub ldl: u32,
     pub stl: u32,
+    /// Atomic read-modify-writes on global or shared memory: `ATOM`, `ATOMS`, `ATOMG`, `RED`,
+    /// `REDG` (sm_90's global reduction), `REDAS`.
+    pub atomics: u32,
     /// Integer arithmetic, logic, address, predicate and branch instructions (the overhead
     /// around the math): `I*`, `LOP3`, `SHF`, `LEA`, `SEL`, `PLOP3`, `MOV`, their uniform `U*`
     /// twins, `BRA`, `BSSY`, `BSYNC`.
@@ -176,6 +184,7 @@ pub fn mix(body: &str) -> Mix {
             "LDL" => m.ldl += 1,
             "MUFU" => m.mufu += 1,
             "STL" => m.stl += 1,
+            "ATOM" | "ATOMS" | "ATOMG" | "RED" | "REDG" | "REDAS" => m.atomics += 1,
             _ if is_int_or_branch(base) => m.int_branch += 1,
             _ => {}
         }
@@ -234,8 +243,9 @@ pub fn exemption(kernel: &str) -> Option<&'static str> {
         // warp. Not vectorised yet.
         Some("skinny, one column per lane")
     } else if kernel.starts_with("gemv_finalize_") {
-        // The split-K epilogue of the GEMV kernels: one f32 of the workspace per thread, no
-        // loop (the GEMV kernels themselves are audited as streaming kernels).
+        // The split-K epilogue of the GEMV kernels: one output per thread, its f32 from each
+        // split's workspace plane in turn (a short loop of scalar loads, coalesced across the
+        // warp; the GEMV kernels themselves are audited as streaming kernels).
         Some("split-K epilogue, one output per thread")
     } else {
         None
@@ -265,6 +275,9 @@ pub fn violations(class: Class, stack_frame: u32, m: &Mix) -> Vec<String> {
     }
     if class == Class::TensorCore && m.hmma == 0 {
         v.push("tensor-core kernel without HMMA".to_string());
+    }
+    if m.atomics > 0 {
+        v.push(format!("{} atomic instruction(s): sums in arrival order are not reproducible", m.atomics));
     }
     v
 }
@@ -390,6 +403,24 @@ mod tests {
         assert_eq!(class("matmul_mma", "matmul_splitk_reduce_bf16"), Class::Streaming);
         assert_eq!(class("matmul_mma", "matmul_bf16_bf16_nn"), Class::TensorCore);
         assert!(audit("matmul_mma", "matmul_splitk_reduce_f16", 0, &["LDG.E.128 R4, [R2.64]"]).is_empty());
+    }
+
+    #[test]
+    fn atomics_fail_in_every_class() {
+        for (file, name) in
+            [("gemv", "gemv_f32_kn_m4"), ("gemv", "gemv_finalize_f32"), ("matmul_mma", "matmul_f16_f16_nn")]
+        {
+            let body = ["LDG.E.128 R4, [R2.64]", "HMMA.16816.F32 R20, R12, R16, R20", "ATOMS.ADD.F32 RZ, [R3], R4"];
+            assert_eq!(
+                audit(file, name, 0, &body),
+                ["1 atomic instruction(s): sums in arrival order are not reproducible"]
+            );
+        }
+        let m = mix(&split_kernels(&kernel(
+            "k",
+            &["RED.E.ADD.F32.FTZ.RN.STRONG.GPU [R2.64], R5", "ATOM.E.ADD [R2.64], R5"],
+        ))["k"]);
+        assert_eq!(m.atomics, 2);
     }
 
     #[test]

@@ -209,8 +209,9 @@ impl CudaBackend {
     }
 
     /// Launches a GEMV kernel for every batch (at most the grid's z limit per launch), with K
-    /// split across blocks as `cat::gemv::gemv_plan` says; a split launch adds into a zeroed
-    /// f32 workspace and `gemv_finalize_<dtype>` applies the epilogue.
+    /// split across blocks as `cat::gemv::gemv_plan` says; a split launch stores each split's
+    /// sums in its own plane of an f32 workspace and `gemv_finalize_<dtype>` adds the planes in
+    /// split order and applies the epilogue (no atomics: the same bits on every run).
     pub(super) fn launch_gemv(
         &self,
         kernel: Kernel,
@@ -242,8 +243,12 @@ impl CudaBackend {
                     .checked_mul(desc.m)
                     .and_then(|v| v.checked_mul(desc.n))
                     .ok_or_else(|| Error::Overflow { op: OP, what: "the split-K workspace".into() })?;
-                // Freed on this stream after the two launches that use it.
-                let ws = self.alloc_zeroed(DType::F32, outputs)?;
+                let planes = outputs
+                    .checked_mul(plan.splits)
+                    .ok_or_else(|| Error::Overflow { op: OP, what: "the split-K workspace".into() })?;
+                // One plane per split, each written in full by its blocks (so not zeroed); freed
+                // on this stream after the two launches that use it.
+                let ws = self.alloc_output(DType::F32, planes)?;
                 g.ws = self.ptr(&ws);
                 self.launch(kernel, (gx, gy, count as u32), block, g)?;
                 let blocks = grid(outputs.div_ceil(cat::gemv::GEMV_THREADS as usize), "GEMV epilogue blocks")?;

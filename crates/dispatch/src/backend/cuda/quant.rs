@@ -133,8 +133,12 @@ impl CudaBackend {
                     .checked_mul(desc.m)
                     .and_then(|v| v.checked_mul(desc.n))
                     .ok_or_else(|| Error::Overflow { op: OP, what: "the split-K workspace".into() })?;
-                // Freed on this stream after the two launches that use it.
-                let ws = self.alloc_zeroed(DType::F32, outputs)?;
+                let planes = outputs
+                    .checked_mul(l.splits)
+                    .ok_or_else(|| Error::Overflow { op: OP, what: "the split-K workspace".into() })?;
+                // One plane per split, each written in full by its blocks (so not zeroed); freed
+                // on this stream after the two launches that use it.
+                let ws = self.alloc_output(DType::F32, planes)?;
                 q.gemv.ws = self.ptr(&ws);
                 self.launch(l.kernel, l.grid, block, q)?;
                 let blocks = u32::try_from(outputs.div_ceil(GEMV_THREADS as usize))

@@ -22,7 +22,8 @@ pub const GEMV_THREADS: u32 = THREADS;
 pub struct GemvParams {
     /// The matmul's parameters.
     pub mm: MatmulParams,
-    /// Device address of the zeroed f32 workspace `[batch][M][N]` when `splits > 1`, else 0.
+    /// Device address of the f32 workspace `[splits][batch][M][N]` when `splits > 1` (each
+    /// split stores its plane, `gemv_finalize_<T>` adds them in split order), else 0.
     pub ws: u64,
     /// Blocks along K (`gridDim.y`).
     pub splits: i32,
