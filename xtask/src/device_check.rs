@@ -8,6 +8,8 @@
 //!   run.sh                  the runner (bash; needs nothing but coreutils' `timeout`)
 //!   tilekit-cuda-device     CUDA checks against the CPU backend, and the CUDA bench
 //!   tests/<name>            the test binaries of tilekit, tilekit-kernels and tilekit-tests
+//!   examples/mobilenet_v2   the example `tests/mobilenet_example-test` runs (it looks for it
+//!                           beside its own folder, as in `target/<profile>/`)
 //!   results/                written by run.sh: JSON and logs
 //! ```
 //!
@@ -126,6 +128,16 @@ pub fn run(args: Args) -> Result<()> {
     ensure!(status.success(), "building tilekit-cuda-device failed");
     copy_stripped(&root.join("target/release/tilekit-cuda-device"), &out.join("tilekit-cuda-device"))?;
 
+    // The example a test binary runs.
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "tilekit", "--example", "mobilenet_v2"])
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "building the mobilenet_v2 example failed");
+    std::fs::create_dir_all(out.join("examples"))?;
+    copy_stripped(&root.join("target/release/examples/mobilenet_v2"), &out.join("examples/mobilenet_v2"))?;
+
     // The test binaries: cargo prints each one's path in its JSON messages.
     let mut cmd = Command::new(env!("CARGO"));
     cmd.current_dir(&root).args(["test", "--release", "--no-run", "--message-format=json"]);
@@ -158,9 +170,10 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Copies a binary, dropping its debug information and symbol table when `strip` is present:
-/// the folder has to travel (the device tool carries at most 64 MiB), and nine release binaries
-/// with symbols come to about 70 MB. Panics still print their messages; only backtraces lose
-/// function names.
+/// the folder has to travel (the device tool carries at most 64 MiB). Stripped, the 22 test
+/// binaries still come to about 340 MB: compressed with `xz -9` (their code is largely the same)
+/// they take about 13 MB. Panics still print their messages; only backtraces lose function
+/// names.
 fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
     // `strip` is optional: without it the binary is only larger.

@@ -35,6 +35,24 @@ fn f16_device(what: &str) -> Option<(&'static Device, MutexGuard<'static, ()>)> 
     Some((dev, SERIAL.lock().unwrap_or_else(|e| e.into_inner())))
 }
 
+/// This module's own packed-f16 device (`force_packed_f16`), used only under `f16_device`'s
+/// lock: the shared packed test device (`device(true)`) runs other tests' launches (GEMV among
+/// them), which a profile on it records too (seen on an H200, where they overlapped).
+fn packed_device() -> Option<&'static Device> {
+    static DEV: OnceLock<Option<Device>> = OnceLock::new();
+    DEV.get_or_init(|| {
+        let opts = WgpuOptions {
+            allow_software: true,
+            adapter_name: None,
+            force_packed_f16: true,
+            no_subgroups: true,
+            ..WgpuOptions::default()
+        };
+        Device::wgpu(&opts).ok()
+    })
+    .as_ref()
+}
+
 /// The kernel names of the launches `f` records.
 fn kernels_run(dev: &Device, f: impl FnOnce()) -> Vec<String> {
     let ((), p) = dev
@@ -312,7 +330,7 @@ fn f16x2_is_chosen_only_where_it_applies() {
     let d = f16_case(1, 40, 9, 20, false, false).precision(Precision::Highest);
     let (a, b) = inputs(&d, 9100);
     check(dev, &d, &a, &b, None, None, false, "matmul_f16 ");
-    if let Some(packed) = device(true) {
+    if let Some(packed) = packed_device() {
         let d = f16_case(1, 40, 9, 20, true, false);
         let (a, b) = inputs(&d, 9200);
         check(packed, &d, &a, &b, None, None, false, "matmul_f16_packed");
