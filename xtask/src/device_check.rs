@@ -7,7 +7,8 @@
 //! target/device-check/
 //!   run.sh                  the runner (bash; needs nothing but coreutils' `timeout`)
 //!   tilekit-cuda-device     CUDA checks against the CPU backend, and the CUDA bench
-//!   tests/<name>            the test binaries of tilekit, tilekit-kernels and tilekit-tests
+//!   tests/<name>            the test binaries of tilekit, tilekit-kernels, tilekit-tests and
+//!                           tilekit-models (the whole MobileNetV2 on every backend)
 //!   examples/mobilenet_v2   the example `tests/mobilenet_example-test` runs (it looks for it
 //!                           beside its own folder, as in `target/<profile>/`)
 //!   results/                written by run.sh: JSON and logs
@@ -41,7 +42,7 @@ pub struct Args {
 }
 
 /// Test packages whose binaries the runner executes.
-const TEST_PACKAGES: [&str; 3] = ["tilekit", "tilekit-kernels", "tilekit-tests"];
+const TEST_PACKAGES: [&str; 4] = ["tilekit", "tilekit-kernels", "tilekit-tests", "tilekit-models"];
 
 const RUNNER: &str = r#"#!/usr/bin/env bash
 # tilekit device check: run on a machine with an NVIDIA GPU (built by `cargo xtask device-check`).
@@ -84,14 +85,15 @@ step check 150 ./tilekit-cuda-device check --json results/check.json
 
 # The test binaries test every backend they find (CPU, wgpu, CUDA) and print a SKIP line for
 # each one they cannot create. They run side by side, each under its own limit, so the whole
-# suite costs the time of the slowest binary.
+# suite costs the time of the slowest binary. `--show-output` keeps what passing tests print
+# (which adapter ran, NOTE and SKIP lines of single tests) in the logs.
 export TILEKIT_SKIP_LOG=results/skips.log
 echo "== tests (each binary limited to 150s, all at once)"
 for t in tests/*; do
     n=$(basename "$t")
     (
         t0=$(date +%s.%N)
-        timeout --kill-after=5 150 "$t" > "results/tests-$n.log" 2>&1
+        timeout --kill-after=5 150 "$t" --show-output > "results/tests-$n.log" 2>&1
         echo "$? $(awk "BEGIN{print $(date +%s.%N) - $t0}")" > "results/tests-$n.rc"
     ) &
 done
