@@ -121,22 +121,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     std::fs::create_dir_all(out.join("tests"))?;
 
-    // The device binary.
-    let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["build", "--release", "-p", "xtask", "--bin", "tilekit-cuda-device"])
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "building tilekit-cuda-device failed");
+    // The device binary, and the example a test binary runs.
+    release_build(&root, &["-p", "xtask", "--bin", "tilekit-cuda-device"])?;
     copy_stripped(&root.join("target/release/tilekit-cuda-device"), &out.join("tilekit-cuda-device"))?;
-
-    // The example a test binary runs.
-    let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["build", "--release", "-p", "tilekit", "--example", "mobilenet_v2"])
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "building the mobilenet_v2 example failed");
+    release_build(&root, &["-p", "tilekit", "--example", "mobilenet_v2"])?;
     std::fs::create_dir_all(out.join("examples"))?;
     copy_stripped(&root.join("target/release/examples/mobilenet_v2"), &out.join("examples/mobilenet_v2"))?;
 
@@ -168,6 +156,18 @@ pub fn run(args: Args) -> Result<()> {
         out.display(),
         out.display()
     );
+    Ok(())
+}
+
+/// `cargo build --release` with `args` in the workspace at `root`.
+fn release_build(root: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args(["build", "--release"])
+        .args(args)
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "cargo build --release {} failed", args.join(" "));
     Ok(())
 }
 

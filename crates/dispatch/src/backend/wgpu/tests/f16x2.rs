@@ -16,14 +16,11 @@ fn f16_device(what: &str) -> Option<(&'static Device, MutexGuard<'static, ()>)> 
     static DEV: OnceLock<Option<Device>> = OnceLock::new();
     static SERIAL: Mutex<()> = Mutex::new(());
     let dev = DEV
-        .get_or_init(|| {
-            let opts = WgpuOptions { allow_software: true, adapter_name: None, ..WgpuOptions::default() };
-            match Device::wgpu(&opts) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    eprintln!("SKIP {what}: no wgpu adapter ({e})");
-                    None
-                }
+        .get_or_init(|| match Device::wgpu(&options(false)) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("SKIP {what}: no wgpu adapter ({e})");
+                None
             }
         })
         .as_ref()?;
@@ -40,17 +37,7 @@ fn f16_device(what: &str) -> Option<(&'static Device, MutexGuard<'static, ()>)> 
 /// them), which a profile on it records too (seen on an H200, where they overlapped).
 fn packed_device() -> Option<&'static Device> {
     static DEV: OnceLock<Option<Device>> = OnceLock::new();
-    DEV.get_or_init(|| {
-        let opts = WgpuOptions {
-            allow_software: true,
-            adapter_name: None,
-            force_packed_f16: true,
-            no_subgroups: true,
-            ..WgpuOptions::default()
-        };
-        Device::wgpu(&opts).ok()
-    })
-    .as_ref()
+    DEV.get_or_init(|| Device::wgpu(&options(true)).ok()).as_ref()
 }
 
 /// The kernel names of the launches `f` records.

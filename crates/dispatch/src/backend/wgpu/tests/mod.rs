@@ -24,26 +24,29 @@ use elementwise::*;
 use limits::*;
 use matmul::*;
 
+/// The test devices' options: any adapter, software ones too; with `packed_f16`, f16 packed in
+/// `u32` and no subgroup kernels.
+pub(super) fn options(packed_f16: bool) -> WgpuOptions {
+    WgpuOptions {
+        allow_software: true,
+        adapter_name: None,
+        force_packed_f16: packed_f16,
+        no_subgroups: packed_f16,
+        ..WgpuOptions::default()
+    }
+}
+
 /// The shared test devices: native f16 and subgroups where the adapter has them, and one
 /// forced to the packed f16 path and the workgroup-memory reductions.
 pub(super) fn device(packed_f16: bool) -> Option<&'static Device> {
     static NATIVE: OnceLock<Option<Device>> = OnceLock::new();
     static PACKED: OnceLock<Option<Device>> = OnceLock::new();
     let cell = if packed_f16 { &PACKED } else { &NATIVE };
-    cell.get_or_init(|| {
-        let opts = WgpuOptions {
-            allow_software: true,
-            adapter_name: None,
-            force_packed_f16: packed_f16,
-            no_subgroups: packed_f16,
-            ..WgpuOptions::default()
-        };
-        match Device::wgpu(&opts) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                eprintln!("SKIP wgpu backend tests: no adapter ({e})");
-                None
-            }
+    cell.get_or_init(|| match Device::wgpu(&options(packed_f16)) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("SKIP wgpu backend tests: no adapter ({e})");
+            None
         }
     })
     .as_ref()
