@@ -21,10 +21,11 @@
 //   stores its sums in plane y of an f32 workspace `ws[splits][batch][M][N]`; then
 //   `gemv_finalize_<T>` adds the planes in split order and applies the epilogue. With
 //   `splits` = 1 the kernel applies it itself.
+// - MT (4 or 16): the register tile's rows; rows past M are skipped (`nk`) or computed on row
+//   M − 1's values and never emitted (`kn`, so that its loads need no guard); the loops over
+//   rows are unrolled, the guards uniform.
 // Every sum is taken in an order fixed by the launch (no atomics): a product gives the same bits
 // on every run.
-// - MT (4 or 16): the register tile's rows; rows past M are skipped (the loops over rows are
-//   unrolled, the guards uniform).
 // `BF`: round both inputs to bf16 first (the bf16-compute policy).
 // `kn_m16` is built with `__launch_bounds__(256, 1)`: with the default bound ptxas 12.4 kept
 // f32 at 80 registers and spilled 12 bytes on sm_80; one block per SM lets it use 96 instead.

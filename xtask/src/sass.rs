@@ -15,11 +15,11 @@
 //!   the reason, and the table shows the exemption.
 //! - **HMMA in every tensor-core kernel** (the kernels of `matmul_mma.cu` but its split-K
 //!   reduction, which is a streaming kernel).
-//! - **No atomics** in any kernel (`ATOM`, `ATOMS`, `ATOMG`, `RED`, `REDG`, `REDAS`): a sum that threads add in
-//!   the order they arrive changes in its last bits from run to run, and tilekit promises the
-//!   same bits for the same call (`tests/tests/load.rs`, `concurrency.rs`). Partial sums meet in
-//!   an order fixed by the launch instead: split-K workspace planes added in split order, warps
-//!   adding into shared memory one after another.
+//! - **No atomics** in any kernel (`ATOM`, `ATOMS`, `ATOMG`, `RED`, `REDG`, `REDAS`): a sum
+//!   that threads add in the order they arrive changes in its last bits from run to run, and
+//!   tilekit promises the same bits for the same call (`tests/tests/load.rs`,
+//!   `concurrency.rs`). Partial sums meet in an order fixed by the launch instead: split-K
+//!   workspace planes added in split order, warps adding into shared memory one after another.
 
 use std::collections::BTreeMap;
 
