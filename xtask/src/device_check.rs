@@ -172,9 +172,9 @@ fn release_build(root: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// Copies a binary, dropping its debug information and symbol table when `strip` is present:
-/// the folder has to travel (the device tool carries at most 64 MiB). Stripped, the 22 test
-/// binaries still come to about 340 MB: compressed with `xz -9` (their code is largely the same)
-/// they take about 13 MB. Panics still print their messages; only backtraces lose function
+/// the folder has to travel (the device tool carries at most 64 MiB). Stripped, the folder
+/// still comes to about 380 MB (24 test binaries, the example, the device binary): compressed
+/// with `xz -9` (their code is largely the same) it took 13–17 MB. Panics still print their messages; only backtraces lose function
 /// names.
 fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
