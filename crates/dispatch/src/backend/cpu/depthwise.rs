@@ -345,6 +345,7 @@ impl Conv<'_> {
                 let (n, oy) = (row / oh, row % oh);
                 let p = PixArgs {
                     d,
+                    isa,
                     x: self.x,
                     wt: &wt[cb0..],
                     ws: occ,
@@ -787,6 +788,9 @@ multiversion! {
 /// What one NHWC output row (one channel block of it) needs.
 struct PixArgs<'a> {
     d: &'a Conv2dDesc,
+    /// The instruction set the row runs in (its `multiversion!` copy's).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    isa: Isa,
     /// The whole input.
     x: &'a [f32],
     /// The weights from the block's first channel, `[tap][channel]`: tap `t`'s are at
@@ -823,16 +827,32 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         use tilekit_kernels::Activation;
         // ReLU and ReLU6 are applied in registers; the other activations after the row.
         let (relu, relu6) = (d.activation == Activation::Relu, d.activation == Activation::Relu6);
-        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
-        // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
-        unsafe {
-            match (d.stride_w, relu, relu6) {
-                (1, true, _) => row::<__m256, 1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (1, _, true) => row::<__m256, 1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (1, ..) => row::<__m256, 1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (_, true, _) => row::<__m256, 2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                (_, _, true) => row::<__m256, 2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                _ => row::<__m256, 2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+        // On AVX-512 with whole 16-channel blocks, 16-lane vectors ([`nhwc3::avx::row512`]).
+        if p.isa == Isa::Avx512 && nb.is_multiple_of(16) {
+            use nhwc3::avx::row512;
+            // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F, AVX2 and FMA.
+            unsafe {
+                match (d.stride_w, relu, relu6) {
+                    (1, true, _) => row512::<1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (1, _, true) => row512::<1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (1, ..) => row512::<1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (_, true, _) => row512::<2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (_, _, true) => row512::<2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    _ => row512::<2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                }
+            }
+        } else {
+            // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+            // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
+            unsafe {
+                match (d.stride_w, relu, relu6) {
+                    (1, true, _) => row::<__m256, 1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (1, _, true) => row::<__m256, 1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (1, ..) => row::<__m256, 1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (_, true, _) => row::<__m256, 2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    (_, _, true) => row::<__m256, 2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                    _ => row::<__m256, 2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
+                }
             }
         }
         if !(relu || relu6 || d.activation == Activation::None) {

@@ -702,7 +702,8 @@ fn depthwise_nhwc_pixel_tiles_are_exact() {
 }
 
 /// The NHWC 3 × 3 row kernel (`depthwise/nhwc3.rs`: multiplier 1, horizontal dilation 1,
-/// stride 1 or 2, whole 8-channel blocks): channel counts of odd and even 8-channel blocks,
+/// stride 1 or 2, whole 8-channel blocks; 16-lane rows on AVX-512 where the block is whole
+/// 16-channel vectors, as 16, 48 and 256 are): channel counts of odd and even 8-channel blocks,
 /// widths from 1 (no interior pixel) past several 4-pixel tiles and their remainders, and at
 /// 256 channels past one segment of pixels; left and right paddings 0–4 (border pixels with
 /// none to three taps inside the row), kernel rows outside the image at the top and
@@ -715,6 +716,7 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
         (8, &[1usize, 2, 3, 5, 7, 9, 14][..]),
         (24, &[1, 4, 6, 13, 17][..]),
         (16, &[2, 8, 11][..]),
+        (48, &[3, 10][..]),
         (256, &[40, 70][..]),
     ] {
         for &w in widths {

@@ -31,7 +31,11 @@
 //! profiled per layer, the 16- and 8-channel rows interleaved run by run in one process
 //! (2-core AVX-512 Xeon, medians of 61, two runs): the 17 blocks 0.97–1.0 of the time (blocks
 //! 2–4 0.91–0.99, the rest within noise of level): the rows are mostly bound by the caches,
-//! not the multiply-adds.
+//! not the multiply-adds. The standalone NHWC op takes `row512` too where its channel block is
+//! whole 16-channel vectors (`depthwise.rs`, `nhwc_row_inner`): MobileNetV2's eight layers
+//! (batch 1, bias + ReLU6, the two widths interleaved in one process, medians of 61–201, three
+//! runs) 0.86–0.91 of the time at 32 × 112² and 96 × 112², 0.85–0.92 at 960 × 7², the other
+//! five within noise of level (0.79–1.27 from run to run), bit for bit the same.
 
 /// Lanes per channel block (one AVX2 vector).
 pub(in crate::backend::cpu) const LANES: usize = 8;
