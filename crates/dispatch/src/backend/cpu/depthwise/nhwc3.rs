@@ -34,8 +34,9 @@
 //! not the multiply-adds. The standalone NHWC op takes `row512` too where its channel block is
 //! whole 16-channel vectors (`depthwise.rs`, `nhwc_row_inner`): MobileNetV2's eight layers
 //! (batch 1, bias + ReLU6, the two widths interleaved in one process, medians of 61–201, three
-//! runs) 0.86–0.91 of the time at 32 × 112² and 96 × 112², 0.85–0.92 at 960 × 7², the other
-//! five within noise of level (0.79–1.27 from run to run), bit for bit the same.
+//! runs) 0.86–0.91 of the time at 32 × 112², 0.87–0.98 at 96 × 112² (stride 2), 0.85–0.92 at
+//! 960 × 7², the other five within noise of level (0.79–1.27 from run to run), bit for bit the
+//! same.
 
 /// Lanes per channel block (one AVX2 vector).
 pub(in crate::backend::cpu) const LANES: usize = 8;
