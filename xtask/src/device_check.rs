@@ -174,8 +174,8 @@ fn release_build(root: &Path, args: &[&str]) -> Result<()> {
 /// Copies a binary, dropping its debug information and symbol table when `strip` is present:
 /// the folder has to travel (the device tool carries at most 64 MiB). Stripped, the folder
 /// still comes to about 380 MB (24 test binaries, the example, the device binary): compressed
-/// with `xz -9` (their code is largely the same) it took 13–17 MB. Panics still print their messages; only backtraces lose function
-/// names.
+/// with `xz -9` (their code is largely the same) it took 13–17 MB. Panics still print their
+/// messages; only backtraces lose function names.
 fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
     // `strip` is optional: without it the binary is only larger.

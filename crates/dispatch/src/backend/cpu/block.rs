@@ -751,26 +751,19 @@ fn depthwise_inner<const FMA: bool>(a: &ChunkArgs, e: &[f32], f: &mut [f32]) {
         if FMA {
             use super::depthwise::nhwc3::{
                 RowGeometry,
-                avx::{RELU6, row, row512},
+                avx::{RELU6, row_for},
             };
-            use std::arch::x86_64::__m256;
             // Pixels lo..hi have all three taps inside the row (padding 1 on each side).
             let lo = 1.min(ow);
             let hi = if w > 1 { ((w - 2) / s + 1).min(ow) } else { 0 }.max(lo);
             let g = RowGeometry { c: jc, width: w, pad_left: 1, lo, hi, ow };
             let wd = &p.wd[j0..];
             // On AVX-512, 16-channel vectors (`jc` is a multiple of VB = 16).
+            let wide = a.isa == Isa::Avx512 && jc.is_multiple_of(16);
             // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
             // `multiversion!`, which run only where the CPU reported AVX2 and FMA; `a.isa` is
             // `Isa::Avx512` only where it also reported AVX-512F.
-            unsafe {
-                match (a.isa == Isa::Avx512 && jc.is_multiple_of(16), s) {
-                    (true, 1) => row512::<1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
-                    (true, _) => row512::<2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
-                    (false, 1) => row::<__m256, 1, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
-                    (false, _) => row::<__m256, 2, RELU6>(e, er, &g, wd, hp, Some(bd), jc, fr, jc),
-                }
-            }
+            unsafe { row_for(wide, s, RELU6, e, er, &g, wd, hp, Some(bd), jc, fr, jc) };
             continue;
         }
         for ox in 0..ow {

@@ -822,39 +822,23 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
             let py = p.oy * d.stride_h + ky * d.dilation_h;
             (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
         });
-        use nhwc3::avx::{NONE, RELU, RELU6, row};
-        use std::arch::x86_64::__m256;
+        use nhwc3::avx::{NONE, RELU, RELU6, row_for};
         use tilekit_kernels::Activation;
         // ReLU and ReLU6 are applied in registers; the other activations after the row.
         let (relu, relu6) = (d.activation == Activation::Relu, d.activation == Activation::Relu6);
-        // On AVX-512 with whole 16-channel blocks, 16-lane vectors ([`nhwc3::avx::row512`]).
-        if p.isa == Isa::Avx512 && nb.is_multiple_of(16) {
-            use nhwc3::avx::row512;
-            // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F, AVX2 and FMA.
-            unsafe {
-                match (d.stride_w, relu, relu6) {
-                    (1, true, _) => row512::<1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (1, _, true) => row512::<1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (1, ..) => row512::<1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (_, true, _) => row512::<2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (_, _, true) => row512::<2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    _ => row512::<2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                }
-            }
+        let act = if relu {
+            RELU
+        } else if relu6 {
+            RELU6
         } else {
-            // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
-            // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
-            unsafe {
-                match (d.stride_w, relu, relu6) {
-                    (1, true, _) => row::<__m256, 1, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (1, _, true) => row::<__m256, 1, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (1, ..) => row::<__m256, 1, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (_, true, _) => row::<__m256, 2, RELU>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    (_, _, true) => row::<__m256, 2, RELU6>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                    _ => row::<__m256, 2, NONE>(p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride),
-                }
-            }
-        }
+            NONE
+        };
+        // On AVX-512 with whole 16-channel blocks, 16-lane vectors.
+        let wide = p.isa == Isa::Avx512 && nb.is_multiple_of(16);
+        // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
+        // `multiversion!`, which run only where the CPU reported AVX2 and FMA; `p.isa` is
+        // `Isa::Avx512` only where it also reported AVX-512F.
+        unsafe { row_for(wide, d.stride_w, act, p.x, rows, &g, p.wt, p.ws, p.bias, nb, acc, stride) };
         if !(relu || relu6 || d.activation == Activation::None) {
             if stride == nb {
                 apply_isa::<FMA>(d.activation, &mut acc[..p.ow * nb]);

@@ -219,6 +219,48 @@ pub(in crate::backend::cpu) mod avx {
         unsafe { row::<__m512, S, A>(x, rows, g, wt, ws, bias, nb, acc, stride) }
     }
 
+    /// [`row`] with its vector width, stride and activation chosen at run time: 16-lane
+    /// vectors ([`row512`]) where `wide`, else 8-lane ones; stride 1 or 2 (`s` > 1 runs 2);
+    /// activation [`NONE`], [`RELU`] or [`RELU6`] (any other value runs [`NONE`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA, and AVX-512F where `wide`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn row_for(
+        wide: bool,
+        s: usize,
+        act: u8,
+        x: &[f32],
+        rows: [Option<usize>; 3],
+        g: &RowGeometry,
+        wt: &[f32],
+        ws: usize,
+        bias: Option<&[f32]>,
+        nb: usize,
+        acc: &mut [f32],
+        stride: usize,
+    ) {
+        macro_rules! by_act {
+            ($f:ident $(::<$v:ty>)?, $s:literal) => {
+                match act {
+                    RELU => $f::<$($v,)? $s, RELU>(x, rows, g, wt, ws, bias, nb, acc, stride),
+                    RELU6 => $f::<$($v,)? $s, RELU6>(x, rows, g, wt, ws, bias, nb, acc, stride),
+                    _ => $f::<$($v,)? $s, NONE>(x, rows, g, wt, ws, bias, nb, acc, stride),
+                }
+            };
+        }
+        // SAFETY: the caller's promises (AVX-512F for `row512` only where `wide`).
+        unsafe {
+            match (wide, s) {
+                (true, 1) => by_act!(row512, 1),
+                (true, _) => by_act!(row512, 2),
+                (false, 1) => by_act!(row::<__m256>, 1),
+                (false, _) => by_act!(row::<__m256>, 2),
+            }
+        }
+    }
+
     /// One output row of a 3 × 3 kernel with dilation 1 and horizontal stride `S`, into `acc`
     /// (pixel `j`'s `nb` channels at `acc[j·stride..]`), bias and activation `A` included.
     /// `rows[ky]` is the offset in `x` of kernel row `ky`'s input row (its first pixel, the
