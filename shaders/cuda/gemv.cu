@@ -1,5 +1,7 @@
-// GEMV / skinny GEMM (M <= 16): `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and the split-K
-// epilogue `gemv_finalize_<storage>`.
+// GEMV / skinny GEMM: `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` (M <= 16), the shared-memory ring
+// `gemv_<storage>[_bf16]_kn_s{16,32}` (B stored [K, N], 4 < M <= 32; see `gemv_kn_smem` below)
+// and the split-K epilogue `gemv_finalize_<storage>`. With B [K, N] the host takes `_kn_m4` for
+// M <= 4 and the ring above; `_kn_m16` stays as the bench's reference for what the ring replaced.
 //
 // A decode step streams the weight matrix once, so these kernels are about bytes in flight:
 // 16-byte loads of B everywhere, K split across warps and, when the columns alone give under
@@ -241,6 +243,219 @@ template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn(c
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `kn` through shared memory: `gemv_<storage>[_bf16]_kn_s{16,32}` (4 < M <= 32). With 16 or 32
+// rows the register tiles above hold few loads in flight (one block of 8 warps per SM at 16 rows),
+// so here B streams through a ring of GS_STAGES shared-memory stages filled by `cp.async`
+// (GS_KC rows of the block's 512-byte column strip each, 8 KiB; three stages in flight while
+// one is read), which costs no registers. op(A)'s GS_KC × MT elements of a stage are loaded
+// into registers when the stage is queued and stored (as f32, [k][m]) after the current stage's
+// FMAs, so their latency hides behind them too. The 8 warps form G groups of W warps: group g
+// owns rows [g·MR, (g + 1)·MR) of the tile (MR·V = 64 accumulators per lane) and its W warps
+// split each stage's rows (row r of the stage to warp r mod W). The groups' partials meet in
+// shared memory in warp order, as in `gemv_kn`; the ring becomes that buffer once drained.
+// A vector of B cut by N, or a view not 16-byte aligned, goes through registers element by
+// element (plain shared stores, published by the barrier that publishes the copies).
+#define GS_KC 16
+#define GS_STAGES 4
+
+template <typename T> __device__ __forceinline__ T zero_elem() {
+    T z;
+    *(u16*)&z = 0;
+    return z;
+}
+template <> __device__ __forceinline__ float zero_elem<float>() { return 0.0f; }
+
+// V elements of T from 16 bytes of shared memory, bf16-rounded when BF.
+template <typename T, bool BF, int V> __device__ __forceinline__ void smem_vec16(const T* src, float (&dst)[V]) {
+    if (sizeof(T) == 4) {
+        const float4 v = *(const float4*)src;
+        dst[0] = v.x;
+        dst[1] = v.y;
+        dst[2] = v.z;
+        dst[3] = v.w;
+    } else {
+        const uint4 v = *(const uint4*)src;
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            T lo, hi;
+            *(u16*)&lo = (u16)(w[i] & 0xffffu);
+            *(u16*)&hi = (u16)(w[i] >> 16);
+            dst[2 * i] = to_f32(lo);
+            dst[2 * i + 1] = to_f32(hi);
+        }
+    }
+    if (BF) {
+#pragma unroll
+        for (int j = 0; j < V; j++) dst[j] = to_f32(from_f32<bf16>(dst[j]));
+    }
+}
+
+template <typename T, int MT> struct GsRing {
+    T b[GS_STAGES][GS_KC][32 * (16 / sizeof(T))]; // 32 KiB
+    float a[GS_STAGES][GS_KC][MT];                // 4 or 8 KiB
+};
+template <typename T, int MT> union GsSmem {
+    GsRing<T, MT> ring;
+    float red[MT][32 * (16 / sizeof(T))]; // at most 32 KiB
+};
+
+template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn_smem(const GemvParams& g) {
+    constexpr int V = 16 / sizeof(T), BCOLS = 32 * V;
+    constexpr int G = MT * V / 64, MR = MT / G, W = GV_WARPS / G, RPW = GS_KC / W;
+    constexpr int BVECS = GS_KC * 32 / (GV_WARPS * 32); // 16-byte vectors of B per thread a stage
+    constexpr int AE = GS_KC * MT / (GV_WARPS * 32);    // elements of op(A) per thread a stage
+    static_assert(G * MR == MT && G * W == GV_WARPS && W * RPW == GS_KC && MR % 4 == 0, "tile shape");
+    static_assert(BVECS * GV_WARPS * 32 == GS_KC * 32 && AE * GV_WARPS * 32 == GS_KC * MT, "stage shape");
+    __shared__ __align__(16) GsSmem<T, MT> sm;
+    const MatmulParams& p = g.mm;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int grp = warp / W, wi = warp % W;
+    const int n0 = blockIdx.x * BCOLS;
+    const i64 bt = blockIdx.z;
+    const T* A = (const T*)p.a + p.a_off + bt * p.a_bs;
+    const T* B = (const T*)p.b + p.b_off + bt * p.b_bs;
+    const bool ta = p.flags & MM_TRANS_A;
+    const bool b_vec = p.flags & MM_B_VEC;
+    const int k_begin = blockIdx.y * g.k_chunk;
+    const int k_end = min(p.k, k_begin + g.k_chunk);
+    const int stages = k_end > k_begin ? (k_end - k_begin + GS_KC - 1) / GS_KC : 0;
+
+    // Queues this thread's vectors of B for stage s (zero-filled past K or N).
+    auto issue_b = [&](int s) {
+        const int st = s % GS_STAGES, k0 = k_begin + s * GS_KC;
+#pragma unroll
+        for (int i = 0; i < BVECS; i++) {
+            const int v = tid + i * GV_WARPS * 32, r = v >> 5, c = (v & 31) * V;
+            const int row = k0 + r, col = n0 + c;
+            T* dst = &sm.ring.b[st][r][c];
+            if (row >= k_end || col >= p.n) {
+                cp_async16(dst, B, false);
+            } else if (b_vec && col + V <= p.n) {
+                cp_async16(dst, B + (i64)row * p.b_ld + col, true);
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; j++) dst[j] = col + j < p.n ? B[(i64)row * p.b_ld + col + j] : zero_elem<T>();
+            }
+        }
+    };
+    // Element i of this thread's share of op(A) in stage s: consecutive threads take consecutive
+    // addresses of A (along M when A is stored transposed, along K otherwise).
+    auto a_index = [&](int i, int& r, int& m) {
+        const int e = tid + i * GV_WARPS * 32;
+        if (ta) {
+            r = e / MT;
+            m = e % MT;
+        } else {
+            r = e % GS_KC;
+            m = e / GS_KC;
+        }
+    };
+    auto load_a = [&](int s, float (&v)[AE]) {
+        const int k0 = k_begin + s * GS_KC;
+#pragma unroll
+        for (int i = 0; i < AE; i++) {
+            int r, m;
+            a_index(i, r, m);
+            const int kk = k0 + r;
+            v[i] = 0.0f;
+            if (m < p.m && kk < k_end) v[i] = gv_in<T, BF>(ta ? A[(i64)kk * p.a_ld + m] : A[(i64)m * p.a_ld + kk]);
+        }
+    };
+    auto store_a = [&](int s, const float (&v)[AE]) {
+        const int st = s % GS_STAGES;
+#pragma unroll
+        for (int i = 0; i < AE; i++) {
+            int r, m;
+            a_index(i, r, m);
+            sm.ring.a[st][r][m] = v[i];
+        }
+    };
+
+    float acc[MR][V];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[m][j] = 0.0f;
+
+    // Prologue: the first GS_STAGES − 1 stages, one commit group each (empty past the end, so
+    // the count the waits rely on stays the same).
+#pragma unroll
+    for (int s = 0; s < GS_STAGES - 1; s++) {
+        if (s < stages) {
+            float v[AE];
+            issue_b(s);
+            load_a(s, v);
+            store_a(s, v);
+        }
+        cp_async_commit();
+    }
+#pragma unroll 1
+    for (int s = 0; s < stages; s++) {
+        // This thread's copies of stage s have landed; after the barrier everyone's have (and
+        // the stores of its op(A)), and every warp is done with stage s − 1, refilled below.
+        cp_async_wait<GS_STAGES - 2>();
+        __syncthreads();
+        const int next = s + GS_STAGES - 1;
+        float an[AE];
+        if (next < stages) {
+            issue_b(next);
+            load_a(next, an);
+        }
+        cp_async_commit();
+        const int st = s % GS_STAGES, k0 = k_begin + s * GS_KC;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int r = wi + i * W;
+            if (k0 + r < k_end) {
+                float b[V];
+                smem_vec16<T, BF, V>(&sm.ring.b[st][r][lane * V], b);
+#pragma unroll
+                for (int q = 0; q < MR / 4; q++) {
+                    const float4 a4 = *(const float4*)&sm.ring.a[st][r][grp * MR + 4 * q];
+                    const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                    for (int t = 0; t < 4; t++)
+#pragma unroll
+                        for (int j = 0; j < V; j++) acc[4 * q + t][j] = fmaf(a[t], b[j], acc[4 * q + t][j]);
+                }
+            }
+        }
+        if (next < stages) store_a(next, an);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // The warps of each group meet in warp order (as in `gemv_kn`), in the drained ring.
+    const int col = n0 + lane * V;
+#pragma unroll 1
+    for (int w = 0; w < W; w++) {
+        if (wi == w && col < p.n) {
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                if (grp * MR + m < p.m) {
+                    float4* r = (float4*)&sm.red[grp * MR + m][lane * V];
+#pragma unroll
+                    for (int q = 0; q < V / 4; q++) {
+                        float4 v = make_float4(acc[m][4 * q], acc[m][4 * q + 1], acc[m][4 * q + 2], acc[m][4 * q + 3]);
+                        if (w > 0) {
+                            const float4 o = r[q];
+                            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+                        }
+                        r[q] = v;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) {
+        const int m = e / BCOLS, c = n0 + e % BCOLS;
+        if (m < p.m && c < p.n) gv_emit<T>(g, sm.red[m][e % BCOLS], bt, m, c);
+    }
+}
+
 // The split-K epilogue: one thread per output of the launch's batches, adding the splits' planes
 // in split order.
 template <typename T> __device__ __forceinline__ void gemv_finalize(const GemvParams& g) {
@@ -260,7 +475,11 @@ template <typename T> __device__ __forceinline__ void gemv_finalize(const GemvPa
     extern "C" __global__ void __launch_bounds__(256) NAME##_nk_m4(const GemvParams g) { gemv_nk<T, BF, 4>(g); }   \
     extern "C" __global__ void __launch_bounds__(256) NAME##_nk_m16(const GemvParams g) { gemv_nk<T, BF, 16>(g); } \
     extern "C" __global__ void __launch_bounds__(256) NAME##_kn_m4(const GemvParams g) { gemv_kn<T, BF, 4>(g); }   \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME##_kn_m16(const GemvParams g) { gemv_kn<T, BF, 16>(g); }
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME##_kn_m16(const GemvParams g) { gemv_kn<T, BF, 16>(g); } \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME##_kn_s16(const GemvParams g) {                       \
+        gemv_kn_smem<T, BF, 16>(g);                                                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME##_kn_s32(const GemvParams g) { gemv_kn_smem<T, BF, 32>(g); }
 
 GV_ENTRY(gemv_f32, float, false)
 GV_ENTRY(gemv_f16, f16, false)

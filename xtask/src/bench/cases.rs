@@ -90,8 +90,9 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
         }
     }
     if scale.gpu && !scale.quick {
-        // Between the GEMV rows (M <= 16) and the tiled kernel.
-        for m in [4, 32] {
+        // Between the decode rows: the GEMV kernels' row tiles (CUDA: 4 rows in registers,
+        // 16 and 32 through the shared-memory ring), up to where the tiled kernel takes over.
+        for m in [4, 8, 24, 32] {
             push("decode", plain(m, 4096, 4096));
         }
     }

@@ -549,7 +549,7 @@ fn measure_case(
             row.push_ref(Reference::new("naive", s.ok()));
         }
     }
-    if let Case::Matmul { m: ..=16, bias: false, activation: Activation::None, trans_b, packed: false, .. } = *case
+    if let Case::Matmul { m: ..=32, bias: false, activation: Activation::None, trans_b, packed: false, .. } = *case
         && let Some((a, b)) = bound.matmul_operands()
     {
         // The skinny-M kernel the GEMV kernel replaced; `Ok(None)` where the backend has none.

@@ -178,7 +178,8 @@ pub fn print_legend() {
          traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
          device;\nprev = the skinny-M kernel wgpu chose before the GEMV kernel (M <= 16: small-M for M <= 4, 16-row \
-         tiles), or for dwconv3x3 the general depthwise kernel the tiled one replaced, same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
+         tiles; on CUDA, B [K, N] with 5-32 rows: the register-tile GEMV and SIMT skinny kernels the \
+         shared-memory GEMV ring replaced), or for dwconv3x3 the general depthwise kernel the tiled one replaced, same device;\nf64-ref = tilekit's naive f64 CPU reference (small cases only); ort = ONNX Runtime on the CPU (f32 rows \
          of the CPU backend, same shape, 2 intra-op threads; the matmul weight is a constant, which it packs once at \
          session creation, as tilekit's `packed` rows do; its Conv is NCHW only, so nhwc rows compare with its \
          NCHW kernel);\nort-in = ONNX Runtime with the matmul weight a graph input fed at every run (it multiplies \

@@ -18,11 +18,14 @@
 //!   they take [`splitk::SplitKParams`], and under one wave of blocks K is split across blocks
 //!   with `matmul_splitk_reduce_<storage>` applying the epilogue ([`splitk`]); the f32-input
 //!   ones' 3-stage ring is dynamic shared memory ([`mma`]);
-//! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}` and `gemv_finalize_<storage>` — M ≤ 16, B stored
-//!   N × K or K × N (`gemv.cu`): 16-byte loads, K split across warps and, below two waves of
-//!   blocks, across blocks ([`gemv`]);
-//! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, 16 < M ≤ 32 with B stored K × N
-//!   (`matmul_simt.cu`): a block per 32 columns, K split across warps;
+//! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}`, `gemv_<storage>[_bf16]_kn_s{16,32}` and
+//!   `gemv_finalize_<storage>` — M ≤ 16 with B stored N × K, M ≤ 32 with B stored K × N
+//!   (`gemv.cu`): 16-byte loads (through a `cp.async` ring for 4 < M ≤ 32 with B K × N), K split
+//!   across warps and, below two waves of blocks, across blocks ([`gemv`]); `_kn_m16` is kept
+//!   as the bench's reference for what the ring replaced;
+//! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, M ≤ 32 with B stored K × N
+//!   (`matmul_simt.cu`): a block per 32 columns, K split across warps; what 16 < M ≤ 32 took
+//!   before the GEMV ring, kept as the bench's reference;
 //! - `qgemv_<fmt>_<storage>_m{4,16}` and `qmatmul_<fmt>_<storage>` — a quantized weight
 //!   (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) as B, dequantized in registers (M ≤ 16) or into shared
 //!   memory tiles (`qmatmul.cu`, [`quant`]);
@@ -67,7 +70,7 @@ pub enum Module {
     Depthwise,
     /// `elementwise.cu`: activation and copy.
     Elementwise,
-    /// `gemv.cu`: GEMV / skinny GEMM for M <= 16, both layouts of B.
+    /// `gemv.cu`: GEMV / skinny GEMM for M <= 16 (B `[N, K]`) or 32 (B `[K, N]`).
     Gemv,
     /// `qmatmul.cu`: matmuls with a quantized (GGUF block) weight ([`quant`]).
     Qmatmul,
@@ -202,8 +205,9 @@ pub const SKINNY_MAX_M: usize = 32;
 /// Output columns per block of the skinny kernels: the grid is `ceil(N / 32) × 1 × batch`.
 pub const SKINNY_COLS: usize = 32;
 
-/// The skinny matmul for `M ≤ 32` rows and B stored `K × N` (not transposed), where the
-/// 128 × 128 tiles would leave most of the GPU idle; `None` where the tiled kernels apply.
+/// The SIMT skinny matmul for `M ≤ 32` rows and B stored `K × N` (not transposed): what
+/// 16 < M ≤ 32 ran before the GEMV kernels' shared-memory ring, now the bench's reference for it
+/// (`Device::previous_skinny_matmul`); `None` for other shapes.
 pub fn skinny_matmul_kernel(dtype: DType, precision: Precision, m: usize, trans_b: bool) -> Option<Kernel> {
     if m == 0 || m > SKINNY_MAX_M || trans_b {
         return None;

@@ -56,7 +56,7 @@ pub fn bench(gpu: &Device, json_path: Option<&str>) -> Result<()> {
     }
     // Skinny.
     for dtype in [DType::F32, DType::Bf16] {
-        for m in [1usize, 2, 4, 8, 16, 32] {
+        for m in [1usize, 2, 4, 8, 16, 24, 32] {
             let r = bench_matmul(gpu, blas.as_ref(), m, 4096, 4096, dtype, Precision::Highest, 50);
             let v = r.unwrap_or_else(|e| json!({"m": m, "dtype": dtype.to_string(), "error": format!("{e:#}")}));
             println!("skinny M={m} {dtype}: {v}");

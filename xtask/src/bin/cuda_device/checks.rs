@@ -176,6 +176,12 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (4, 64, 4100),
         (13, 37, 1),
         (1, 2048, 1000),
+        // The shared-memory GEMV ring (B [K, N], 4 < M <= 32): K split across blocks with a
+        // partial last stage (K not a multiple of 16), N not a multiple of the 16-byte vector
+        // and over several blocks, 5 and 24 rows (rows past M in the tile), K under one stage.
+        (24, 300, 1031),
+        (5, 515, 2053),
+        (20, 131, 7),
     ];
     let policies = [
         (DType::F32, Precision::Highest),

@@ -127,24 +127,17 @@ impl BackendOps for CudaBackend {
         out: &CudaStorage,
     ) -> Result<()> {
         let p = self.matmul_params(desc, dtype, a, b, bias, c, out)?;
-        let block = (cat::THREADS, 1, 1);
-        // M <= 16, either layout of B: the GEMV kernels; 16 < M <= 32 with B [K, N]: the skinny
-        // kernel; the rest: the tiled kernels (K split across blocks on the tensor cores where
-        // the tiles give under one wave).
+        // M <= 32 with B [K, N], M <= 16 with B [N, K]: the GEMV kernels; the rest: the tiled
+        // kernels (K split across blocks on the tensor cores where the tiles give under one wave).
         if let Some(kernel) = cat::gemv::gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
             return self.launch_gemv(kernel, desc, dtype, p);
         }
-        match cat::skinny_matmul_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
-            Some(kernel) => self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, block),
-            None => {
-                let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
-                if kernel.module == cat::Module::MatmulMma {
-                    // The tensor-core kernels, with K split across blocks under one wave.
-                    self.launch_matmul_mma(kernel, desc, dtype, p)
-                } else {
-                    self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, block)
-                }
-            }
+        let kernel = cat::matmul_kernel(dtype, desc.precision, desc.trans_a, desc.trans_b);
+        if kernel.module == cat::Module::MatmulMma {
+            // The tensor-core kernels, with K split across blocks under one wave.
+            self.launch_matmul_mma(kernel, desc, dtype, p)
+        } else {
+            self.launch_matmul(kernel, desc, p, cat::MATMUL_TILE_M, cat::MATMUL_TILE_N, (cat::THREADS, 1, 1))
         }
     }
 
@@ -278,6 +271,31 @@ impl BackendOps for CudaBackend {
         let p = self.matmul_params(&plain, dtype, a, b, None, None, out)?;
         let t = cat::NAIVE_TILE as u32;
         self.launch_matmul(cat::naive_matmul_kernel(dtype), desc, p, cat::NAIVE_TILE, cat::NAIVE_TILE, (t, t, 1))?;
+        Ok(true)
+    }
+
+    /// The kernels `[K, N]` products of 5 to 32 rows took before the shared-memory GEMV ring:
+    /// the register-tile GEMV `_kn_m16` (M <= 16) and the SIMT skinny matmul (M <= 32).
+    #[cfg(feature = "bench-refs")]
+    fn previous_skinny_matmul(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        out: &CudaStorage,
+    ) -> Result<bool> {
+        let plain = desc.c(None).bias_offset(None);
+        let p = self.matmul_params(&plain, dtype, a, b, None, None, out)?;
+        if let Some(kernel) = cat::gemv::previous_gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
+            self.launch_gemv(kernel, desc, dtype, p)?;
+        } else if desc.m > 16
+            && let Some(kernel) = cat::skinny_matmul_kernel(dtype, desc.precision, desc.m, desc.trans_b)
+        {
+            self.launch_matmul(kernel, desc, p, cat::SKINNY_MAX_M, cat::SKINNY_COLS, (cat::THREADS, 1, 1))?;
+        } else {
+            return Ok(false);
+        }
         Ok(true)
     }
 

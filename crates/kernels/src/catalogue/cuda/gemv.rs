@@ -1,12 +1,15 @@
 //! The CUDA GEMV / skinny-GEMM kernels (`shaders/cuda/gemv.cu`, module [`Module::Gemv`]):
-//! products with at most [`GEMV_MAX_M`] rows, B stored either way, and the launch plan that
-//! splits K across blocks when the columns alone would leave the GPU under two waves.
+//! products with at most [`GEMV_MAX_M_KN`] rows with B stored `[K, N]`, [`GEMV_MAX_M`] with B
+//! stored `[N, K]`, and the launch plan that splits K across blocks when the columns alone would
+//! leave the GPU under two waves.
 
 use super::{Kernel, MatmulParams, Module, THREADS, k};
 use crate::{DType, Precision};
 
-/// Largest M the GEMV kernels take (register tiles of 4 or 16 rows).
+/// Largest M the GEMV kernels take with B stored `[N, K]` (register tiles of 4 or 16 rows).
 pub const GEMV_MAX_M: usize = 16;
+/// Largest M the GEMV kernels take with B stored `[K, N]` (the shared-memory ring's 32-row tile).
+pub const GEMV_MAX_M_KN: usize = 32;
 /// Streaming multiprocessors the split-K plan fills: an H100/H200 SXM has 132.
 pub const GEMV_TARGET_SMS: usize = 132;
 /// Blocks per SM the plan asks for at least (two waves of blocks).
@@ -67,29 +70,62 @@ pub fn gemv_plan(dtype: DType, trans_b: bool, n: usize, k: usize, batch: usize) 
     GemvPlan { blocks_n, splits, k_chunk: k_chunk.max(step) }
 }
 
-/// The GEMV kernel for `m <= GEMV_MAX_M` rows, or `None` where the other kernels apply.
+/// The GEMV kernel for `m` rows: with B stored `[K, N]` up to [`GEMV_MAX_M_KN`] rows (the
+/// register kernel `_kn_m4` for M ≤ 4, the shared-memory ring `_kn_s16` / `_kn_s32` above), with
+/// B stored `[N, K]` up to [`GEMV_MAX_M`] (`_nk_m4`, `_nk_m16`); `None` where the tiled kernels
+/// apply.
 pub fn gemv_kernel(dtype: DType, precision: Precision, m: usize, trans_b: bool) -> Option<Kernel> {
-    if m == 0 || m > GEMV_MAX_M {
-        return None;
+    let shape = match (trans_b, m) {
+        (_, 0) => return None,
+        (true, 1..=4) => Shape::NkM4,
+        (true, 5..=GEMV_MAX_M) => Shape::NkM16,
+        (false, 1..=4) => Shape::KnM4,
+        (false, 5..=16) => Shape::KnS16,
+        (false, 17..=GEMV_MAX_M_KN) => Shape::KnS32,
+        _ => return None,
+    };
+    Some(entry(dtype, precision, shape))
+}
+
+/// The register-tile GEMV `_kn_m16` that took `[K, N]` products of 5 to 16 rows before the
+/// shared-memory ring (a bench reference: `Device::previous_skinny_matmul`); `None` elsewhere.
+pub fn previous_gemv_kernel(dtype: DType, precision: Precision, m: usize, trans_b: bool) -> Option<Kernel> {
+    (!trans_b && (5..=16).contains(&m)).then(|| entry(dtype, precision, Shape::KnM16))
+}
+
+/// The six kernels `GV_ENTRY` defines per storage policy, in its order.
+#[derive(Clone, Copy)]
+enum Shape {
+    NkM4,
+    NkM16,
+    KnM4,
+    KnM16,
+    KnS16,
+    KnS32,
+}
+
+/// `gemv_<storage>[_bf16]_<layout>_<rows>`.
+fn entry(dtype: DType, precision: Precision, shape: Shape) -> Kernel {
+    macro_rules! row {
+        ($s:literal) => {
+            [
+                concat!("gemv_", $s, "_nk_m4"),
+                concat!("gemv_", $s, "_nk_m16"),
+                concat!("gemv_", $s, "_kn_m4"),
+                concat!("gemv_", $s, "_kn_m16"),
+                concat!("gemv_", $s, "_kn_s16"),
+                concat!("gemv_", $s, "_kn_s32"),
+            ]
+        };
     }
-    // [storage+policy][layout][rows]: `_nk`/`_kn`, `_m4`/`_m16`.
-    let t = (trans_b as usize) * 2 + (m > 4) as usize;
-    let pick = |names: [&'static str; 4]| Some(k(Module::Gemv, names[t]));
-    match (dtype, precision) {
-        (DType::F32, Precision::Highest | Precision::F16) => {
-            pick(["gemv_f32_kn_m4", "gemv_f32_kn_m16", "gemv_f32_nk_m4", "gemv_f32_nk_m16"])
-        }
-        (DType::F32, _) => {
-            pick(["gemv_f32_bf16_kn_m4", "gemv_f32_bf16_kn_m16", "gemv_f32_bf16_nk_m4", "gemv_f32_bf16_nk_m16"])
-        }
-        (DType::F16, Precision::Highest | Precision::F16) => {
-            pick(["gemv_f16_kn_m4", "gemv_f16_kn_m16", "gemv_f16_nk_m4", "gemv_f16_nk_m16"])
-        }
-        (DType::F16, _) => {
-            pick(["gemv_f16_bf16_kn_m4", "gemv_f16_bf16_kn_m16", "gemv_f16_bf16_nk_m4", "gemv_f16_bf16_nk_m16"])
-        }
-        (DType::Bf16, _) => pick(["gemv_bf16_kn_m4", "gemv_bf16_kn_m16", "gemv_bf16_nk_m4", "gemv_bf16_nk_m16"]),
-    }
+    let names = match (dtype, precision) {
+        (DType::F32, Precision::Highest | Precision::F16) => row!("f32"),
+        (DType::F32, _) => row!("f32_bf16"),
+        (DType::F16, Precision::Highest | Precision::F16) => row!("f16"),
+        (DType::F16, _) => row!("f16_bf16"),
+        (DType::Bf16, _) => row!("bf16"),
+    };
+    k(Module::Gemv, names[shape as usize])
 }
 
 /// The split-K epilogue kernel of `dtype` (one thread per output).
@@ -111,13 +147,32 @@ mod tests {
         assert_eq!(size_of::<GemvParams>(), size_of::<MatmulParams>() + 16);
         for dt in DType::ALL {
             for p in [Precision::Highest, Precision::Bf16] {
-                for m in [1, 4, 5, 16] {
-                    for tb in [false, true] {
-                        let kern = gemv_kernel(dt, p, m, tb).expect("a gemv kernel");
-                        assert_eq!(ptx_param_size(kern), Some(size_of::<GemvParams>()), "{}", kern.entry);
-                    }
+                for (m, tb, want) in [
+                    (1, false, "_kn_m4"),
+                    (4, false, "_kn_m4"),
+                    (5, false, "_kn_s16"),
+                    (16, false, "_kn_s16"),
+                    (17, false, "_kn_s32"),
+                    (32, false, "_kn_s32"),
+                    (1, true, "_nk_m4"),
+                    (4, true, "_nk_m4"),
+                    (5, true, "_nk_m16"),
+                    (16, true, "_nk_m16"),
+                ] {
+                    let kern = gemv_kernel(dt, p, m, tb).expect("a gemv kernel");
+                    assert!(kern.entry.ends_with(want), "M = {m}: {}", kern.entry);
+                    assert_eq!(ptx_param_size(kern), Some(size_of::<GemvParams>()), "{}", kern.entry);
                 }
+                for m in [5, 16] {
+                    let kern = previous_gemv_kernel(dt, p, m, false).expect("the register kernel");
+                    assert!(kern.entry.ends_with("_kn_m16"), "{}", kern.entry);
+                    assert_eq!(ptx_param_size(kern), Some(size_of::<GemvParams>()), "{}", kern.entry);
+                }
+                assert_eq!(previous_gemv_kernel(dt, p, 4, false), None);
+                assert_eq!(previous_gemv_kernel(dt, p, 17, false), None);
+                assert_eq!(previous_gemv_kernel(dt, p, 8, true), None);
                 assert_eq!(gemv_kernel(dt, p, 17, true), None);
+                assert_eq!(gemv_kernel(dt, p, 33, false), None);
                 assert_eq!(gemv_kernel(dt, p, 0, false), None);
             }
             assert_eq!(ptx_param_size(gemv_finalize_kernel(dt)), Some(size_of::<GemvParams>()));
