@@ -102,6 +102,39 @@ __device__ __forceinline__ void gv_emit(const GemvParams& g, float v, i64 bt, in
     }
 }
 
+// The warps' partials meeting in warp order: the first warp stores its `R` rows of V sums (rows
+// row0.. of `red`, those past M skipped), each later one adds its own, between barriers.
+template <int R, int V, int BCOLS>
+__device__ __forceinline__ void gv_park(float (*red)[BCOLS], const float (&acc)[R][V], int row0, int m, int lane,
+                                        bool first) {
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (row0 + i < m) {
+            float4* r = (float4*)&red[row0 + i][lane * V];
+#pragma unroll
+            for (int q = 0; q < V / 4; q++) {
+                float4 v = make_float4(acc[i][4 * q], acc[i][4 * q + 1], acc[i][4 * q + 2], acc[i][4 * q + 3]);
+                if (!first) {
+                    const float4 o = r[q];
+                    v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+                }
+                r[q] = v;
+            }
+        }
+    }
+}
+
+// Sends the block's `MT` rows × BCOLS sums in `red` (columns from n0) to `gv_emit`, consecutive
+// threads on consecutive columns.
+template <typename T, int MT, int BCOLS>
+__device__ __forceinline__ void gv_emit_rows(const GemvParams& g, const float (*red)[BCOLS], int n0, i64 bt, int tid) {
+    const MatmulParams& p = g.mm;
+    for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) {
+        const int m = e / BCOLS, c = n0 + e % BCOLS;
+        if (m < p.m && c < p.n) gv_emit<T>(g, red[m][e % BCOLS], bt, m, c);
+    }
+}
+
 template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_nk(const GemvParams& g) {
     constexpr int V = 16 / sizeof(T);
     const MatmulParams& p = g.mm;
@@ -218,29 +251,10 @@ template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn(c
     // so every run adds them the same way. Each lane's V sums are 16-byte aligned in `red`.
 #pragma unroll 1
     for (int w = 0; w < GV_WARPS; w++) {
-        if (warp == w && cn > 0) {
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                if (m < p.m) {
-                    float4* r = (float4*)&red[m][lane * V];
-#pragma unroll
-                    for (int q = 0; q < V / 4; q++) {
-                        float4 v = make_float4(acc[m][4 * q], acc[m][4 * q + 1], acc[m][4 * q + 2], acc[m][4 * q + 3]);
-                        if (w > 0) {
-                            const float4 o = r[q];
-                            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
-                        }
-                        r[q] = v;
-                    }
-                }
-            }
-        }
+        if (warp == w && cn > 0) gv_park<MT, V, BCOLS>(red, acc, 0, p.m, lane, w == 0);
         __syncthreads();
     }
-    for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) {
-        const int m = e / BCOLS, c = n0 + e % BCOLS;
-        if (m < p.m && c < p.n) gv_emit<T>(g, red[m][e % BCOLS], bt, m, c);
-    }
+    gv_emit_rows<T, MT, BCOLS>(g, red, n0, bt, tid);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,29 +445,10 @@ template <typename T, bool BF, int MT> __device__ __forceinline__ void gemv_kn_s
     const int col = n0 + lane * V;
 #pragma unroll 1
     for (int w = 0; w < W; w++) {
-        if (wi == w && col < p.n) {
-#pragma unroll
-            for (int m = 0; m < MR; m++) {
-                if (grp * MR + m < p.m) {
-                    float4* r = (float4*)&sm.red[grp * MR + m][lane * V];
-#pragma unroll
-                    for (int q = 0; q < V / 4; q++) {
-                        float4 v = make_float4(acc[m][4 * q], acc[m][4 * q + 1], acc[m][4 * q + 2], acc[m][4 * q + 3]);
-                        if (w > 0) {
-                            const float4 o = r[q];
-                            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
-                        }
-                        r[q] = v;
-                    }
-                }
-            }
-        }
+        if (wi == w && col < p.n) gv_park<MR, V, BCOLS>(sm.red, acc, grp * MR, p.m, lane, w == 0);
         __syncthreads();
     }
-    for (int e = tid; e < MT * BCOLS; e += GV_WARPS * 32) {
-        const int m = e / BCOLS, c = n0 + e % BCOLS;
-        if (m < p.m && c < p.n) gv_emit<T>(g, sm.red[m][e % BCOLS], bt, m, c);
-    }
+    gv_emit_rows<T, MT, BCOLS>(g, sm.red, n0, bt, tid);
 }
 
 // The split-K epilogue: one thread per output of the launch's batches, adding the splits' planes

@@ -259,6 +259,20 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The parameter block of `desc`'s plain product `a · b` (no bias, no C): the bench's
+    /// reference kernels.
+    #[cfg(feature = "bench-refs")]
+    pub(super) fn plain_matmul_params(
+        &self,
+        desc: &MatmulDesc,
+        dtype: DType,
+        a: &CudaStorage,
+        b: &CudaStorage,
+        out: &CudaStorage,
+    ) -> Result<cat::MatmulParams> {
+        self.matmul_params(&desc.c(None).bias_offset(None), dtype, a, b, None, None, out)
+    }
+
     /// The parameter block of a matmul (pointers, views, sizes, epilogue and flags).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_params(

@@ -267,8 +267,7 @@ impl BackendOps for CudaBackend {
         b: &CudaStorage,
         out: &CudaStorage,
     ) -> Result<bool> {
-        let plain = desc.c(None).bias_offset(None);
-        let p = self.matmul_params(&plain, dtype, a, b, None, None, out)?;
+        let p = self.plain_matmul_params(desc, dtype, a, b, out)?;
         let t = cat::NAIVE_TILE as u32;
         self.launch_matmul(cat::naive_matmul_kernel(dtype), desc, p, cat::NAIVE_TILE, cat::NAIVE_TILE, (t, t, 1))?;
         Ok(true)
@@ -285,8 +284,7 @@ impl BackendOps for CudaBackend {
         b: &CudaStorage,
         out: &CudaStorage,
     ) -> Result<bool> {
-        let plain = desc.c(None).bias_offset(None);
-        let p = self.matmul_params(&plain, dtype, a, b, None, None, out)?;
+        let p = self.plain_matmul_params(desc, dtype, a, b, out)?;
         if let Some(kernel) = cat::gemv::previous_gemv_kernel(dtype, desc.precision, desc.m, desc.trans_b) {
             self.launch_gemv(kernel, desc, dtype, p)?;
         } else if desc.m > 16
