@@ -83,8 +83,9 @@ impl Device {
 
     /// (Feature `bench-refs`.) `a · b` (`b` stored `[K, N]`) or `a · bᵀ` (`b` stored `[N, K]`,
     /// `trans_b`) with the skinny-M kernel the backend used before its GEMV kernel (wgpu: the
-    /// small-M kernel for M <= 4, the 16-row tiles for M <= 16), or `Ok(None)` on backends
-    /// without one. A reference point for the bench, not an op.
+    /// small-M kernel for M <= 4, the 16-row tiles for M <= 16; CUDA, `b` stored `[K, N]`
+    /// with 5 to 32 rows: the register-tile GEMV and the SIMT skinny kernel), or `Ok(None)`
+    /// where the backend has none. A reference point for the bench, not an op.
     #[cfg(feature = "bench-refs")]
     pub fn previous_skinny_matmul(&self, a: &Tensor, b: &Tensor, trans_b: bool) -> Result<Option<Tensor>> {
         const OP: &str = "previous_skinny_matmul";

@@ -170,15 +170,16 @@ fn check_matmul(gpu: &Device, ck: &mut Checker) -> Result<()> {
         (130, 131, 47),
         (65, 260, 18),
         (1100, 140, 50),
-        // The GEMV kernels (M <= 16): K split across blocks (few columns, long K), both
-        // register-tile heights, K = 1, and N over many blocks without a split.
+        // The GEMV kernels (M <= 16; with B [K, N] from 5 rows, the ring): K split across
+        // blocks (few columns, long K), both row-tile heights, K = 1, and N over many blocks
+        // without a split.
         (16, 17, 1031),
         (4, 64, 4100),
         (13, 37, 1),
         (1, 2048, 1000),
         // The shared-memory GEMV ring (B [K, N], 4 < M <= 32): K split across blocks with a
         // partial last stage (K not a multiple of 16), N not a multiple of the 16-byte vector
-        // and over several blocks, 5 and 24 rows (rows past M in the tile), K under one stage.
+        // and over several blocks, 5, 20 and 24 rows (rows past M in the tile), K under one stage.
         (24, 300, 1031),
         (5, 515, 2053),
         (20, 131, 7),
