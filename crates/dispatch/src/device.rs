@@ -86,7 +86,8 @@ impl WgpuOptions {
     /// Request wgpu's experimental cooperative matrices where the adapter has them: f16
     /// matmuls with more than 16 rows then run on them where the adapter reports 16 × 16 × 16
     /// or 8 × 8 × 8 tiles with f16 inputs and f32 accumulators (and a fixed subgroup size).
-    /// That kernel is compiled and validated but has not yet run on a device.
+    /// That kernel is compiled and validated, and matched the reference on an H200 through
+    /// NVIDIA's Vulkan driver (16 × 16 tiles); it has not been timed.
     ///
     /// # Safety
     /// wgpu 30's contract for experimental features (`wgpu::ExperimentalFeatures::enabled`):
