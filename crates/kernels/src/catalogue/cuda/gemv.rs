@@ -139,6 +139,7 @@ pub fn gemv_finalize_kernel(dtype: DType) -> Kernel {
 
 #[cfg(test)]
 mod tests {
+    use super::super::source_define as define;
     use super::super::tests::ptx_param_size;
     use super::*;
 
@@ -177,6 +178,131 @@ mod tests {
             }
             assert_eq!(ptx_param_size(gemv_finalize_kernel(dt)), Some(size_of::<GemvParams>()));
         }
+    }
+
+    const SRC: &str = include_str!("../../../../../shaders/cuda/gemv.cu");
+
+    /// The shared-memory ring's plan (`gemv_kn_smem`), transliterated: which thread queues each
+    /// 16-byte vector of B and each element of op(A) in a stage, which warp multiplies each
+    /// (row of the tile, row of the stage) pair, and which warps park each tile row.
+    struct RingPlan {
+        kc: usize,
+        warps: usize,
+        mt: usize,
+        v: usize,
+        /// Warp groups (each a share of the tile's rows) and warps per group.
+        g: usize,
+        w: usize,
+    }
+
+    impl RingPlan {
+        fn kernel(mt: usize, v: usize) -> Self {
+            let (kc, warps) = (define(SRC, "GS_KC"), define(SRC, "GV_WARPS"));
+            let g = mt * v / 64;
+            RingPlan { kc, warps, mt, v, g, w: warps / g }
+        }
+
+        /// Every vector of the stage's B tile (`kc` rows × 32 vectors) and every element of
+        /// its op(A) tile (`kc × mt`, both mappings) queued exactly once; every (tile row,
+        /// stage row) product taken by exactly one warp; every tile row parked by `w` warps of
+        /// one group, the first of them storing.
+        fn check(&self) -> Result<(), String> {
+            let threads = self.warps * 32;
+            let (mr, rpw) = (self.mt / self.g, self.kc / self.w);
+            if self.g * mr != self.mt || self.g * self.w != self.warps || self.w * rpw != self.kc || mr % 4 != 0 {
+                return Err(format!("{} rows in {} groups of {} warps do not tile", self.mt, self.g, self.w));
+            }
+            if mr * self.v > 64 {
+                return Err(format!("{} accumulators a lane", mr * self.v));
+            }
+            let once = |what: &str, cells: &mut dyn Iterator<Item = (usize, usize)>, rows: usize, cols: usize| {
+                let mut seen = vec![0u32; rows * cols];
+                for (r, c) in cells {
+                    if r >= rows || c >= cols {
+                        return Err(format!("{what}: ({r}, {c}) is outside the {rows} x {cols} tile"));
+                    }
+                    seen[r * cols + c] += 1;
+                }
+                match seen.iter().position(|&n| n != 1) {
+                    Some(i) => Err(format!("{what}: cell {i} taken {} times", seen[i])),
+                    None => Ok(()),
+                }
+            };
+            // B: `v = tid + i·threads`, row `v >> 5`, vector `v & 31`.
+            let bvecs = self.kc * 32 / threads;
+            once(
+                "B",
+                &mut (0..threads).flat_map(|t| (0..bvecs).map(move |i| t + i * threads)).map(|v| (v >> 5, v & 31)),
+                self.kc,
+                32,
+            )?;
+            // op(A): `e = tid + i·threads`; stored A^T walks M first, A walks K first.
+            let ae = self.kc * self.mt / threads;
+            let elems = || (0..threads).flat_map(move |t| (0..ae).map(move |i| t + i * threads));
+            once("A^T", &mut elems().map(|e| (e / self.mt, e % self.mt)), self.kc, self.mt)?;
+            once("A", &mut elems().map(|e| (e % self.kc, e / self.kc)), self.kc, self.mt)?;
+            // The FMAs: warp (group, wi) takes tile rows group·mr.. and stage rows wi + i·w.
+            let products = (0..self.warps).flat_map(|warp| {
+                let (grp, wi) = (warp / self.w, warp % self.w);
+                (0..rpw).flat_map(move |i| (0..mr).map(move |m| (grp * mr + m, wi + i * self.w)))
+            });
+            once("FMA", &mut products.collect::<Vec<_>>().into_iter(), self.mt, self.kc)?;
+            // The meeting: each tile row parked once per warp of its group, first by wi = 0.
+            let parks =
+                (0..self.w).flat_map(|wi| (0..self.g).flat_map(move |grp| (0..mr).map(move |m| (grp * mr + m, wi))));
+            once("park", &mut parks.collect::<Vec<_>>().into_iter(), self.mt, self.w)
+        }
+    }
+
+    /// The ring's plan as the kernel source states it, for both tiles and both vector widths.
+    #[test]
+    fn the_ring_takes_every_product_once() {
+        assert_eq!((define(SRC, "GS_KC"), define(SRC, "GS_STAGES"), define(SRC, "GV_WARPS")), (16, 4, 8));
+        for anchor in [
+            "constexpr int G = MT * V / 64, MR = MT / G, W = GV_WARPS / G, RPW = GS_KC / W;",
+            "const int v = tid + i * GV_WARPS * 32, r = v >> 5, c = (v & 31) * V;",
+            "const int e = tid + i * GV_WARPS * 32;",
+            "r = e / MT;\n            m = e % MT;",
+            "r = e % GS_KC;\n            m = e / GS_KC;",
+            "const int r = wi + i * W;",
+            "gv_park<MR, V, BCOLS>(sm.red, acc, grp * MR, p.m, lane, w == 0);",
+            // The schedule: stage s waited for with GS_STAGES - 2 groups pending (one commit
+            // group a stage, GS_STAGES - 1 queued ahead), the refill of the slot read at s - 1
+            // queued after the barrier, op(A)'s stores after this stage's FMAs.
+            "cp_async_wait<GS_STAGES - 2>();\n        __syncthreads();\n        const int next = s + GS_STAGES - 1;",
+            "if (next < stages) store_a(next, an);",
+        ] {
+            assert!(SRC.contains(anchor), "gemv_kn_smem no longer reads {anchor:?}");
+        }
+        for (mt, v) in [(16, 4), (32, 4), (16, 8), (32, 8)] {
+            RingPlan::kernel(mt, v).check().unwrap_or_else(|e| panic!("MT = {mt}, V = {v}: {e}"));
+        }
+        // The shared memory the PTX declares for each instance: the ring (512 bytes of B and
+        // MT f32 of op(A) a stage row), which the meeting buffer (MT × 32 vectors of f32 sums)
+        // reuses.
+        let ptx = Module::Gemv.ptx();
+        let decls: Vec<&str> = ptx.lines().filter(|l| l.contains("gemv_kn_smem") && l.contains(".shared")).collect();
+        assert_eq!(decls.len(), 10, "five storage policies × two tiles");
+        for d in decls {
+            let (mt, v) = (if d.contains("Li32E") { 32 } else { 16 }, if d.contains("IfLb") { 4 } else { 8 });
+            let ring = define(SRC, "GS_STAGES") * define(SRC, "GS_KC") * (512 + mt * 4);
+            assert!(mt * 32 * v * 4 <= ring, "{d}");
+            assert!(d.ends_with(&format!("sm[{ring}];")), "{d}");
+        }
+    }
+
+    /// The checker rejects broken plans: too many accumulators, groups that do not tile the rows,
+    /// a stage split that leaves rows out, a stage whose op(A) the threads do not cover.
+    #[test]
+    fn the_ring_checker_rejects_broken_plans() {
+        assert!(RingPlan::kernel(32, 8).check().is_ok());
+        assert!(RingPlan { g: 1, w: 8, ..RingPlan::kernel(32, 8) }.check().is_err());
+        assert!(RingPlan { g: 2, w: 2, ..RingPlan::kernel(16, 8) }.check().is_err());
+        assert!(RingPlan { kc: 12, ..RingPlan::kernel(16, 4) }.check().is_err());
+        // 24 rows a stage tile the warps, but 384 elements of op(A) over 256 threads leave
+        // half of them unloaded.
+        let e = RingPlan { kc: 24, ..RingPlan::kernel(16, 4) }.check().expect_err("A is half loaded");
+        assert!(e.starts_with("A^T: cell"), "{e}");
     }
 
     #[test]
