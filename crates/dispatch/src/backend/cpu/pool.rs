@@ -23,6 +23,7 @@
 //! to [`LINGER`] after each parallel op.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,12 +60,15 @@ impl Shared {
             }
             // SAFETY: chunk i < count was taken, so the caller is still waiting (see `f`).
             let run = catch_unwind(AssertUnwindSafe(|| unsafe { (*self.f)(i) }));
-            self.done.fetch_add(1, Ordering::Release);
+            // A panic is kept before its chunk counts as done: the caller may return as soon
+            // as every chunk is, and must find it.
             if let Err(panic) = run {
                 self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(panic);
+                self.done.fetch_add(1, Ordering::Release);
                 self.close();
                 return;
             }
+            self.done.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -154,33 +158,40 @@ fn post(slot: &AtomicPtr<Shared>, shared: &Arc<Shared>) -> bool {
 /// A helper's pool job: works on `first`, then lingers in its thread's slot for the next
 /// call's work, again and again, until [`LINGER`] passes without any.
 fn help(first: Arc<Shared>) {
-    let Some(slot) = rayon::current_thread_index().and_then(|i| SLOTS.get(i)) else {
+    thread_local! {
+        /// Whether a helper is running further down this thread's stack.
+        static HELPING: Cell<bool> = const { Cell::new(false) };
+    }
+    let slot = rayon::current_thread_index().and_then(|i| SLOTS.get(i));
+    // A helper run by another's `yield_now` (or by work stealing inside a chunk) only works:
+    // the one below it owns the slot, and lingering in turn would nest without bound.
+    let (Some(slot), false) = (slot, HELPING.get()) else {
         first.work();
         return;
     };
-    // This job may run from the `yield_now` of a helper lingering further down this thread's
-    // stack: close the slot while working (a call posted meanwhile would be overwritten
-    // below), and take over any call already posted to it.
-    let taken = slot.swap(GONE, Ordering::AcqRel);
-    // SAFETY: a posted call, as in the loop below.
-    let mut posted = (!taken.is_null() && taken != GONE).then(|| unsafe { Arc::from_raw(taken) });
+    /// Leaving (or unwinding from a foreign job run by `yield_now`): the thread's slot closed,
+    /// a call posted to it meanwhile given back (its caller does its chunks itself).
+    struct Leave<'s>(&'s AtomicPtr<Shared>);
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            let p = self.0.swap(GONE, Ordering::AcqRel);
+            if !p.is_null() && p != GONE {
+                // SAFETY: a posted call (see the loop below), never taken.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+            HELPING.set(false);
+        }
+    }
+    HELPING.set(true);
+    let _leave = Leave(slot);
     let mut job = first;
     loop {
         job.work();
         drop(job);
-        if let Some(next) = posted.take() {
-            job = next;
-            continue;
-        }
         slot.store(std::ptr::null_mut(), Ordering::Release);
         let start = Instant::now();
         job = loop {
             let p = slot.load(Ordering::Acquire);
-            if p == GONE {
-                // A helper that `yield_now` below ran on this thread took the slot over and
-                // left it closed.
-                return;
-            }
             if !p.is_null() {
                 slot.store(GONE, Ordering::Relaxed);
                 // SAFETY: a caller stored `Arc::into_raw` of its own clone here and gave it
@@ -190,7 +201,6 @@ fn help(first: Arc<Shared>) {
             if start.elapsed() > LINGER {
                 match slot.compare_exchange(std::ptr::null_mut(), GONE, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => return,
-                    Err(p) if p == GONE => return,
                     Err(p) => {
                         // A call posted its work just now.
                         slot.store(GONE, Ordering::Relaxed);
