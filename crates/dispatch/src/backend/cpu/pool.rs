@@ -191,23 +191,17 @@ fn help(first: Arc<Shared>) {
         slot.store(std::ptr::null_mut(), Ordering::Release);
         let start = Instant::now();
         job = loop {
-            let p = slot.load(Ordering::Acquire);
-            if !p.is_null() {
-                slot.store(GONE, Ordering::Relaxed);
+            // A posted call, or the time is up: close the slot, taking what it holds (a call
+            // posted up to the last moment is taken, not lost; callers never change a
+            // non-null slot).
+            if !slot.load(Ordering::Acquire).is_null() || start.elapsed() > LINGER {
+                let p = slot.swap(GONE, Ordering::AcqRel);
+                if p.is_null() {
+                    return;
+                }
                 // SAFETY: a caller stored `Arc::into_raw` of its own clone here and gave it
                 // up; only this thread takes it out.
                 break unsafe { Arc::from_raw(p) };
-            }
-            if start.elapsed() > LINGER {
-                match slot.compare_exchange(std::ptr::null_mut(), GONE, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return,
-                    Err(p) => {
-                        // A call posted its work just now.
-                        slot.store(GONE, Ordering::Relaxed);
-                        // SAFETY: as above.
-                        break unsafe { Arc::from_raw(p) };
-                    }
-                }
             }
             // Other work of the pool (a `gemm` split, an engine's jobs) runs here meanwhile.
             if rayon::yield_now() != Some(rayon::Yield::Executed) {
