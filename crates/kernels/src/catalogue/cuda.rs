@@ -21,7 +21,7 @@
 //! - `gemv_<storage>[_bf16]_<nk|kn>_m{4,16}`, `gemv_<storage>[_bf16]_kn_s{16,32}` and
 //!   `gemv_finalize_<storage>` — M ≤ 16 with B stored N × K, M ≤ 32 with B stored K × N
 //!   (`gemv.cu`): 16-byte loads (through a `cp.async` ring for 4 < M ≤ 32 with B K × N), K split
-//!   across warps and, below two waves of blocks, across blocks ([`gemv`]); `_kn_m16` is kept
+//!   across warps and across blocks where that fills the kernel's waves better ([`gemv`]); `_kn_m16` is kept
 //!   as the bench's reference for what the ring replaced;
 //! - `matmul_skinny_<storage>[_bf16]_m{8,32}` — SIMT, M ≤ 32 with B stored K × N
 //!   (`matmul_simt.cu`): a block per 32 columns, K split across warps; what 16 < M ≤ 32 took

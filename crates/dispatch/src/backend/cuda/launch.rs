@@ -58,7 +58,7 @@ fn batches(base: &cat::MatmulParams, start: usize, count: usize) -> Result<cat::
 impl CudaBackend {
     /// The function handle of `kernel`, loading its module on first use.
     pub(super) fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
-        if let Some(f) = lock(&self.functions).get(kernel.entry) {
+        if let Some((f, _)) = lock(&self.functions).get(kernel.entry) {
             return Ok(f.clone());
         }
         let module = self.module(kernel.module)?;
@@ -75,8 +75,25 @@ impl CudaBackend {
                     map_err(&format!("raising the shared memory limit of {} to {smem} bytes", kernel.entry), e)
                 })?;
         }
-        lock(&self.functions).insert(kernel.entry, f.clone());
+        lock(&self.functions).entry(kernel.entry).or_insert_with(|| (f.clone(), None));
         Ok(f)
+    }
+
+    /// Blocks of `kernel` (at [`cat::THREADS`] threads) the GPU holds at once: its SMs times
+    /// the driver's occupancy for the kernel's registers and shared memory, at least one.
+    pub(super) fn slots(&self, kernel: Kernel) -> Result<usize> {
+        let f = self.function(kernel)?;
+        if let Some((_, Some(n))) = lock(&self.functions).get(kernel.entry) {
+            return Ok(*n);
+        }
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(cat::THREADS, kernel.dynamic_smem_bytes() as usize, None)
+            .map_err(|e| map_err(&format!("the occupancy of {}", kernel.entry), e))?;
+        let n = (self.sms as usize * per_sm as usize).max(1);
+        if let Some(entry) = lock(&self.functions).get_mut(kernel.entry) {
+            entry.1 = Some(n);
+        }
+        Ok(n)
     }
 
     pub(super) fn module(&self, m: Module) -> Result<Arc<CudaModule>> {
@@ -209,7 +226,7 @@ impl CudaBackend {
     }
 
     /// Launches a GEMV kernel for every batch (at most the grid's z limit per launch), with K
-    /// split across blocks as `cat::gemv::gemv_plan` says; a split launch stores each split's
+    /// split across blocks as `cat::gemv::gemv_plan` says for the kernel's residency; a split launch stores each split's
     /// sums in its own plane of an f32 workspace and `gemv_finalize_<dtype>` adds the planes in
     /// split order and applies the epilogue (no atomics: the same bits on every run).
     pub(super) fn launch_gemv(
@@ -225,7 +242,7 @@ impl CudaBackend {
         while start < desc.batch {
             let count = (desc.batch - start).min(cat::MAX_GRID_Z);
             let mm = batches(&base, start, count)?;
-            let plan = cat::gemv::gemv_plan(dtype, desc.trans_b, desc.n, desc.k, count);
+            let plan = cat::gemv::gemv_plan(dtype, desc.trans_b, desc.n, desc.k, count, self.slots(kernel)?);
             let grid = |v: usize, what: &str| {
                 u32::try_from(v).map_err(|_| Error::Overflow { op: OP, what: format!("{what} = {v}") })
             };

@@ -83,7 +83,10 @@ pub(crate) struct CudaBackend {
     sms: u32,
     driver_api: i32,
     modules: Mutex<[Option<Arc<CudaModule>>; cat::Module::ALL.len()]>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Each loaded kernel's handle, and once asked for, the blocks of it the whole GPU holds
+    /// at once (SMs × the driver's occupancy at [`cat::THREADS`] threads and the kernel's
+    /// dynamic shared memory): the decode plans' wave size.
+    functions: Mutex<HashMap<&'static str, (CudaFunction, Option<usize>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

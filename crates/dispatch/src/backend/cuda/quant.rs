@@ -26,7 +26,8 @@ pub(super) struct QuantLaunch {
 
 /// The launch for `count` batches of an `m × n × k` product with weights of type `ty` and
 /// activations in `dtype`: a decode kernel for M ≤ 16 (columns across blocks, K split as
-/// `qgemv_plan` says), else the 64 × 64 tiled kernel.
+/// `qgemv_plan` says for the `slots` blocks of the kernel the GPU holds at once), else the
+/// 64 × 64 tiled kernel.
 pub(super) fn quant_launch(
     ty: GgmlType,
     dtype: DType,
@@ -34,6 +35,7 @@ pub(super) fn quant_launch(
     n: usize,
     k: usize,
     count: usize,
+    slots: impl FnOnce(Kernel) -> Result<usize>,
 ) -> Result<QuantLaunch> {
     let unsupported =
         || Error::UnsupportedQuantType { op: OP, ty, backend: KIND, reason: "not a quantized block format".into() };
@@ -44,7 +46,7 @@ pub(super) fn quant_launch(
     let z = dim(count, "batches per launch")?;
     Ok(match choice {
         QuantKernel::Gemv(kernel) => {
-            let plan = qgemv_plan(ty, n, k, count);
+            let plan = qgemv_plan(ty, n, k, count, slots(kernel)?);
             QuantLaunch {
                 kernel,
                 grid: (dim(plan.blocks_n, "decode blocks")?, dim(plan.splits, "K splits")?, z),
@@ -115,7 +117,7 @@ impl CudaBackend {
             mm.c_off = shift(base.c_off, base.c_bs)?;
             mm.o_off = shift(base.o_off, base.o_bs)?;
             mm.batch = to_i32(OP, "batch", count)?;
-            let l = quant_launch(w.ty, dtype, desc.m, desc.n, desc.k, count)?;
+            let l = quant_launch(w.ty, dtype, desc.m, desc.n, desc.k, count, |kernel| self.slots(kernel))?;
             let mut q = QuantParams {
                 gemv: GemvParams {
                     mm,

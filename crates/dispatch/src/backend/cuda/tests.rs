@@ -42,33 +42,33 @@ fn grid_stride_blocks_are_capped() {
 }
 
 /// The kernel and grid of each quantized-matmul shape: decode kernels up to M = 16 (the 4-row
-/// tile up to 4), K split only where the columns leave the GPU under two waves, the tiled
+/// tile up to 4), K split only where it makes fewer or fuller waves of resident blocks, the tiled
 /// kernel above with 64 × 64 tiles, and a typed error where the grid cannot cover M.
 #[test]
 fn quantized_matmul_launches() {
     use super::quant::quant_launch;
     use tilekit_kernels::DType;
     use tilekit_kernels::quant::GgmlType;
-    let l = quant_launch(GgmlType::Q4K, DType::F32, 1, 11008, 4096, 1).expect("a launch");
+    let l = quant_launch(GgmlType::Q4K, DType::F32, 1, 11008, 4096, 1, |_| Ok(1056)).expect("a launch");
     assert_eq!((l.kernel.entry, l.grid, l.splits), ("qgemv_q4k_f32_m4", (688, 1, 1), 1));
     assert_eq!(l.kb_chunk, 16);
-    let l = quant_launch(GgmlType::Q8_0, DType::F16, 16, 40, 8192, 3).expect("a launch");
+    let l = quant_launch(GgmlType::Q8_0, DType::F16, 16, 40, 8192, 3, |_| Ok(1056)).expect("a launch");
     assert_eq!((l.kernel.entry, l.grid.0, l.grid.2), ("qgemv_q8_0_f16_m16", 3, 3));
     assert!(l.splits > 1 && l.grid.1 as usize == l.splits, "{l:?}");
     assert!(l.splits * l.kb_chunk >= 8192 / 32 && (l.splits - 1) * l.kb_chunk < 8192 / 32, "{l:?}");
-    let l = quant_launch(GgmlType::Q6K, DType::Bf16, 17, 100, 512, 2).expect("a launch");
+    let l = quant_launch(GgmlType::Q6K, DType::Bf16, 17, 100, 512, 2, |_| Ok(1056)).expect("a launch");
     assert_eq!((l.kernel.entry, l.grid, l.splits), ("qmatmul_q6k_bf16", (2, 1, 2), 1));
-    let l = quant_launch(GgmlType::Q4_1, DType::F32, 70, 64, 0, 1).expect("a launch");
+    let l = quant_launch(GgmlType::Q4_1, DType::F32, 70, 64, 0, 1, |_| Ok(1056)).expect("a launch");
     assert_eq!((l.kernel.entry, l.grid, l.splits), ("qmatmul_q4_1_f32", (1, 2, 1), 1));
     // K = 0 on the decode path: one split, whose kernel writes the epilogue of zero sums.
-    let l = quant_launch(GgmlType::Q4_0, DType::F32, 2, 5, 0, 1).expect("a launch");
+    let l = quant_launch(GgmlType::Q4_0, DType::F32, 2, 5, 0, 1, |_| Ok(1056)).expect("a launch");
     assert_eq!((l.grid, l.splits), ((1, 1, 1), 1));
     assert!(matches!(
-        quant_launch(GgmlType::Q4_0, DType::F32, 64 * 65536, 8, 32, 1),
+        quant_launch(GgmlType::Q4_0, DType::F32, 64 * 65536, 8, 32, 1, |_| Ok(1056)),
         Err(Error::Overflow { op: "matmul_quant", .. })
     ));
     assert!(matches!(
-        quant_launch(GgmlType::F16, DType::F32, 1, 8, 32, 1),
+        quant_launch(GgmlType::F16, DType::F32, 1, 8, 32, 1, |_| Ok(1056)),
         Err(Error::UnsupportedQuantType { op: "matmul_quant", .. })
     ));
 }

@@ -1,7 +1,7 @@
 //! The CUDA GEMV / skinny-GEMM kernels (`shaders/cuda/gemv.cu`, module [`Module::Gemv`]):
 //! products with at most [`GEMV_MAX_M_KN`] rows with B stored `[K, N]`, [`GEMV_MAX_M`] with B
-//! stored `[N, K]`, and the launch plan that splits K across blocks when the columns alone would
-//! leave the GPU under two waves.
+//! stored `[N, K]`, and the launch plan that splits K across blocks so that the grid fills whole
+//! waves of the kernel's resident blocks.
 
 use super::{Kernel, MatmulParams, Module, THREADS, k};
 use crate::{DType, Precision};
@@ -10,10 +10,8 @@ use crate::{DType, Precision};
 pub const GEMV_MAX_M: usize = 16;
 /// Largest M the GEMV kernels take with B stored `[K, N]` (the shared-memory ring's 32-row tile).
 pub const GEMV_MAX_M_KN: usize = 32;
-/// Streaming multiprocessors the split-K plan fills: an H100/H200 SXM has 132.
-pub const GEMV_TARGET_SMS: usize = 132;
-/// Blocks per SM the plan asks for at least (two waves of blocks).
-pub const GEMV_MIN_WAVES: usize = 2;
+/// Warp steps a split of K holds at least (unless K is shorter).
+pub const GEMV_MIN_SPLIT_STEPS: usize = 4;
 /// Output columns per block with B stored `[N, K]`: 8 warps × 2 columns.
 pub const GEMV_NK_COLS: usize = 16;
 /// Threads per block.
@@ -57,17 +55,46 @@ pub struct GemvPlan {
     pub k_chunk: usize,
 }
 
-/// The plan for `batch` products of `n` columns and depth `k`: split K until the blocks make
-/// [`GEMV_MIN_WAVES`] waves on [`GEMV_TARGET_SMS`], but never into pieces under 4 warp steps.
-pub fn gemv_plan(dtype: DType, trans_b: bool, n: usize, k: usize, batch: usize) -> GemvPlan {
+/// The plan for `batch` products of `n` columns and depth `k` on a GPU that holds `slots`
+/// blocks of the kernel at once (SMs × resident blocks per SM): K is split as
+/// [`wave_chunk`] says, in whole warp steps.
+pub fn gemv_plan(dtype: DType, trans_b: bool, n: usize, k: usize, batch: usize, slots: usize) -> GemvPlan {
     let blocks_n = n.div_ceil(cols_per_block(dtype, trans_b)).max(1);
     let step = if trans_b { 32 * vec_elems(dtype) } else { 8 };
-    let want = (GEMV_MIN_WAVES * GEMV_TARGET_SMS).div_ceil(blocks_n * batch.max(1));
-    let most = k.div_ceil(4 * step).max(1);
-    let splits = want.clamp(1, most);
-    let k_chunk = k.div_ceil(splits).div_ceil(step) * step;
-    let splits = k.div_ceil(k_chunk.max(1)).max(1);
-    GemvPlan { blocks_n, splits, k_chunk: k_chunk.max(step) }
+    let steps = k.div_ceil(step).max(1);
+    let chunk = wave_chunk(blocks_n * batch.max(1), steps, GEMV_MIN_SPLIT_STEPS, slots);
+    GemvPlan { blocks_n, splits: steps.div_ceil(chunk), k_chunk: chunk * step }
+}
+
+/// Steps of K per split for `units` blocks along the columns and batches, `steps` steps of K,
+/// pieces of at least `min_steps` (unless K is shorter) and `slots` blocks resident at once.
+///
+/// A decode launch streams its weights once; a block's time is about its piece of K plus a
+/// fixed cost (its prologue, filling its pipeline, storing its sums — counted as `min_steps`
+/// steps), and blocks run in waves of `slots`. So the plan takes the split count whose
+/// waves × (steps per split + `min_steps`) is least — a grid of whole waves, and no deeper
+/// split than pays for its blocks' fixed cost — and of equals the fewest splits (each split
+/// adds a plane of partial sums to write and add). Before, K was split until the blocks made
+/// two waves of 132 whatever the kernel's residency: with the ring's two blocks per SM that
+/// made 288 blocks (f32, N = 4096) for 264 places, a second wave of 24.
+pub fn wave_chunk(units: usize, steps: usize, min_steps: usize, slots: usize) -> usize {
+    let (units, steps, slots) = (units.max(1), steps.max(1), slots.max(1));
+    let most = steps.div_ceil(min_steps.max(1)).max(1);
+    let mut best = (usize::MAX, steps);
+    for s in 1..=most {
+        let chunk = steps.div_ceil(s);
+        // Splits this chunk makes (a larger `s` can round to the same chunk).
+        let splits = steps.div_ceil(chunk);
+        if splits != s {
+            continue;
+        }
+        let waves = (units * s).div_ceil(slots);
+        let cost = waves * (chunk + min_steps);
+        if cost < best.0 {
+            best = (cost, chunk);
+        }
+    }
+    best.1
 }
 
 /// The GEMV kernel for `m` rows: with B stored `[K, N]` up to [`GEMV_MAX_M_KN`] rows (the
@@ -306,22 +333,61 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_fills_two_waves_and_covers_k() {
-        // B [N, K], f32, N = 4096: 256 blocks, already about two waves of 132.
-        let p = gemv_plan(DType::F32, true, 4096, 4096, 1);
-        assert_eq!((p.blocks_n, p.splits), (256, 2));
-        // B [K, N], f16, N = 4096: 16 blocks of 256 columns, K split to fill the GPU.
-        let p = gemv_plan(DType::F16, false, 4096, 4096, 1);
-        assert_eq!(p.blocks_n, 16);
-        assert!(p.blocks_n * p.splits >= 2 * 132, "{p:?}");
-        // Many columns: no split; a tiny K: no split.
-        assert_eq!(gemv_plan(DType::F32, true, 11008, 4096, 1).splits, 1);
-        assert_eq!(gemv_plan(DType::F32, false, 64, 3, 1).splits, 1);
-        for (dt, tb, n, k, b) in
-            [(DType::F32, true, 7, 1000, 1), (DType::Bf16, false, 4096, 11008, 1), (DType::F16, true, 13, 1, 3)]
-        {
-            let p = gemv_plan(dt, tb, n, k, b);
+    fn the_plan_fills_whole_waves_and_covers_k() {
+        // The ring (B [K, N], f32, N = 4096: 32 blocks of 128 columns) at 2 blocks on each of
+        // 132 SMs: 8 splits make 256 blocks, one wave (9 made 288, a second wave of 24).
+        let p = gemv_plan(DType::F32, false, 4096, 4096, 1, 264);
+        assert_eq!((p.blocks_n, p.splits, p.k_chunk), (32, 8, 512));
+        // bf16: 16 blocks of 256 columns, 16 splits fill 256 of the 264 places.
+        let p = gemv_plan(DType::Bf16, false, 4096, 4096, 1, 264);
+        assert_eq!((p.blocks_n, p.splits), (16, 16));
+        // B [N, K], f32, N = 4096: 256 blocks of 16 columns; at 8 blocks an SM, 4 splits fill
+        // 1024 of 1056 places; at 2 an SM the columns alone already fill a wave.
+        assert_eq!(gemv_plan(DType::F32, true, 4096, 4096, 1, 1056).splits, 4);
+        assert_eq!(gemv_plan(DType::F32, true, 4096, 4096, 1, 264).splits, 1);
+        // Columns past a wave: the split that rounds the grid to whole waves (688 blocks in
+        // 1056 places: three splits make 2064 blocks, two waves of a third of K each).
+        assert_eq!(gemv_plan(DType::F32, true, 11008, 4096, 1, 1056).splits, 3);
+        // No split where K is one piece of 4 warp steps or less, or the columns fill the waves.
+        assert_eq!(gemv_plan(DType::F32, false, 64, 3, 1, 264).splits, 1);
+        assert_eq!(gemv_plan(DType::F32, false, 64, 24, 1, 264).splits, 1);
+        assert_eq!(gemv_plan(DType::F32, false, 33792, 4096, 1, 264).splits, 1);
+        for (dt, tb, n, k, b, slots) in [
+            (DType::F32, true, 7, 1000, 1, 1056),
+            (DType::Bf16, false, 4096, 11008, 1, 264),
+            (DType::F16, true, 13, 1, 3, 8),
+            (DType::F32, false, 100, 4097, 2, 1),
+            (DType::F16, false, 4096, 4096, 1, 0),
+        ] {
+            let p = gemv_plan(dt, tb, n, k, b, slots);
+            let step = if tb { 32 * vec_elems(dt) } else { 8 };
+            assert!(p.k_chunk.is_multiple_of(step) && p.k_chunk > 0, "{p:?}");
+            // Every K in exactly one split, none empty, none under 4 steps unless K is.
             assert!(p.splits * p.k_chunk >= k && (p.splits - 1) * p.k_chunk < k.max(1), "{p:?}");
+            assert!(p.splits == 1 || p.k_chunk >= GEMV_MIN_SPLIT_STEPS * step, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn wave_chunk_takes_the_least_waves_times_steps() {
+        // Against every split count: waves × (steps per split + the minimum piece) is least,
+        // and of equals the fewest splits.
+        for (units, steps, min, slots) in [
+            (32usize, 512usize, 4usize, 264usize),
+            (16, 512, 4, 264),
+            (256, 128, 4, 1056),
+            (688, 128, 4, 1056),
+            (3, 1, 4, 8),
+            (5, 97, 1, 7),
+        ] {
+            let cost = |chunk: usize| (units * steps.div_ceil(chunk)).div_ceil(slots) * (chunk + min);
+            let got = wave_chunk(units, steps, min, slots);
+            let splits = steps.div_ceil(got);
+            for s in 1..=steps.div_ceil(min) {
+                let chunk = steps.div_ceil(s);
+                assert!(cost(got) <= cost(chunk), "{units} {steps} {slots}: {got} against {chunk}");
+                assert!(cost(got) < cost(chunk) || steps.div_ceil(chunk) >= splits, "{units} {steps} {slots}");
+            }
         }
     }
 }

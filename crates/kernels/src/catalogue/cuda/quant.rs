@@ -9,7 +9,7 @@
 //! - `qmatmul_<fmt>_<storage>` for larger M: [`QMATMUL_TILE`]² output tiles, each K step's tile
 //!   of W dequantized into shared memory.
 
-use super::gemv::{GEMV_MIN_WAVES, GEMV_NK_COLS, GEMV_TARGET_SMS, GemvParams};
+use super::gemv::{GEMV_MIN_SPLIT_STEPS, GEMV_NK_COLS, GemvParams, wave_chunk};
 use super::{Kernel, Module, k};
 use crate::DType;
 use crate::quant::GgmlType;
@@ -50,21 +50,18 @@ pub struct QgemvPlan {
 }
 
 /// The decode plan for `batch` products of `n` columns and depth `k` (a multiple of the block
-/// size): split K until the blocks make two waves on 132 SMs, but never into pieces under 4
-/// warp steps (a warp step is 32 runs of 16 weights).
-pub fn qgemv_plan(ty: GgmlType, n: usize, k: usize, batch: usize) -> QgemvPlan {
+/// size) on a GPU that holds `slots` blocks of the kernel at once: K is split in whole
+/// quantization blocks as [`wave_chunk`] says, never into pieces under 4 warp steps (a warp
+/// step is 32 runs of 16 weights).
+pub fn qgemv_plan(ty: GgmlType, n: usize, k: usize, batch: usize, slots: usize) -> QgemvPlan {
     let bs = ty.block_size().max(RUN);
     let blocks_k = k / bs;
     let blocks_n = n.div_ceil(QGEMV_COLS).max(1);
     let runs_per_block = bs / RUN;
     // Quantization blocks in 4 warp steps (at least one).
-    let min_chunk = (4 * 32usize).div_ceil(runs_per_block).max(1);
-    let want = (GEMV_MIN_WAVES * GEMV_TARGET_SMS).div_ceil(blocks_n * batch.max(1));
-    let most = blocks_k.div_ceil(min_chunk).max(1);
-    let splits = want.clamp(1, most);
-    let kb_chunk = blocks_k.div_ceil(splits).max(1);
-    let splits = blocks_k.div_ceil(kb_chunk).max(1);
-    QgemvPlan { blocks_n, splits, kb_chunk }
+    let min_chunk = (GEMV_MIN_SPLIT_STEPS * 32).div_ceil(runs_per_block).max(1);
+    let kb_chunk = wave_chunk(blocks_n * batch.max(1), blocks_k, min_chunk, slots);
+    QgemvPlan { blocks_n, splits: blocks_k.div_ceil(kb_chunk).max(1), kb_chunk }
 }
 
 /// The format's row in [`ENTRIES`], or `None` for a dense type.
@@ -293,11 +290,18 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_covers_k_in_whole_blocks_and_fills_two_waves() {
+    fn the_plan_covers_k_in_whole_blocks_and_fills_whole_waves() {
         for ty in GgmlType::QUANTIZED {
             let bs = ty.block_size();
-            for (n, k, batch) in [(4096, 4096, 1), (11008, 4096, 1), (4096, 11008, 1), (7, 32 * bs, 1), (13, 0, 2)] {
-                let p = qgemv_plan(ty, n, k, batch);
+            for (n, k, batch, slots) in [
+                (4096, 4096, 1, 1056),
+                (11008, 4096, 1, 1056),
+                (4096, 11008, 1, 264),
+                (7, 32 * bs, 1, 1056),
+                (13, 0, 2, 1056),
+                (64, 65536, 1, 0),
+            ] {
+                let p = qgemv_plan(ty, n, k, batch, slots);
                 let blocks_k = k / bs;
                 assert_eq!(p.blocks_n, n.div_ceil(QGEMV_COLS), "{ty} {p:?}");
                 // Every block of K is in exactly one split, and no split is empty.
@@ -308,14 +312,15 @@ mod tests {
                     assert!(p.kb_chunk * (bs / RUN) >= 4 * 32, "{ty} {p:?}");
                 }
             }
-            // N = 4096 gives 256 blocks, just under two waves of 132: at most one more split.
-            assert!(qgemv_plan(ty, 4096, 4096, 1).splits <= 2, "{ty}");
-            // N = 11008 gives 688 blocks: no split.
-            assert_eq!(qgemv_plan(ty, 11008, 4096, 1).splits, 1, "{ty}");
-            // Few columns and a long K: split until two waves or the minimum piece.
-            let p = qgemv_plan(ty, 64, 65536, 1);
-            assert!(p.splits > 1, "{ty} {p:?}");
-            assert!(p.blocks_n * p.splits >= 2 * 132 || p.kb_chunk * (bs / RUN) <= 4 * 32 + bs / RUN, "{ty} {p:?}");
+            // N = 4096 gives 256 blocks: at 8 an SM on 132 SMs, 4 splits fill 1024 of 1056
+            // places (K = 4096 has 8 warp steps: at most 2 splits).
+            let steps = 4096 / bs * (bs / RUN) / 32;
+            assert_eq!(qgemv_plan(ty, 4096, 4096, 1, 1056).splits, 4.min(steps / 4), "{ty}");
+            // N = 11008 gives 688 blocks, more than a wave of 264: no split.
+            assert_eq!(qgemv_plan(ty, 11008, 4096, 1, 264).splits, 1, "{ty}");
+            // Few columns and a long K: split until the pieces reach 4 warp steps.
+            let p = qgemv_plan(ty, 64, 65536, 1, 1056);
+            assert_eq!(p.kb_chunk * (bs / RUN), 4 * 32, "{ty} {p:?}");
         }
     }
 }
