@@ -777,13 +777,22 @@ pub(super) mod avx512 {
     const DIRECT_AHEAD: usize = 4;
 
     /// Rows of `B` per pass of [`rows_direct`] for `m` rows of `A` and rows of `B` `ldb` apart:
-    /// 64 from 14 rows of `A` with rows at most 6144 elements apart, else 32. Measured at 16 ×
-    /// N × 4096 (in-process A/B alternated per round, medians): 64 took 0.90–0.95 of 32's time
-    /// at N = 3072–5120, level at 6144, 1.1–1.3× at 7168–24576; 16 took 1.1–1.2× of 32's at
-    /// N = 4096 and 24576. From 3 to 12 rows 32 was as fast as 16 or 64, or faster (8 × 4096 ×
-    /// 4096: 2.4 ms against 3.0 at 64).
+    /// 64 where `A`'s rows make more than one register tile (over [`DIRECT_ROWS`]) and rows of
+    /// `B` are at most 6144 elements apart, else 32.
+    ///
+    /// With one tile every pass streams its rows of `B` from memory once, 64 or 32 streams per
+    /// thread. Where `B` has to come from DRAM 64 streams read slowly: 16 × 4096 × 11008 (`B`
+    /// 180 MB, rows 16 KiB apart) at 10 GB/s against 18 with 32 (0.55 of the time); 16 ×
+    /// 4096 × 6144 0.63, 14 rows 0.68; 16 × 4096 × 4096 (`B` 64 MB, which stays in this
+    /// machine's L3 between warm runs) 1.10× the time (in-process A/B alternated per round,
+    /// medians of 15, 2-core AVX-512 Xeon; 24 passes were level with 32, 48 as slow as 64 at
+    /// rows 44 KiB apart). A model's weights are far larger than any L3, so 32. With two tiles
+    /// (17–32 rows) the second finds the strip in L1, `B` streams at half the rate per
+    /// multiply-add, and 64 stayed level or faster (24 × 4096 × 11008 1.01×, 32 × 4096 × 4096
+    /// 0.99× of 32's time; at K = 4096 before: 0.90–0.95 at N = 3072–5120, level at 6144,
+    /// 1.1–1.3× at 7168–24576). From 3 to 12 rows 32 was as fast as 16 or 64, or faster.
     fn direct_kb(m: usize, ldb: usize) -> usize {
-        if m >= super::PANEL_MIN_M && ldb <= 6144 { 64 } else { 32 }
+        if m > DIRECT_ROWS && ldb <= 6144 { 64 } else { 32 }
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into

@@ -271,8 +271,8 @@ fn mid_m_panels_are_exact() {
 }
 
 /// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
-/// passes (below 14 rows, or rows of `B` over 6144 elements apart) and 64-row passes with short
-/// last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15
+/// passes (up to 16 rows, or rows of `B` over 6144 elements apart) and 64-row passes (17–32
+/// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15
 /// columns to the row-streaming kernel; from 17 rows `B` has 2^20 elements (smaller ones go to
 /// `gemm`). In every instruction set.
 #[test]
