@@ -51,30 +51,34 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     y * f32::from_bits(((n + 127) as u32) << 23)
 }
 
-/// `2^y` in f32 for `y` in [−126, 127] (clamped there; NaN gives 2^-126): the normal range,
-/// where the result is `v · 2^n` with `2^n` one normal power of two and `v ≥ 1` at n = −126, so
-/// one scaling rounds nothing. Relative error below 2^-22 (2 ulp). (Its general form, for `y`
-/// down to −150, scaled by two powers of two so that a subnormal result rounds once: GELU's
-/// only use keeps `y ≥ −126`, and the single scaling gives the same bits — see
-/// `exp2_matches_the_two_scaling_form` — in 0.85–0.87 of GELU's time, 512 × 768…4096,
-/// in-process A/B, three runs.)
+/// `2^y` in f32 for `y` in [−126, 127] (held at −126 below; a `y` above 127 or NaN is not
+/// allowed: GELU's `y` is below −1): the normal range, where the result is `v · 2^n` with
+/// `2^n` one normal power of two and `v ≥ 1` at n = −126, so the result is normal and its
+/// exponent field is `v`'s plus `n` — one integer add, no multiply. Relative error below
+/// 2^-22 (2 ulp). (Its general form, for `y` down to −150, scaled by two powers of two so
+/// that a subnormal result rounds once: GELU's only use keeps `y ≥ −126`, and the single
+/// scaling gives the same bits — see `exp2_matches_the_two_scaling_form` — in 0.85–0.87 of
+/// GELU's time, 512 × 768…4096, in-process A/B, three runs. The integer add in place of the
+/// multiply by 2^n, no upper clamp, and [`gelu_erf_last`] taking −a for its clamped factor:
+/// 0.87–0.90 of GELU's time again, the same bits, two runs of 300 alternated rounds.)
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
 fn exp2<const FMA: bool>(y: f32) -> f32 {
-    let (v, n) = exp2_parts::<FMA>(fmin(fmax(y, -126.0), 127.0));
-    v * f32::from_bits(((n + 127) as u32) << 23)
+    let (v, t) = exp2_rounded::<FMA>(fmax(y, -126.0));
+    // `t`'s bits are MAGIC's plus n, and MAGIC's low 9 bits are 0: shifted left by 23 they
+    // leave n · 2^23, n in the exponent field.
+    f32::from_bits(v.to_bits().wrapping_add(t.to_bits() << 23))
 }
 
-/// `2^y = v · 2^n` for `y` in [−150, 127]: `n` the nearest integer to `y`, `v = 2^(y − n)`
-/// from Cephes exp2f's polynomial (|y − n| ≤ 1/2).
+/// `2^y = v · 2^n` for `y` in [−150, 127] as `v` and `t = y + 1.5·2^23` (the float whose low
+/// mantissa bits hold `n`, the nearest integer to `y`): `v = 2^(y − n)` from Cephes exp2f's
+/// polynomial (|y − n| ≤ 1/2).
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
-fn exp2_parts<const FMA: bool>(y: f32) -> (f32, i32) {
+fn exp2_rounded<const FMA: bool>(y: f32) -> (f32, f32) {
     // Round to nearest by adding 1.5·2^23: the integer lands in the mantissa's low bits.
-    const MAGIC: f32 = 12_582_912.0;
-    let t = y + MAGIC;
-    let n = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let f = y - (t - MAGIC);
+    let t = y + EXP2_MAGIC;
+    let f = y - (t - EXP2_MAGIC);
     // Cephes exp2f's minimax polynomial for 2^f − 1 over |f| ≤ 1/2.
     let mut p = 1.535_336_188_319_500e-4;
     p = madd::<FMA>(p, f, 1.339_887_440_266_574e-3);
@@ -82,7 +86,18 @@ fn exp2_parts<const FMA: bool>(y: f32) -> (f32, i32) {
     p = madd::<FMA>(p, f, 5.550_332_471_162_809e-2);
     p = madd::<FMA>(p, f, 2.402_264_791_363_012e-1);
     p = madd::<FMA>(p, f, 6.931_472_028_550_421e-1);
-    (madd::<FMA>(p, f, 1.0), n)
+    (madd::<FMA>(p, f, 1.0), t)
+}
+
+/// 1.5·2^23: a float in [2^23, 2^24) whose ulp is 1, so adding it rounds to an integer.
+const EXP2_MAGIC: f32 = 12_582_912.0;
+
+/// `2^y = v · 2^n` for `y` in [−150, 127]: `n` the nearest integer to `y`, `v = 2^(y − n)`
+/// ([`exp2_rounded`]).
+#[cfg(test)]
+fn exp2_parts<const FMA: bool>(y: f32) -> (f32, i32) {
+    let (v, t) = exp2_rounded::<FMA>(y);
+    (v, t.to_bits() as i32 - EXP2_MAGIC.to_bits() as i32)
 }
 
 /// GELU, erf form, as `x·Φ(x)` with `Φ(−a)` (a = |x|) from a (5, 3) rational fit of
@@ -122,12 +137,11 @@ fn gelu_erf_last<const FMA: bool>(x: f32, t: f32) -> f32 {
     // clamped) the product takes −13.3 for x: the result is then at most 1.6e-37 in
     // magnitude, inside `gelu_error_bound`'s absolute floor. −∞ keeps −∞, as `apply_f32`.
     let q = exp2::<FMA>(t);
-    // max(x, 0) keeping NaN and −0.
-    let pos = if x >= 0.0 || x.is_nan() { x } else { 0.0 };
-    // x for x < 0 (down to −13.3), −a for x ≥ 0; −13.3 for NaN (`fmin` takes the second
-    // operand), which `pos` turns back into NaN.
-    let lo = if x == f32::NEG_INFINITY { x } else { fmax(fmin(x, -a), -13.3) };
-    madd::<FMA>(lo, q, pos)
+    // max(x, 0) keeping NaN and −0, and −∞ (which the product below cannot make).
+    let pos = if x >= 0.0 || x.is_nan() || x == f32::NEG_INFINITY { x } else { 0.0 };
+    // −a is x for x < 0 (down to −13.3) and −x for x ≥ 0; −13.3 for NaN and ±∞ (`fmin` took
+    // the second operand), where `pos` gives the result.
+    madd::<FMA>(-a, q, pos)
 }
 
 /// GELU, tanh form: `x · sigmoid(2u)` as in `apply_f32`, in three stages (see [`Staged`]):
