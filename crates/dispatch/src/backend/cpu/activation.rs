@@ -27,15 +27,29 @@ use tilekit_kernels::{Activation, ActivationDesc};
 /// result is e^−87.33 (≈ 2^-126, f32's smallest normal number) rather than a subnormal or 0.
 /// Relative error about 1 ulp. Its callers (GELU-tanh, SiLU) use it where a result that small
 /// only meets corrections far below half an ulp of the answer.
+///
+/// The result `y · 2^n` ([`exp_parts`]) is always normal — at n = −126 the clamp leaves
+/// r = x − n·ln 2 ≥ 0, so y ≥ 1 — so 2^n is added to `y`'s exponent field as an integer, no
+/// multiply: the same bits (`exp_scales_in_the_exponent_field`) in 0.92–0.98 of GELU-tanh's
+/// and SiLU's time (512 × 768 and 512 × 4096, in-process A/B, two runs of 300 alternated
+/// rounds).
+#[inline(always)]
+pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
+    let (y, t) = exp_parts::<FMA>(x);
+    // `t`'s bits are MAGIC's plus n, and MAGIC's low 9 bits are 0: shifted left by 23 they
+    // leave n · 2^23, n in the exponent field.
+    f32::from_bits(y.to_bits().wrapping_add(t.to_bits() << 23))
+}
+
+/// `e^x = y · 2^n` for `x` clamped to [−87.33, 88]: `y = e^r` (r = x − n·ln 2, |r| ≤ ln 2 / 2)
+/// and `t = x·log2 e + 1.5·2^23`, the float whose low mantissa bits hold `n` (in [−126, 127]).
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
-pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
+fn exp_parts<const FMA: bool>(x: f32) -> (f32, f32) {
     // Clamped so that n = round(x·log2 e) lies in [−126, 127]: 2^n is one normal number.
     let x = fmin(fmax(x, -87.33), 88.0);
     // Round to nearest by adding 1.5·2^23: the integer lands in the mantissa's low bits.
-    const MAGIC: f32 = 12_582_912.0;
     let t = madd::<FMA>(x, std::f32::consts::LOG2_E, MAGIC);
-    let n = t.to_bits() as i32 - MAGIC.to_bits() as i32;
     let nf = t - MAGIC;
     // r = x − n·ln 2, with ln 2 in two parts (Cephes' C1 + C2) so the product is exact.
     let r = madd::<FMA>(nf, -0.693_359_375, x);
@@ -47,8 +61,7 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 4.166_579_6e-2);
     p = madd::<FMA>(p, r, 1.666_666_55e-1);
     p = madd::<FMA>(p, r, 5.000_000_1e-1);
-    let y = madd::<FMA>(p, r * r, r) + 1.0;
-    y * f32::from_bits(((n + 127) as u32) << 23)
+    (madd::<FMA>(p, r * r, r) + 1.0, t)
 }
 
 /// `2^y` in f32 for `y` in [−126, 127] (held at −126 below; a `y` above 127 or NaN is not
@@ -77,8 +90,8 @@ fn exp2<const FMA: bool>(y: f32) -> f32 {
 #[allow(clippy::excessive_precision)]
 fn exp2_rounded<const FMA: bool>(y: f32) -> (f32, f32) {
     // Round to nearest by adding 1.5·2^23: the integer lands in the mantissa's low bits.
-    let t = y + EXP2_MAGIC;
-    let f = y - (t - EXP2_MAGIC);
+    let t = y + MAGIC;
+    let f = y - (t - MAGIC);
     // Cephes exp2f's minimax polynomial for 2^f − 1 over |f| ≤ 1/2.
     let mut p = 1.535_336_188_319_500e-4;
     p = madd::<FMA>(p, f, 1.339_887_440_266_574e-3);
@@ -90,14 +103,14 @@ fn exp2_rounded<const FMA: bool>(y: f32) -> (f32, f32) {
 }
 
 /// 1.5·2^23: a float in [2^23, 2^24) whose ulp is 1, so adding it rounds to an integer.
-const EXP2_MAGIC: f32 = 12_582_912.0;
+const MAGIC: f32 = 12_582_912.0;
 
 /// `2^y = v · 2^n` for `y` in [−150, 127]: `n` the nearest integer to `y`, `v = 2^(y − n)`
 /// ([`exp2_rounded`]).
 #[cfg(test)]
 fn exp2_parts<const FMA: bool>(y: f32) -> (f32, i32) {
     let (v, t) = exp2_rounded::<FMA>(y);
-    (v, t.to_bits() as i32 - EXP2_MAGIC.to_bits() as i32)
+    (v, t.to_bits() as i32 - MAGIC.to_bits() as i32)
 }
 
 /// GELU, erf form, as `x·Φ(x)` with `Φ(−a)` (a = |x|) from a (5, 3) rational fit of
@@ -451,6 +464,24 @@ mod tests {
         // Below the range it is held at 2^-126, NaN too.
         assert_eq!(exp2::<true>(-200.0), f32::MIN_POSITIVE);
         assert_eq!(exp2::<true>(f32::NAN), f32::MIN_POSITIVE);
+    }
+
+    /// `exp` (2^n added to the exponent field) gives the bits of `y · 2^n` multiplied out, every
+    /// 2^-10 over [−100, 100] and the clamps' ends, with and without fused multiply-adds; and
+    /// every result is normal.
+    #[test]
+    fn exp_scales_in_the_exponent_field() {
+        fn multiplied<const FMA: bool>(x: f32) -> f32 {
+            let (y, t) = exp_parts::<FMA>(x);
+            let n = t.to_bits() as i32 - MAGIC.to_bits() as i32;
+            y * f32::from_bits(((n + 127) as u32) << 23)
+        }
+        let xs = (-(100 << 10)..=(100 << 10)).map(|i| i as f32 / 1024.0).chain([-87.33, -87.329_99, 88.0, -1e30, 1e30]);
+        for x in xs {
+            assert_eq!(exp::<true>(x).to_bits(), multiplied::<true>(x).to_bits(), "e^{x}");
+            assert_eq!(exp::<false>(x).to_bits(), multiplied::<false>(x).to_bits(), "e^{x}");
+            assert!(exp::<true>(x).is_normal() && exp::<false>(x).is_normal(), "e^{x}");
+        }
     }
 
     /// No subnormal result for a normal input of magnitude 1e-30 or more, in every form and
