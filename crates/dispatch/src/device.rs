@@ -455,7 +455,9 @@ impl Device {
     /// Bytes of device memory held by this device's live tensor buffers (every tensor made on
     /// it and not yet dropped, counted once per buffer however many tensors share it): a
     /// diagnostic for leak checks. It counts the elements asked for, not the backend's
-    /// padding or its internal temporaries (uniform blocks, staging buffers, pools).
+    /// padding or its internal temporaries (uniform blocks, staging buffers, pools; on the CPU,
+    /// the freed buffers of 64 KiB or more it keeps for later ops' outputs, up to 64 MiB per
+    /// element type for the process).
     pub fn live_buffer_bytes(&self) -> u64 {
         self.inner.live_bytes.load(Ordering::Relaxed)
     }

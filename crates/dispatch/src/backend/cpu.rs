@@ -57,6 +57,7 @@ mod pointwise;
 mod pool;
 mod qgroup;
 mod quant;
+mod recycle;
 mod simd;
 mod small_k;
 #[cfg(test)]
@@ -122,6 +123,18 @@ pub(crate) enum CpuData {
     F32(HostBuf<f32>),
     F16(HostBuf<f16>),
     Bf16(HostBuf<bf16>),
+}
+
+impl Drop for CpuData {
+    /// A buffer tilekit owns goes onto its type's shelf for a later op's output ([`recycle`]).
+    fn drop(&mut self) {
+        match self {
+            CpuData::F32(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
+            CpuData::F16(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
+            CpuData::Bf16(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
+            _ => {}
+        }
+    }
 }
 
 impl CpuData {
@@ -372,17 +385,23 @@ impl BackendOps for CpuBackend {
         format!("native CPU, {} threads (gemm crate + rayon)", rayon::current_num_threads())
     }
 
-    /// Zeroed memory from the allocator's zeroing path (`calloc`): large buffers come as fresh
-    /// pages the OS maps zeroed on first touch, so no pass writes zeros the op then overwrites.
+    /// A freed buffer of exactly this length from [`recycle`]'s shelves (its old numbers, NaN
+    /// in debug builds), else zeroed memory from the allocator's zeroing path (`calloc`).
     fn alloc_output(&self, dtype: DType, len: usize) -> Result<CpuStorage> {
         let bytes = len
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
         let oom = |_| Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
+        fn reuse_or_zeroed<T: recycle::Recycle + bytemuck::Zeroable>(len: usize) -> std::result::Result<Vec<T>, ()> {
+            match recycle::take(len) {
+                Some(v) => Ok(v),
+                None => bytemuck::allocation::try_zeroed_vec(len),
+            }
+        }
         Ok(CpuStorage::new(match dtype {
-            DType::F32 => CpuData::F32(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
-            DType::F16 => CpuData::F16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
-            DType::Bf16 => CpuData::Bf16(bytemuck::allocation::try_zeroed_vec(len).map_err(oom)?.into()),
+            DType::F32 => CpuData::F32(reuse_or_zeroed(len).map_err(oom)?.into()),
+            DType::F16 => CpuData::F16(reuse_or_zeroed(len).map_err(oom)?.into()),
+            DType::Bf16 => CpuData::Bf16(reuse_or_zeroed(len).map_err(oom)?.into()),
             other => return Err(unsupported_dtype("alloc", other)),
         }))
     }
