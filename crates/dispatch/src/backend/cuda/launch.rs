@@ -82,10 +82,10 @@ impl CudaBackend {
     /// Blocks of `kernel` (at [`cat::THREADS`] threads) the GPU holds at once: its SMs times
     /// the driver's occupancy for the kernel's registers and shared memory, at least one.
     pub(super) fn slots(&self, kernel: Kernel) -> Result<usize> {
-        let f = self.function(kernel)?;
         if let Some((_, Some(n))) = lock(&self.functions).get(kernel.entry) {
             return Ok(*n);
         }
+        let f = self.function(kernel)?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(cat::THREADS, kernel.dynamic_smem_bytes() as usize, None)
             .map_err(|e| map_err(&format!("the occupancy of {}", kernel.entry), e))?;

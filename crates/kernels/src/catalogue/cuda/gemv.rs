@@ -82,13 +82,18 @@ pub fn wave_chunk(units: usize, steps: usize, min_steps: usize, slots: usize) ->
     let most = steps.div_ceil(min_steps.max(1)).max(1);
     let mut best = (usize::MAX, steps);
     for s in 1..=most {
+        let waves = (units * s).div_ceil(slots);
+        // Waves only grow with `s` and a chunk is at least one step: no larger split can
+        // beat the best so far (the loop stays short however long K is).
+        if waves * (1 + min_steps) >= best.0 {
+            break;
+        }
         let chunk = steps.div_ceil(s);
         // Splits this chunk makes (a larger `s` can round to the same chunk).
         let splits = steps.div_ceil(chunk);
         if splits != s {
             continue;
         }
-        let waves = (units * s).div_ceil(slots);
         let cost = waves * (chunk + min_steps);
         if cost < best.0 {
             best = (cost, chunk);
@@ -379,6 +384,7 @@ mod tests {
             (688, 128, 4, 1056),
             (3, 1, 4, 8),
             (5, 97, 1, 7),
+            (32, 1 << 18, 4, 264),
         ] {
             let cost = |chunk: usize| (units * steps.div_ceil(chunk)).div_ceil(slots) * (chunk + min);
             let got = wave_chunk(units, steps, min, slots);
