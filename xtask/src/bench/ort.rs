@@ -4,7 +4,10 @@
 //! interpreter in `TILEKIT_BENCH_PYTHON`) builds a one-op ONNX graph for each case — MatMul
 //! (Gemm with `transB` for B stored `[N, K]`; + Add + Gelu for the fused epilogue), Conv
 //! with `group = C` + Clip(0, 6), Add + Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
-//! warm, or with the caches flushed before each run exactly when the tilekit row is; and the
+//! warm, or with the caches flushed before each run exactly when the tilekit row is (each
+//! session closed before the helper answers: ONNX Runtime's intra-op threads spin after a run,
+//! and while they did, tilekit's next row shared the two cores with them — 128³ took 0.048–0.067
+//! ms against 0.024 with no helper running, 0.026 once the session was closed); and the
 //! whole MobileNetV2 graph for the network table (`network.rs`). Nothing is
 //! downloaded: without `python3`, `onnxruntime` or `onnx` the bench prints a note and the
 //! column stays empty.
