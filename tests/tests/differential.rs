@@ -340,7 +340,8 @@ fn dense_api_matches_strided_api() {
 }
 
 /// A weight packed by `pack_matmul_weights` through `matmul_packed`, on every path of the
-/// CPU's strip kernel (`M` from 1 to past its 64-row tasks, `K` past its 256-row passes, `N`
+/// CPU's strip kernel (`M` from 1 to past its 64-row tasks, one to three rows over several strips
+/// at once, `K` past its 256-row passes, `N`
 /// around the 16-column strips, one task and many in parallel) and on every other backend
 /// present: exact-integer data, so every product must be exact, and the same bits as
 /// `matmul` with the weight unpacked where the docs promise it (every GPU backend; the CPU
@@ -359,6 +360,13 @@ fn packed_weights_are_exact_on_every_path() {
         (65, 100, 300),
         (130, 18, 33),
         (7, 4099, 130),
+        // One to three rows: several strips side by side, the last pass of K partial, strips
+        // left over past the last whole group of four or two, one task and many.
+        (1, 117, 300),
+        (2, 83, 513),
+        (3, 50, 257),
+        (1, 2000, 700),
+        (2, 3000, 200),
     ];
     for be in backends_for(DType::F32) {
         let dev = &be.device;
