@@ -481,12 +481,12 @@ mod avx {
                         } else {
                             let a = &apk[g0 * k + q0 * r..];
                             match r {
-                                6 => tile::<6, false>(a, panel, kb, c, nb, 0),
-                                5 => tile::<5, false>(a, panel, kb, c, nb, 0),
-                                4 => tile::<4, false>(a, panel, kb, c, nb, 0),
-                                3 => tile::<3, false>(a, panel, kb, c, nb, 0),
-                                2 => tile::<2, false>(a, panel, kb, c, nb, 0),
-                                _ => tile::<1, false>(a, panel, kb, c, nb, 0),
+                                6 => tile::<6, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                                5 => tile::<5, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                                4 => tile::<4, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                                3 => tile::<3, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                                2 => tile::<2, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                                _ => tile::<1, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
                             }
                         }
                     }
@@ -518,7 +518,7 @@ mod avx {
     /// 4096 and 0.90–0.95 at 1024³ (two threads and one), and was level at M = 2.
     ///
     /// With one to three rows, the tiles take four strips side by side (one row) or two (two or
-    /// three rows) instead, [`tile_strips`]: one strip's two sums were two chains of dependent
+    /// three rows) instead: one strip's two sums were two chains of dependent
     /// multiply-adds and one stream of `B`. On a 2-core Zen 3 EPYC (in-process A/B, two threads,
     /// medians of 40 alternated runs, the same bits): 0.86 of the time at 1 × 4096 × 4096, 0.91
     /// at 1 × 11008 × 4096, 0.88 at 1 × 4096 × 11008, 0.88 at M = 2 and 0.80 at M = 3 (4096²).
@@ -538,92 +538,89 @@ mod avx {
             &buf[..]
         };
         // One group of at most three rows: its few sums would leave the FMA units waiting on
-        // each other and the strip a single stream; the tiles take several strips side by side
-        // ([`tile_strips`]).
+        // each other and the strip a single stream, so its tiles take several strips side by side.
         let wide = match m {
             1 => 4,
             2 | 3 => 2,
             _ => 1,
         };
-        if wide > 1 {
-            let mut s = 0;
-            while s < ns {
-                let w = wide.min(ns - s);
-                let strips = &p.b[(s0 + s) * k * STRIP..][..w * k * STRIP];
-                let c = &mut acc[s * STRIP..];
-                for q0 in (0..k).step_by(STRIP_KC) {
-                    let kb = STRIP_KC.min(k - q0);
-                    let a = &ap[q0 * m..];
-                    let ahead = STRIP_KC * STRIP;
-                    // SAFETY: the caller promises AVX2 and FMA.
-                    unsafe {
-                        match (m, w) {
-                            (1, 4) => tile_strips::<1, 4>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (1, 3) => tile_strips::<1, 3>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (1, 2) => tile_strips::<1, 2>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (1, _) => tile_strips::<1, 1>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (2, 2) => tile_strips::<2, 2>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (2, _) => tile_strips::<2, 1>(a, strips, k, q0, kb, c, ldc, ahead),
-                            (_, 2) => tile_strips::<3, 2>(a, strips, k, q0, kb, c, ldc, ahead),
-                            _ => tile_strips::<3, 1>(a, strips, k, q0, kb, c, ldc, ahead),
-                        }
-                    }
-                }
-                s += w;
-            }
-            if m > 1 && buf.capacity() <= APACK_KEEP {
-                APACK.set(buf);
-            }
-            return;
-        }
-        for s in 0..ns {
-            let strip = &p.b[(s0 + s) * k * STRIP..][..k * STRIP];
+        let ahead = STRIP_KC * STRIP;
+        let mut s = 0;
+        while s < ns {
+            let w = wide.min(ns - s);
+            let strips = &p.b[(s0 + s) * k * STRIP..][..w * k * STRIP];
             for q0 in (0..k).step_by(STRIP_KC) {
                 let kb = STRIP_KC.min(k - q0);
-                let panel = &strip[q0 * STRIP..][..kb * STRIP];
-                let ahead = STRIP_KC * STRIP;
                 let mut g0 = 0;
                 while g0 < m {
                     let r = TILE_M.min(m - g0);
                     let a = &ap[g0 * k + q0 * r..];
                     let c = &mut acc[g0 * ldc + s * STRIP..];
-                    // SAFETY: the caller promises AVX2 and FMA.
+                    // SAFETY: the caller promises AVX2 and FMA. Several strips (`w > 1`) only
+                    // with one group of `m ≤ 3` rows, whose (r, w) the first arms list.
                     unsafe {
-                        match (r, g0 == 0) {
-                            (6, true) => tile::<6, true>(a, panel, kb, c, ldc, ahead),
-                            (5, true) => tile::<5, true>(a, panel, kb, c, ldc, ahead),
-                            (4, true) => tile::<4, true>(a, panel, kb, c, ldc, ahead),
-                            (3, true) => tile::<3, true>(a, panel, kb, c, ldc, ahead),
-                            (2, true) => tile::<2, true>(a, panel, kb, c, ldc, ahead),
-                            (1, true) => tile::<1, true>(a, panel, kb, c, ldc, ahead),
-                            (6, _) => tile::<6, false>(a, panel, kb, c, ldc, 0),
-                            (5, _) => tile::<5, false>(a, panel, kb, c, ldc, 0),
-                            (4, _) => tile::<4, false>(a, panel, kb, c, ldc, 0),
-                            (3, _) => tile::<3, false>(a, panel, kb, c, ldc, 0),
-                            (2, _) => tile::<2, false>(a, panel, kb, c, ldc, 0),
-                            _ => tile::<1, false>(a, panel, kb, c, ldc, 0),
+                        match (r, w, g0 == 0) {
+                            (1, 4, _) => tile::<1, 4, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (1, 3, _) => tile::<1, 3, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (1, 2, _) => tile::<1, 2, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (2, 2, _) => tile::<2, 2, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (3, 2, _) => tile::<3, 2, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (6, _, true) => tile::<6, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (5, _, true) => tile::<5, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (4, _, true) => tile::<4, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (3, _, true) => tile::<3, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (2, _, true) => tile::<2, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (_, _, true) => tile::<1, 1, true>(a, strips, k, q0, kb, c, ldc, ahead),
+                            (6, _, _) => tile::<6, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
+                            (5, _, _) => tile::<5, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
+                            (4, _, _) => tile::<4, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
+                            (3, _, _) => tile::<3, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
+                            (2, _, _) => tile::<2, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
+                            _ => tile::<1, 1, false>(a, strips, k, q0, kb, c, ldc, 0),
                         }
                     }
                     g0 += r;
                 }
             }
+            s += w;
         }
         if m > 1 && buf.capacity() <= APACK_KEEP {
             APACK.set(buf);
         }
     }
 
-    /// `R` rows of `A` (one group, packed) × `W` strips side by side over rows `q0..q0 + kb`:
-    /// `strips` holds the `W` strips (each `k` rows of 16), `c` their sums (rows `ldc` apart,
-    /// the strips' 16 columns each in turn). Each row also prefetches, in every strip, the line
-    /// `ahead` elements on. The sums of each column are the same fused multiply-adds in the same
-    /// order as [`tile`]'s.
+    /// `A`'s rows in groups of [`TILE_M`] (the last 1–6 rows), each group step by step: the
+    /// group's `r` values of column `q` side by side at `g0·k + q·r`.
+    fn pack_rows(p: &Block, buf: &mut Vec<f32>) {
+        let (m, k) = (p.m, p.k);
+        buf.clear();
+        buf.resize(m * k, 0.0);
+        let mut g0 = 0;
+        while g0 < m {
+            let r = TILE_M.min(m - g0);
+            let dst = &mut buf[g0 * k..][..r * k];
+            for i in 0..r {
+                let row = &p.a[(g0 + i) * p.lda..][..k];
+                for (q, &v) in row.iter().enumerate() {
+                    dst[q * r + i] = v;
+                }
+            }
+            g0 += r;
+        }
+    }
+
+    /// One `R × 16·W` tile: `R` rows of `A` (one row group, packed: `a` its steps from column
+    /// `q0`, [`pack_rows`]) × `W` strips side by side over their rows `q0..q0 + kb`. `strips`
+    /// holds the `W` strips, each `k` rows of 16 back to back; the sums come from and go back
+    /// to `c` (rows `ldc` apart, the strips' 16 columns each in turn). With `PREFETCH`, each row
+    /// also prefetches, in every strip, the line `ahead` elements on. Each column's sum takes
+    /// one fused multiply-add per row of `B`, in order, whatever `W`.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn tile_strips<const R: usize, const W: usize>(
+    unsafe fn tile<const R: usize, const W: usize, const PREFETCH: bool>(
         a: &[f32],
         strips: &[f32],
         k: usize,
@@ -656,14 +653,23 @@ mod avx {
             }
             for q in 0..kb {
                 let aq = ap.add(q * R);
-                let av: [__m256; R] = std::array::from_fn(|i| _mm256_broadcast_ss(&*aq.add(i)));
+                // One strip: each row's broadcast used at once (six rows' broadcasts held
+                // together would not fit beside the 12 sums). Several: the few rows' broadcasts
+                // once for all the strips.
+                let av: [__m256; R] =
+                    std::array::from_fn(|i| if W > 1 { _mm256_broadcast_ss(&*aq.add(i)) } else { _mm256_setzero_ps() });
                 for w in 0..W {
                     let br = bp[w].add(q * STRIP);
-                    _mm_prefetch::<_MM_HINT_T0>(br.wrapping_add(ahead) as *const i8);
+                    if PREFETCH {
+                        // A prefetch never faults: the address may be past B's end
+                        // (`wrapping_add` keeps computing it defined).
+                        _mm_prefetch::<_MM_HINT_T0>(br.wrapping_add(ahead) as *const i8);
+                    }
                     let (b0, b1) = (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)));
                     for i in 0..R {
-                        s[i][w][0] = _mm256_fmadd_ps(av[i], b0, s[i][w][0]);
-                        s[i][w][1] = _mm256_fmadd_ps(av[i], b1, s[i][w][1]);
+                        let a = if W > 1 { av[i] } else { _mm256_broadcast_ss(&*aq.add(i)) };
+                        s[i][w][0] = _mm256_fmadd_ps(a, b0, s[i][w][0]);
+                        s[i][w][1] = _mm256_fmadd_ps(a, b1, s[i][w][1]);
                     }
                 }
             }
@@ -673,77 +679,6 @@ mod avx {
                     _mm256_storeu_ps(at, s[0]);
                     _mm256_storeu_ps(at.add(8), s[1]);
                 }
-            }
-        }
-    }
-
-    /// `A`'s rows in groups of [`TILE_M`] (the last 1–6 rows), each group step by step: the
-    /// group's `r` values of column `q` side by side at `g0·k + q·r`.
-    fn pack_rows(p: &Block, buf: &mut Vec<f32>) {
-        let (m, k) = (p.m, p.k);
-        buf.clear();
-        buf.resize(m * k, 0.0);
-        let mut g0 = 0;
-        while g0 < m {
-            let r = TILE_M.min(m - g0);
-            let dst = &mut buf[g0 * k..][..r * k];
-            for i in 0..r {
-                let row = &p.a[(g0 + i) * p.lda..][..k];
-                for (q, &v) in row.iter().enumerate() {
-                    dst[q * r + i] = v;
-                }
-            }
-            g0 += r;
-        }
-    }
-
-    /// One `R × 16` tile over the `kb` rows of a strip: `a` the row group's packed steps from
-    /// column `q0` ([`pack_rows`]: `R` values a step), `panel` the strip's rows back to back, the
-    /// sums from and back to `c` (rows `nb` apart). With `PREFETCH`, each row also prefetches
-    /// the line `ahead` elements on.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA.
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const PREFETCH: bool>(
-        a: &[f32],
-        panel: &[f32],
-        kb: usize,
-        c: &mut [f32],
-        nb: usize,
-        ahead: usize,
-    ) {
-        assert!(
-            kb > 0 && kb * R <= a.len() && kb * STRIP <= panel.len() && (R - 1) * nb + STRIP <= c.len(),
-            "register tile past its operands"
-        );
-        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
-        // the assert bounds every access: A's steps q < kb of R values, the strip's kb rows of
-        // 16, c's rows i < R at 16 columns.
-        unsafe {
-            let (ap, bp, cp) = (a.as_ptr(), panel.as_ptr(), c.as_mut_ptr());
-            let mut s: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
-            for (i, s) in s.iter_mut().enumerate() {
-                *s = [_mm256_loadu_ps(cp.add(i * nb)), _mm256_loadu_ps(cp.add(i * nb + 8))];
-            }
-            for q in 0..kb {
-                let br = bp.add(q * STRIP);
-                if PREFETCH {
-                    // A prefetch never faults: the address may be past B's end (`wrapping_add`
-                    // keeps computing it defined).
-                    _mm_prefetch::<_MM_HINT_T0>(br.wrapping_add(ahead) as *const i8);
-                }
-                let (b0, b1) = (_mm256_loadu_ps(br), _mm256_loadu_ps(br.add(8)));
-                let aq = ap.add(q * R);
-                for (i, s) in s.iter_mut().enumerate() {
-                    let av = _mm256_broadcast_ss(&*aq.add(i));
-                    s[0] = _mm256_fmadd_ps(av, b0, s[0]);
-                    s[1] = _mm256_fmadd_ps(av, b1, s[1]);
-                }
-            }
-            for (i, s) in s.iter().enumerate() {
-                _mm256_storeu_ps(cp.add(i * nb), s[0]);
-                _mm256_storeu_ps(cp.add(i * nb + 8), s[1]);
             }
         }
     }
