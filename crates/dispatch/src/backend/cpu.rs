@@ -28,8 +28,12 @@
 //! activation); outputs that do not depend on a non-finite input are exactly what they are
 //! without it. Subnormals are kept (no flush to zero).
 //!
-//! Out of memory: every allocation (tensors, scratch blocks) is a `try_reserve`, and a failure
-//! is [`Error::OutOfMemory`], never an abort.
+//! Out of memory: every allocation of a tensor or a scratch block is fallible (a `try_reserve`,
+//! or [`AlignedBuf::try_zeroed`] for tensors), and a failure is [`Error::OutOfMemory`], never an
+//! abort. (The kernels' small fixed per-thread panels, 32–192 KiB, abort as a `Vec` would.)
+//!
+//! Alignment: the tensors this backend allocates start on a 64-byte boundary (`cpu/aligned.rs`),
+//! so the kernels' vectors, stepping from a tensor's first element, do not straddle cache lines.
 //!
 //! Locking: each buffer sits behind its own `RwLock`. An op takes all its locks at once, in one
 //! global order (the buffers' addresses), read locks for inputs and the write lock for the
@@ -47,6 +51,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidualDesc, MatmulDesc, Precision};
 
 mod activation;
+mod aligned;
 mod block;
 mod depthwise;
 mod gemv;
@@ -65,6 +70,7 @@ mod tests;
 mod transpose;
 
 use activation::Act;
+use aligned::AlignedBuf;
 use depthwise::Conv;
 use matmul::MatmulOperands;
 use pool::for_each_chunk_mut;
@@ -73,11 +79,13 @@ use pool::for_each_chunk_mut;
 /// over work of a few ns per element, small enough (16 KiB of f32) to stay in L1.
 const CHUNK: usize = 4096;
 
-/// Host memory of one element type: tilekit's own vector, or an engine's `Arc<[T]>` adopted
-/// without a copy (`Device::tensor_from_arc`).
+/// Host memory of one element type: a buffer tilekit allocated, an engine's `Vec` moved in, or
+/// an engine's `Arc<[T]>` adopted without a copy (`Device::tensor_from_arc`).
 #[derive(Debug)]
 pub(crate) enum HostBuf<T> {
-    /// A vector tilekit owns (allocated here, or an engine's `Vec` moved in).
+    /// Allocated here, from a 64-byte boundary ([`aligned`]).
+    Aligned(AlignedBuf<T>),
+    /// An engine's vector, moved in (`Device::tensor_from_vec`), where the engine allocated it.
     Owned(Vec<T>),
     /// Memory shared with the engine. Ops read it in place; they write it only while this is
     /// the last reference (`Arc::get_mut`), since the engine may be reading its own clone.
@@ -88,6 +96,7 @@ impl<T> std::ops::Deref for HostBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         match self {
+            HostBuf::Aligned(v) => v,
             HostBuf::Owned(v) => v,
             HostBuf::Shared(a) => a,
         }
@@ -100,11 +109,18 @@ impl<T> From<Vec<T>> for HostBuf<T> {
     }
 }
 
+impl<T> From<AlignedBuf<T>> for HostBuf<T> {
+    fn from(v: AlignedBuf<T>) -> HostBuf<T> {
+        HostBuf::Aligned(v)
+    }
+}
+
 impl<T> HostBuf<T> {
     /// The elements, writable: always for owned memory; for shared memory only while no other
     /// `Arc` points at it, else an error naming the op.
     fn slice_mut(&mut self, op: &'static str) -> Result<&mut [T]> {
         match self {
+            HostBuf::Aligned(v) => Ok(v),
             HostBuf::Owned(v) => Ok(v),
             HostBuf::Shared(a) => Arc::get_mut(a).ok_or(Error::InvalidParameter {
                 op,
@@ -126,12 +142,13 @@ pub(crate) enum CpuData {
 }
 
 impl Drop for CpuData {
-    /// A buffer tilekit owns goes onto its type's shelf for a later op's output ([`recycle`]).
+    /// A buffer tilekit allocated goes onto its type's shelf for a later op's output
+    /// ([`recycle`]).
     fn drop(&mut self) {
         match self {
-            CpuData::F32(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
-            CpuData::F16(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
-            CpuData::Bf16(HostBuf::Owned(v)) => recycle::give(std::mem::take(v)),
+            CpuData::F32(HostBuf::Aligned(v)) => recycle::give(std::mem::take(v)),
+            CpuData::F16(HostBuf::Aligned(v)) => recycle::give(std::mem::take(v)),
+            CpuData::Bf16(HostBuf::Aligned(v)) => recycle::give(std::mem::take(v)),
             _ => {}
         }
     }
@@ -391,17 +408,14 @@ impl BackendOps for CpuBackend {
         let bytes = len
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
-        let oom = |_| Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
-        fn reuse_or_zeroed<T: recycle::Recycle + bytemuck::Zeroable>(len: usize) -> std::result::Result<Vec<T>, ()> {
-            match recycle::take(len) {
-                Some(v) => Ok(v),
-                None => bytemuck::allocation::try_zeroed_vec(len),
-            }
+        let oom = || Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
+        fn reuse_or_zeroed<T: recycle::Recycle + bytemuck::Zeroable>(len: usize) -> Option<AlignedBuf<T>> {
+            recycle::take(len).or_else(|| AlignedBuf::try_zeroed(len))
         }
         Ok(CpuStorage::new(match dtype {
-            DType::F32 => CpuData::F32(reuse_or_zeroed(len).map_err(oom)?.into()),
-            DType::F16 => CpuData::F16(reuse_or_zeroed(len).map_err(oom)?.into()),
-            DType::Bf16 => CpuData::Bf16(reuse_or_zeroed(len).map_err(oom)?.into()),
+            DType::F32 => CpuData::F32(reuse_or_zeroed(len).ok_or_else(oom)?.into()),
+            DType::F16 => CpuData::F16(reuse_or_zeroed(len).ok_or_else(oom)?.into()),
+            DType::Bf16 => CpuData::Bf16(reuse_or_zeroed(len).ok_or_else(oom)?.into()),
             other => return Err(unsupported_dtype("alloc", other)),
         }))
     }
@@ -426,11 +440,11 @@ impl BackendOps for CpuBackend {
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| Error::Overflow { op: "alloc", what: format!("{len} elements of {dtype}") })?;
         let oom = || Error::OutOfMemory { backend: BackendKind::Cpu, bytes: bytes as u64 };
-        // `try_reserve_exact` turns an impossible allocation into an error instead of an abort.
+        // A failed allocation is an error instead of an abort.
         Ok(CpuStorage::new(match dtype {
-            DType::F32 => CpuData::F32(zeroed_vec(len, 0.0f32).ok_or_else(oom)?.into()),
-            DType::F16 => CpuData::F16(zeroed_vec(len, f16::ZERO).ok_or_else(oom)?.into()),
-            DType::Bf16 => CpuData::Bf16(zeroed_vec(len, bf16::ZERO).ok_or_else(oom)?.into()),
+            DType::F32 => CpuData::F32(AlignedBuf::<f32>::try_zeroed(len).ok_or_else(oom)?.into()),
+            DType::F16 => CpuData::F16(AlignedBuf::<f16>::try_zeroed(len).ok_or_else(oom)?.into()),
+            DType::Bf16 => CpuData::Bf16(AlignedBuf::<bf16>::try_zeroed(len).ok_or_else(oom)?.into()),
             other => return Err(unsupported_dtype("alloc", other)),
         }))
     }

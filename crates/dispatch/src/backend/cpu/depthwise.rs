@@ -47,6 +47,7 @@
 //!   they wake ([`for_each_chunk_mut`]).
 
 use super::activation::apply_isa;
+use super::aligned::AlignedBuf;
 use super::pool::for_each_chunk_mut;
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, internal};
@@ -87,15 +88,16 @@ thread_local! {
 /// A thread's buffers for one NCHW kernel (the band or the tile), and the layer whose padding
 /// the first was last zeroed for. A kernel writes only its layer's data into that buffer, so
 /// the padding stays zero from one call of the layer to the next: it is zeroed again only
-/// for another layer (or after a path used the buffer as scratch).
+/// for another layer (or after a path used the buffer as scratch). The buffers start on a
+/// 64-byte boundary, so the tile's pixels (8 lanes, 32 bytes) do not straddle cache lines.
 struct LayerBufs {
-    data: Vec<f32>,
+    data: AlignedBuf<f32>,
     zeroed_for: Option<Conv2dDesc>,
 }
 
 impl LayerBufs {
     const fn new() -> LayerBufs {
-        LayerBufs { data: Vec::new(), zeroed_for: None }
+        LayerBufs { data: AlignedBuf::empty(), zeroed_for: None }
     }
 
     /// `C` buffers of `N` elements, made on the thread's first call. With `zero = Some((layer,
@@ -103,7 +105,7 @@ impl LayerBufs {
     /// they already were); with `None` the caller uses it as scratch.
     fn get<const N: usize, const C: usize>(&mut self, zero: Option<(&Conv2dDesc, usize)>) -> &mut [[f32; N]; C] {
         if self.data.len() < C * N {
-            self.data = vec![0.0; C * N];
+            self.data = AlignedBuf::zeroed(C * N);
             self.zeroed_for = None;
         }
         let (bufs, _) = self.data.as_chunks_mut::<N>();

@@ -353,6 +353,7 @@ multiversion! {
 /// time on the `N × K` decode shapes (in-process A/B, one and two threads).
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::super::aligned::AlignedBuf;
     use super::{Block, DOT_LANES, STRIP, STRIP_KC};
     use std::arch::x86_64::*;
 
@@ -383,10 +384,11 @@ mod avx {
 
     thread_local! {
         /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] × [`PANEL_N`]
-        /// elements, as many as [`WIDE_PANEL`]). Taken out for the call and put back: a closure (as
+        /// elements, as many as [`WIDE_PANEL`], from a 64-byte boundary so that no vector of a
+        /// strip straddles two cache lines). Taken out for the call and put back: a closure (as
         /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and the
         /// intrinsics in it would become calls.
-        static PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+        static PANEL: std::cell::Cell<AlignedBuf<f32>> = const { std::cell::Cell::new(AlignedBuf::empty()) };
         /// This thread's copy of `A`'s rows packed for the register tiles ([`pack_rows`]),
         /// kept between products as [`PANEL`] is while it holds at most [`APACK_KEEP`] elements.
         static APACK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -432,7 +434,7 @@ mod avx {
         }
         let mut buf = PANEL.take();
         if buf.len() < panel_k * panel_n {
-            buf.resize(panel_k * panel_n, 0.0);
+            buf = AlignedBuf::zeroed(panel_k * panel_n);
         }
         // Panels in order: K steps outside, column steps inside.
         let next = |q0: usize, s0: usize| {

@@ -14,6 +14,7 @@
 //! every size and fill a reused one with NaN before handing it out, so a kernel that read its
 //! output before writing it would show in every test that runs an op twice on one size.
 
+use super::aligned::AlignedBuf;
 use half::{bf16, f16};
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -28,7 +29,7 @@ pub(super) const KEEP_BYTES: usize = 64 << 20;
 
 /// The buffers of one element type, oldest first, and their bytes.
 pub(super) struct Shelf<T> {
-    bufs: VecDeque<Vec<T>>,
+    bufs: VecDeque<AlignedBuf<T>>,
     bytes: usize,
 }
 
@@ -78,7 +79,7 @@ impl Recycle for bf16 {
 }
 
 /// A kept buffer of exactly `len` elements (the newest), if there is one.
-pub(super) fn take<T: Recycle>(len: usize) -> Option<Vec<T>> {
+pub(super) fn take<T: Recycle>(len: usize) -> Option<AlignedBuf<T>> {
     if len * size_of::<T>() < MIN_BYTES {
         return None;
     }
@@ -96,11 +97,11 @@ pub(super) fn take<T: Recycle>(len: usize) -> Option<Vec<T>> {
     Some(buf)
 }
 
-/// Keeps `buf` for a later [`take`] (if it is large enough and whole), freeing the oldest
-/// kept buffers past [`KEEP_BYTES`].
-pub(super) fn give<T: Recycle>(buf: Vec<T>) {
+/// Keeps `buf` for a later [`take`] (if it is large enough), freeing the oldest kept buffers
+/// past [`KEEP_BYTES`].
+pub(super) fn give<T: Recycle>(buf: AlignedBuf<T>) {
     let bytes = buf.len() * size_of::<T>();
-    if !(MIN_BYTES..=KEEP_BYTES).contains(&bytes) || buf.capacity() != buf.len() {
+    if !(MIN_BYTES..=KEEP_BYTES).contains(&bytes) {
         return;
     }
     let mut freed = Vec::new();
@@ -128,12 +129,19 @@ mod tests {
         (shelf.bufs.iter().filter(|b| b.len() == len).count(), shelf.bytes)
     }
 
+    /// A buffer of `len` copies of `v`.
+    fn filled<T: Recycle + bytemuck::Zeroable>(len: usize, v: T) -> AlignedBuf<T> {
+        let mut b = AlignedBuf::try_zeroed(len).expect("a small buffer");
+        b.fill(v);
+        b
+    }
+
     // Lengths no other test's outputs have (the shelves are shared by the whole test binary).
 
     #[test]
     fn a_given_buffer_is_taken_once_by_its_exact_length() {
         let len = 70_001;
-        give(vec![1.5f32; len]);
+        give(filled(len, 1.5f32));
         assert!(take::<f32>(len - 1).is_none_or(|b| b.len() == len - 1));
         let got = take::<f32>(len).expect("the buffer just given");
         assert_eq!(got.len(), len);
@@ -147,25 +155,20 @@ mod tests {
     }
 
     #[test]
-    fn small_and_partial_buffers_are_not_kept() {
+    fn small_buffers_are_not_kept() {
         if MIN_BYTES > 2 {
             let small = MIN_BYTES / 2 - 1;
-            give(vec![f16::ONE; small]);
+            give(filled(small, f16::ONE));
             assert_eq!(count::<f16>(small).0, 0);
             assert!(take::<f16>(small).is_none());
         }
-        let len = 40_003;
-        let mut spare = Vec::with_capacity(len + 10);
-        spare.resize(len, f16::ONE);
-        give(spare);
-        assert_eq!(count::<f16>(len).0, 0, "a buffer with spare capacity");
     }
 
     #[test]
     fn the_shelf_keeps_at_most_its_bytes_dropping_the_oldest() {
         let len = KEEP_BYTES / 2 / 3 + 11; // three bf16 buffers are just over a third of the cap each
         for i in 0..5u16 {
-            give(vec![bf16::from_bits(i); len]);
+            give(filled(len, bf16::from_bits(i)));
             assert!(count::<bf16>(len).1 <= KEEP_BYTES);
         }
         let (n, _) = count::<bf16>(len);
