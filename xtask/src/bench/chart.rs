@@ -1,10 +1,12 @@
 //! The roofline chart: achieved GFLOP/s against arithmetic intensity (FLOP per byte of least
 //! traffic), one marker per row, under each device's bandwidth roof (its copy kernel, measured
-//! in the run) and compute roof (a table of known peaks, else the best rate measured).
+//! in the run) and compute roof (the CPU's multiply-add peak measured in the run, `peak.rs`; for
+//! GPUs a table of known peaks; else the best rate measured).
 //!
 //! The SVG is written by hand: the chart is a few lines, markers and labels, and a plotting
 //! crate would need system font libraries to place text.
 
+use super::peak::Peak;
 use super::report::Row;
 use std::fmt::Write as _;
 
@@ -49,7 +51,8 @@ struct Roof {
     /// The traffic of the copy the bandwidth roof comes from.
     copy_bytes: f64,
     peak_gflops: f64,
-    peak_known: bool,
+    /// Where the compute roof comes from: `None` for the best rate measured (dashed).
+    peak_source: Option<&'static str>,
 }
 
 /// Log-scale axis from `lo` to `hi` (powers of ten around the data).
@@ -96,8 +99,9 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
-/// The chart for `rows` as an SVG document.
-pub fn roofline(rows: &[Row]) -> String {
+/// The chart for `rows` as an SVG document; `cpu_peak`, where measured, is the CPU's compute
+/// roof.
+pub fn roofline(rows: &[Row], cpu_peak: Option<&Peak>) -> String {
     let points: Vec<Point> = rows
         .iter()
         .filter(|r| r.passed() && r.plot_flops > 0.0 && r.bytes > 0.0)
@@ -112,14 +116,17 @@ pub fn roofline(rows: &[Row]) -> String {
         let roof = match roofs.iter_mut().position(|x| x.backend == r.backend) {
             Some(i) => &mut roofs[i],
             None => {
-                let known = KNOWN_PEAKS.iter().find(|(name, _)| r.device.contains(name));
+                let known = match cpu_peak {
+                    Some(p) if r.backend == "cpu" => Some((p.gflops, "measured FMA peak")),
+                    _ => KNOWN_PEAKS.iter().find(|(name, _)| r.device.contains(name)).map(|k| (k.1, "peak (known)")),
+                };
                 roofs.push(Roof {
                     backend: r.backend,
                     device: r.device.clone(),
                     bandwidth_gbps: 0.0,
                     copy_bytes: 0.0,
-                    peak_gflops: known.map_or(0.0, |k| k.1),
-                    peak_known: known.is_some(),
+                    peak_gflops: known.map_or(0.0, |k| k.0),
+                    peak_source: known.map(|k| k.1),
                 });
                 let last = roofs.len() - 1;
                 &mut roofs[last]
@@ -133,7 +140,7 @@ pub fn roofline(rows: &[Row]) -> String {
             roof.copy_bytes = bytes;
             roof.bandwidth_gbps = gbps;
         }
-        if !roof.peak_known {
+        if roof.peak_source.is_none() {
             roof.peak_gflops = roof.peak_gflops.max(p.gflops);
         }
     }
@@ -209,7 +216,7 @@ pub fn roofline(rows: &[Row]) -> String {
         let c = colour(roof.backend);
         let ridge = roof.peak_gflops / roof.bandwidth_gbps;
         let x0 = x_axis.lo.max(y_axis.lo / roof.bandwidth_gbps);
-        let dash = if roof.peak_known { "" } else { r#" stroke-dasharray="6,4""# };
+        let dash = if roof.peak_source.is_some() { "" } else { r#" stroke-dasharray="6,4""# };
         let _ = writeln!(
             svg,
             r#"<polyline fill="none" stroke="{c}" stroke-width="2" stroke-opacity="0.6"{dash} points="{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}"/>"#,
@@ -266,7 +273,7 @@ pub fn roofline(rows: &[Row]) -> String {
                 "   roofs: copy {:.1} GB/s (over {:.1} MB); {} {:.1} GFLOP/s",
                 roof.bandwidth_gbps,
                 roof.copy_bytes / 1e6,
-                if roof.peak_known { "peak (known)" } else { "best measured (dashed)" },
+                roof.peak_source.unwrap_or("best measured (dashed)"),
                 roof.peak_gflops
             ),
             c,
@@ -302,7 +309,7 @@ mod tests {
 
     #[test]
     fn empty_chart_is_still_an_svg() {
-        let svg = roofline(&[]);
+        let svg = roofline(&[], None);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("nothing to plot"));
     }

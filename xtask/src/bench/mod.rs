@@ -37,6 +37,7 @@ mod launch;
 mod measure;
 mod network;
 mod ort;
+mod peak;
 mod quant;
 mod report;
 mod workload;
@@ -236,9 +237,16 @@ pub fn run(args: Args) -> Result<()> {
         println!("\ncases marked ok* ran after writing a {} MiB buffer to flush the host caches", bytes >> 20);
     }
     meta.tune = tune_notes;
+    // The CPU's compute roof, measured after its rows (nothing else runs meanwhile).
+    if devices.iter().any(|d| d.kind() == BackendKind::Cpu) {
+        let p = peak::cpu(args.quick);
+        println!("\ncpu compute roof: {:.1} GFLOP/s f32 multiply-add peak ({}), measured in this run", p.gflops, p.how);
+        meta.cpu_peak = Some(p);
+    }
     report::write(&json, &meta, &rows)?;
     let svg = json.with_extension("svg");
-    std::fs::write(&svg, chart::roofline(&rows)).with_context(|| format!("writing {}", svg.display()))?;
+    std::fs::write(&svg, chart::roofline(&rows, meta.cpu_peak.as_ref()))
+        .with_context(|| format!("writing {}", svg.display()))?;
     println!("\nwrote {}, {} and {}", json.display(), json.with_extension("csv").display(), svg.display());
     if let Some(path) = &args.trace {
         let events: usize = profiles.iter().map(|p| p.records.len()).sum();

@@ -147,6 +147,8 @@ pub struct Meta {
     pub cache_flush_bytes: Option<usize>,
     /// Per device: the autotuner's mode and whether a tune cache file was present.
     pub tune: Vec<String>,
+    /// The CPU's f32 multiply-add peak, measured in the run (where the CPU was benched).
+    pub cpu_peak: Option<super::peak::Peak>,
 }
 
 impl Meta {
@@ -164,6 +166,7 @@ impl Meta {
             cache_flush: false,
             cache_flush_bytes: None,
             tune: Vec::new(),
+            cpu_peak: None,
         }
     }
 }
