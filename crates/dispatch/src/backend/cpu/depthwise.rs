@@ -1,14 +1,16 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW planes of at most 16 × 16 pixels (64 × 64 for 3 × 3 kernels on AVX2), and strided
-//!   layers of up to 64 × 64 outputs
+//! - NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1, stride 1
+//!   or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64 outputs
 //!   ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
 //!   as the vector lanes (in bands of rows where the whole padded plane does not fit), each
 //!   tap is one vector load at a fixed offset times the tap's weight vector, 8 output pixels
 //!   at a time, and the sums are transposed back. On MobileNet's 7² and 14² planes this is
 //!   1.5–2.5× the band kernel (band building and row bookkeeping dominated there), and
-//!   1.2–4× at stride 2 (112² to 14²).
+//!   1.2–4× at stride 2 (112² to 14²). Past 64² outputs (3 × 3 only) the sums go band by
+//!   band too: 1.2–1.35× the band kernel at 32 × 112² and 64 × 100², 1.04–1.13× at 16 × 224²
+//!   and 24 × 70² (separate processes alternated, 1 and 2 threads, 2-core Zen 3).
 //! - Other NCHW layers ([`Band`]): a band of output rows of one plane is computed from a
 //!   copy of the input rows it reaches, zero-padded and split by column into the horizontal
 //!   stride's phases, so every tap of an 8-wide chunk of outputs is one contiguous load at a
@@ -189,6 +191,8 @@ impl Conv<'_> {
         let taps = d.kernel_h * d.kernel_w;
         // Small NCHW planes, and strided ones, go through the channel-vector tile.
         let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d, isa) } else { None };
+        // Half-precision outputs go through a narrowing buffer of one group's whole output.
+        let tile = tile.filter(|t| E::as_f32(&[]).is_some() || t.whole_output());
         match (d.layout, tile) {
             (Layout::Nchw, Some(t)) => {
                 let plane = oh * ow;

@@ -638,12 +638,27 @@ fn depthwise_channel_tile_is_exact() {
     }
     // Stride 2 up to the largest whole-plane tile (61² with padding 1 is a 63² tile and
     // fits, 63² does not), then in bands of output rows (63²: 31 and 1 rows, 100²: 19, 19
-    // and 12) up to 128² (64² outputs, as many as the sums hold; 130² takes the band kernel);
-    // 3 × 3 at stride 1 up to its 64² limit (with padding 1, 62² is the largest plane whose
-    // padded tile fits; 63² and 64² take the band kernel) and past it.
-    for &(s, stride) in
-        &[(40, 2), (61, 2), (63, 2), (100, 2), (128, 2), (130, 2), (16, 1), (17, 1), (45, 1), (62, 1), (63, 1), (65, 1)]
-    {
+    // and 12) up to 128² (64² outputs, as many as the sums hold) and past it (130²: in
+    // AVX2 and AVX-512 the sums go band by band, elsewhere the band kernel takes it); 3 × 3
+    // at stride 1 with the whole padded plane in the tile (with padding 1, up to 62²), then
+    // in bands of rows (63², 65²), with the sums band by band past 64² outputs (70²: 33, 33
+    // and 4 rows; 112²: 35 rows a band but the last).
+    for &(s, stride) in &[
+        (40, 2),
+        (61, 2),
+        (63, 2),
+        (100, 2),
+        (128, 2),
+        (130, 2),
+        (16, 1),
+        (17, 1),
+        (45, 1),
+        (62, 1),
+        (63, 1),
+        (65, 1),
+        (70, 1),
+        (112, 1),
+    ] {
         let d = conv_geometry(Layout::Nchw, [1, 9, s, s], [3, 3], [stride, stride], [1, 1], [1, 1, 1, 1])
             .has_bias(true)
             .activation(Activation::Relu6);
@@ -660,6 +675,11 @@ fn depthwise_channel_tile_is_exact() {
         // 64² outputs of 25 taps: a plane is more multiply-adds than a task's share, so
         // every task takes one group of 8 planes.
         ([1, 9, 128, 128], [5, 5], [2, 2], [1, 1], [2, 1, 2, 1]),
+        // 3 × 3 at stride 1 with the sums band by band: uneven sides and paddings, a
+        // multiplier, vertical dilation and stride 2 down the rows only.
+        ([1, 11, 97, 83], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        ([2, 3, 90, 75], [3, 3], [1, 1], [2, 1], [0, 2, 1, 0]),
+        ([1, 5, 150, 66], [3, 3], [2, 1], [1, 1], [1, 1, 1, 1]),
     ];
     for &(shape, k, st, dil, pads) in banded {
         if let Some(d) = varied_layer(conv_geometry(Layout::Nchw, shape, k, st, dil, pads), &[1, 2], seed) {

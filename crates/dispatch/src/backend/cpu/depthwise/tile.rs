@@ -1,4 +1,4 @@
-//! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers; up to 64²
+//! The channel-vector kernel for small NCHW planes (MobileNet's 7² and 14² layers; any size
 //! with 3 × 3 kernels on AVX2) and strided ones (up to 64 × 64 outputs).
 //!
 //! On a plane of a few dozen pixels the band kernel spends most of its time building bands
@@ -23,8 +23,11 @@
 //!
 //! The tile's padding is written only when the buffer is zeroed for a layer: every group of
 //! the layer writes the same data pixels, so it stays zero. Where the whole padded plane does
-//! not fit (strided layers past about 60 × 60), the tile holds a band of rows at a time and
-//! each band zeroes its own padding rows.
+//! not fit (past about 60 × 60), the tile holds a band of rows at a time and each band zeroes
+//! its own padding rows; where the group's output planes do not fit the sums buffer (3 × 3
+//! rows past 64² outputs), each band's sums are transposed into the planes before the next
+//! band (half-precision outputs, which are narrowed from one buffer of the whole output,
+//! take the band kernel there).
 
 use super::super::Elem;
 use super::super::activation::apply_isa;
@@ -43,13 +46,6 @@ const PX: usize = 8;
 /// tile's tap-by-tap loop; with a stride of 2 this kernel is faster up to the largest tile
 /// (`TBUF`). Measured on this project's 2-core AVX2 machine (see `ARCHITECTURE.md`).
 const MAX_PLANE_S1: usize = 256;
-
-/// [`MAX_PLANE_S1`] for 3 × 3 kernels with horizontal dilation 1 on AVX2 and FMA, whose rows
-/// take `nhwc3::avx::dense_rows` (64 × 64; the padded plane must also fit the tile: no bands
-/// at stride 1). There the tile took 0.52–0.82 of the band kernel's time on 28² to 56² planes
-/// on one core, 0.55–0.96 on two (192 × 28², 144 × 56², 32 × 56², 64 × 40²; in-process A/B on
-/// a 2-core Zen 3 EPYC, same bits).
-const MAX_PLANE_S1_3X3: usize = 4096;
 
 /// Whether the layer's rows take `nhwc3::avx::dense_rows` where the CPU has AVX2 and FMA.
 fn dense(d: &Conv2dDesc) -> bool {
@@ -82,8 +78,12 @@ pub(super) struct Tile {
     pub(super) hp: usize,
     pub(super) wp: usize,
     /// Output rows per band: `oh` when the tile holds the whole padded plane, fewer where
-    /// only a band of its rows fits (strided layers up to 64 × 64 outputs).
+    /// only a band of its rows fits (strided layers up to 64 × 64 outputs, and 3 × 3 layers
+    /// at stride 1 on AVX2, any size).
     band: usize,
+    /// Whether the sums buffer holds one band's rows at a time (the group's whole output
+    /// planes are over [`TBUF`] elements), each band transposed into the planes when done.
+    band_sums: bool,
     /// Per tap (`ky·kw + kx`): its offset in pixels from its output pixel's first tap.
     offs: [usize; MAX_TAPS],
     /// Whole plane: per input pixel (`y·w + x`), its pixel in the tile. Bands: per input
@@ -93,39 +93,46 @@ pub(super) struct Tile {
 
 impl Tile {
     /// The geometry, or `None` where the layer is not for this kernel: more than
-    /// [`MAX_TAPS`] taps, a stride-1 plane over [`MAX_PLANE_S1`] pixels (or
-    /// [`MAX_PLANE_S1_3X3`]) in `isa`, a group's output over
-    /// [`TBUF`] elements, or a band of 4 output rows whose tile would be.
+    /// [`MAX_TAPS`] taps, a stride-1 plane over [`MAX_PLANE_S1`] pixels (3 × 3 kernels with
+    /// horizontal dilation 1 in AVX2 or AVX-512 take any size, in bands), a group's output
+    /// over [`TBUF`] elements (but for those 3 × 3 layers, whose sums then go band by band),
+    /// or a band of 4 output rows whose tile would be.
     pub(super) fn new(d: &Conv2dDesc, isa: Isa) -> Option<Tile> {
         let (kh, kw) = (d.kernel_h, d.kernel_w);
         let (oh, ow) = (d.out_h()?, d.out_w()?);
         if kh * kw > MAX_TAPS || kh == 0 || kw == 0 || oh == 0 || ow == 0 || d.stride_h == 0 || d.stride_w == 0 {
             return None;
         }
-        let max_s1 = if isa != Isa::Portable && dense(d) { MAX_PLANE_S1_3X3 } else { MAX_PLANE_S1 };
-        if d.stride_h == 1 && d.stride_w == 1 && d.height.checked_mul(d.width)? > max_s1 {
+        // 3 × 3 rows through `nhwc3::avx::dense_rows`: any plane, in bands where needed.
+        let dense_avx = isa != Isa::Portable && dense(d);
+        if d.stride_h == 1 && d.stride_w == 1 && !dense_avx && d.height.checked_mul(d.width)? > MAX_PLANE_S1 {
             return None;
         }
         let reach = |o: usize, s: usize, k: usize, dil: usize| (o - 1) * s + (k - 1) * dil + 1;
         let mut hp = (d.pad_top + d.height).max(reach(oh, d.stride_h, kh, d.dilation_h));
         let wp = (d.pad_left + d.width).max(reach(ow, d.stride_w, kw, d.dilation_w));
-        // The sums (and a half-precision output's buffer) hold whole output planes.
-        if oh.checked_mul(ow)?.checked_mul(G)? > TBUF {
+        // The sums hold whole output planes, or (dense 3 × 3 rows) one band's.
+        let band_sums = oh.checked_mul(ow)?.checked_mul(G)? > TBUF;
+        if band_sums && !dense_avx {
             return None;
         }
         let mut band = oh;
-        if hp.checked_mul(wp)?.checked_mul(G)? > TBUF {
-            // Bands of output rows, for strided layers only (at stride 1 the band kernel is
-            // as fast on planes this large).
-            if d.stride_h * d.stride_w == 1 {
+        if band_sums || hp.checked_mul(wp)?.checked_mul(G)? > TBUF {
+            // Bands of output rows: strided layers, and dense 3 × 3 rows at stride 1 (with
+            // the general tap loop the band kernel was as fast on stride-1 planes this large).
+            if d.stride_h * d.stride_w == 1 && !dense_avx {
                 return None;
             }
             let rows = TBUF / G / wp;
             if rows < (kh - 1) * d.dilation_h + 1 + 3 * d.stride_h {
                 return None; // Fewer than 4 output rows per band.
             }
-            band = (rows - (kh - 1) * d.dilation_h - 1) / d.stride_h + 1;
+            band = ((rows - (kh - 1) * d.dilation_h - 1) / d.stride_h + 1).min(oh);
             hp = reach(band, d.stride_h, kh, d.dilation_h);
+            // A band's sums: band · ow ≤ band · wp ≤ rows · wp ≤ TBUF / G.
+            if band_sums && band * ow * G > TBUF {
+                return None;
+            }
         }
         let mut offs = [0usize; MAX_TAPS];
         for ky in 0..kh {
@@ -145,12 +152,18 @@ impl Tile {
                 *p = (d.pad_left + x) as u16;
             }
         }
-        Some(Tile { d: *d, oh, ow, hp, wp, band, offs, pos })
+        Some(Tile { d: *d, oh, ow, hp, wp, band, band_sums, offs, pos })
     }
 
     /// The elements of the tile buffer a group uses (its padding is zeroed once per layer).
     fn tile_len(&self) -> usize {
         self.hp * self.wp * G
+    }
+
+    /// Whether a group's whole output (its half-precision narrowing buffer) fits [`TBUF`]:
+    /// not where the sums go band by band.
+    pub(super) fn whole_output(&self) -> bool {
+        !self.band_sums
     }
 }
 
@@ -211,7 +224,7 @@ fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32; TBUF + TPAD], sums: &mut [f32
         let (n, oc) = (p / occ, p % occ);
         &a.x[(n * d.channels + oc / d.multiplier) * hw..][..hw]
     });
-    let sums = &mut sums[..plane * G];
+    let sums = &mut sums[..if t.band_sums { t.band * t.ow } else { plane } * G];
     let out = &mut out[..nl * plane];
     #[cfg(target_arch = "x86_64")]
     let avx = isa != Isa::Portable;
@@ -248,16 +261,33 @@ fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32; TBUF + TPAD], sums: &mut [f32
                     fill(&row, &t.pos[..w], r * t.wp, tile);
                 }
             }
-            compute(isa, a, tile, oy0, rows, sums);
+            if t.band_sums {
+                // The band's sums from the buffer's start, then into its rows of the planes.
+                compute(isa, a, tile, 0, rows, sums);
+                let at = oy0 * t.ow;
+                let n = rows * t.ow;
+                #[cfg(target_arch = "x86_64")]
+                if avx {
+                    // SAFETY: as above.
+                    unsafe { avx::planes_out(&sums[..n * G], n, plane, at, nl, out) };
+                    continue;
+                }
+                planes_out_scalar(&sums[..n * G], n, plane, at, 0, out);
+            } else {
+                compute(isa, a, tile, oy0, rows, sums);
+            }
+        }
+        if t.band_sums {
+            return;
         }
     }
     #[cfg(target_arch = "x86_64")]
     if avx {
         // SAFETY: as above.
-        unsafe { avx::planes_out(sums, plane, nl, out) };
+        unsafe { avx::planes_out(sums, plane, plane, 0, nl, out) };
         return;
     }
-    planes_out_scalar(sums, plane, 0, out);
+    planes_out_scalar(sums, plane, plane, 0, 0, out);
 }
 
 /// Pixels `from..` of the `G` input planes into the lanes of their tile pixels (`pos[q]` +
@@ -271,10 +301,11 @@ fn planes_in_scalar(srcs: &[&[f32]; G], from: usize, pos: &[u16], offset: usize,
     }
 }
 
-/// Pixels `from..` of the pixel-major sums into the output planes, one at a time.
-fn planes_out_scalar(sums: &[f32], plane: usize, from: usize, out: &mut [f32]) {
+/// Pixels `from..n` of the pixel-major sums (`n` pixels) into the output planes (`plane`
+/// elements apart) from element `at` of each, one at a time.
+fn planes_out_scalar(sums: &[f32], n: usize, plane: usize, at: usize, from: usize, out: &mut [f32]) {
     for (l, dst) in out.chunks_exact_mut(plane).enumerate() {
-        for (q, o) in dst.iter_mut().enumerate().skip(from) {
+        for (q, o) in dst[at..at + n].iter_mut().enumerate().skip(from) {
             *o = sums[q * G + l];
         }
     }
@@ -343,19 +374,19 @@ mod avx {
 
     /// [`planes_out_scalar`] from pixel 0, eight pixels per transpose.
     #[target_feature(enable = "avx")]
-    pub(super) fn planes_out(sums: &[f32], plane: usize, nl: usize, out: &mut [f32]) {
-        let full = plane - plane % 8;
+    pub(super) fn planes_out(sums: &[f32], n: usize, plane: usize, at: usize, nl: usize, out: &mut [f32]) {
+        let full = n - n % 8;
         for q in (0..full).step_by(8) {
             let px = &sums[q * G..][..8 * G];
             // SAFETY: each slice is 8 elements.
             let r: [__m256; 8] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(px[j * G..][..8].as_ptr()) });
             for (l, c) in t8(r).into_iter().enumerate().take(nl) {
-                let o = &mut out[l * plane + q..][..8];
+                let o = &mut out[l * plane + at + q..][..8];
                 // SAFETY: `o` is 8 elements.
                 unsafe { _mm256_storeu_ps(o.as_mut_ptr(), c) };
             }
         }
-        planes_out_scalar(sums, plane, full, out);
+        planes_out_scalar(sums, n, plane, at, full, out);
     }
 }
 
