@@ -10,6 +10,11 @@ use super::peak::Peak;
 use super::report::Row;
 use std::fmt::Write as _;
 
+/// The known FP32 peak of a device, GFLOP/s, by its description ([`KNOWN_PEAKS`]).
+pub fn known_peak(device: &str) -> Option<f64> {
+    KNOWN_PEAKS.iter().find(|(name, _)| device.contains(name)).map(|k| k.1)
+}
+
 /// Known FP32 (non-tensor-core) peaks, GFLOP/s, by a substring of the device description.
 const KNOWN_PEAKS: [(&str, f64); 6] = [
     ("H200", 66_900.0),
@@ -118,7 +123,7 @@ pub fn roofline(rows: &[Row], cpu_peak: Option<&Peak>) -> String {
             None => {
                 let known = match cpu_peak {
                     Some(p) if r.backend == "cpu" => Some((p.gflops, "measured FMA peak")),
-                    _ => KNOWN_PEAKS.iter().find(|(name, _)| r.device.contains(name)).map(|k| (k.1, "peak (known)")),
+                    _ => known_peak(&r.device).map(|g| (g, "peak (known)")),
                 };
                 roofs.push(Roof {
                     backend: r.backend,

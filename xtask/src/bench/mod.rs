@@ -112,8 +112,13 @@ pub fn run(args: Args) -> Result<()> {
     let started = std::time::SystemTime::now();
     let mut refs = SharedRefs::default();
     let mut rows = Vec::new();
-    let mut ctx = Ctx { quick: args.quick, flush: !args.no_flush, flusher: None, ort: None };
+    let mut ctx = Ctx { quick: args.quick, flush: !args.no_flush, flusher: None, ort: None, cpu_peak: None };
     if devices.iter().any(|d| d.kind() == BackendKind::Cpu) {
+        // The CPU's compute roof, before any case (nothing else runs meanwhile): each row's
+        // `att` column divides by it.
+        let p = peak::cpu(args.quick);
+        println!("cpu compute roof: {:.1} GFLOP/s f32 multiply-add peak ({}), measured in this run", p.gflops, p.how);
+        ctx.cpu_peak = Some(p);
         match ort::Ort::start() {
             Ok(o) => {
                 println!(
@@ -237,12 +242,7 @@ pub fn run(args: Args) -> Result<()> {
         println!("\ncases marked ok* ran after writing a {} MiB buffer to flush the host caches", bytes >> 20);
     }
     meta.tune = tune_notes;
-    // The CPU's compute roof, measured after its rows (nothing else runs meanwhile).
-    if devices.iter().any(|d| d.kind() == BackendKind::Cpu) {
-        let p = peak::cpu(args.quick);
-        println!("\ncpu compute roof: {:.1} GFLOP/s f32 multiply-add peak ({}), measured in this run", p.gflops, p.how);
-        meta.cpu_peak = Some(p);
-    }
+    meta.cpu_peak = ctx.cpu_peak.clone();
     report::write(&json, &meta, &rows)?;
     let svg = json.with_extension("svg");
     std::fs::write(&svg, chart::roofline(&rows, meta.cpu_peak.as_ref()))
@@ -282,6 +282,8 @@ struct Ctx {
     flusher: Option<Flusher>,
     /// The ONNX Runtime helper, when it could be started (CPU runs only).
     ort: Option<ort::Ort>,
+    /// The CPU's compute roof, measured before the first case (CPU runs only).
+    cpu_peak: Option<peak::Peak>,
 }
 
 fn scale_of(dev: &Device, quick: bool) -> Scale {
@@ -411,7 +413,11 @@ fn bench_case(
     trace: Option<&mut Profile>,
 ) -> Row {
     let mut row = measure_case(dev, entry, dtype, ctx, refs, trace);
-    row.finish();
+    let peak = match dev.kind() {
+        BackendKind::Cpu => ctx.cpu_peak.as_ref().map(|p| p.gflops),
+        _ => chart::known_peak(&dev.description()),
+    };
+    row.finish(peak);
     row
 }
 

@@ -47,6 +47,10 @@ pub struct Row {
     pub copy_gbps: Option<f64>,
     /// Achieved bytes/s over the copy kernel's bytes/s.
     pub roof_fraction: Option<f64>,
+    /// Achieved FLOP/s over the roof the row can reach: the lower of the copy kernel's bandwidth
+    /// times the row's FLOP per byte and the device's compute peak (the CPU's measured in the
+    /// run, `peak.rs`; a GPU's from the chart's table of known peaks). Rows with FLOPs only.
+    pub attainable_fraction: Option<f64>,
     pub references: Vec<Reference>,
     /// Kernel time from GPU timestamps (wgpu), one profiled run per sample: median/min/max
     /// of the sum of the op's launches.
@@ -84,6 +88,7 @@ impl Row {
             copy: None,
             copy_gbps: None,
             roof_fraction: None,
+            attainable_fraction: None,
             references: Vec::new(),
             device_time: None,
             default_config: None,
@@ -97,8 +102,9 @@ impl Row {
         }
     }
 
-    /// Fills in the derived figures once the timings are in.
-    pub fn finish(&mut self) {
+    /// Fills in the derived figures once the timings are in; `peak_gflops` is the device's
+    /// compute roof, where known.
+    pub fn finish(&mut self, peak_gflops: Option<f64>) {
         let Some(s) = self.stats else { return };
         self.gflops = self.flops.map(|f| f / s.median_s / 1e9);
         self.gbps = Some(self.bytes / s.median_s / 1e9);
@@ -106,6 +112,11 @@ impl Row {
             let copy_gbps = bytes / c.median_s / 1e9;
             self.copy_gbps = Some(copy_gbps);
             self.roof_fraction = self.gbps.map(|g| g / copy_gbps);
+            if let (Some(gflops), Some(flops), Some(peak)) = (self.gflops, self.flops, peak_gflops)
+                && self.bytes > 0.0
+            {
+                self.attainable_fraction = Some(gflops / (copy_gbps * flops / self.bytes).min(peak));
+            }
         }
         for r in &mut self.references {
             r.speedup = r.stats.map(|rs| rs.median_s / s.median_s);
@@ -161,7 +172,9 @@ impl Meta {
             devices: devices.iter().map(|d| format!("{}: {}", d.kind(), d.description())).collect(),
             notes: "times are wall-clock seconds per call including a device synchronisation; \
                     speedup = reference median / tilekit median; roof_fraction = achieved bytes/s \
-                    over the device copy kernel's bytes/s at the same traffic; device_time = kernel time \
+                    over the device copy kernel's bytes/s at the same traffic; attainable_fraction = achieved \
+                    GFLOP/s over min(copy GB/s × FLOP per byte, the device's compute peak: the CPU's \
+                    multiply-add peak measured in the run, meta.cpu_peak); device_time = kernel time \
                     from GPU timestamps; tuned_speedup = default-config median / tuned median",
             cache_flush: false,
             cache_flush_bytes: None,
@@ -178,7 +191,8 @@ pub fn print_legend() {
          off (default tile configs) / tuned, timed alternately (above 1: tuning pays).\n\
           GB/s counts the least traffic \
          (inputs read once, output written once);\nroof = that rate over the device's copy kernel at the same \
-         traffic. Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
+         traffic; att = GFLOP/s over the roof the row can reach, the lower of that copy rate × FLOP per byte \
+         and the compute peak (the CPU's measured multiply-add peak, a GPU's known one). Ratios = reference time / tilekit time (above 1: tilekit is faster).\nReferences: gemm = the \
          gemm crate in f32 on the CPU; cpu = tilekit's CPU backend; naive = a naive WGSL matmul on the same \
          device;\nprev = the skinny-M kernel wgpu chose before the GEMV kernel (M <= 16: small-M for M <= 4, 16-row \
          tiles; on CUDA, B [K, N] with 5-32 rows: the register-tile GEMV and SIMT skinny kernels the \
@@ -190,7 +204,7 @@ pub fn print_legend() {
     );
 }
 
-const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort  vs ort-in  vs f16x2";
+const HEADER: &str = "suite       op          shape                       dtype  check  median ms  min-max ms             dev ms    GFLOP/s     GB/s   roof    att  vs dflt   vs gemm   vs cpu  vs naive   vs prev  vs f64-ref    vs ort  vs ort-in  vs f16x2";
 
 pub fn print_header() {
     println!("{HEADER}");
@@ -213,7 +227,7 @@ pub fn print_row(row: &Row) {
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let _ = write!(
         line,
-        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}  {:>9}  {:>8}",
+        " ok{}    {:>9.3}  {:>8.3}-{:<9.3}  {:>9}  {:>9}  {:>7}  {:>5}  {:>5}  {:>7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}  {:>9}  {:>8}",
         if row.flushed { "*" } else { " " },
         s.median_s * 1e3,
         s.min_s * 1e3,
@@ -222,6 +236,7 @@ pub fn print_row(row: &Row) {
         opt(row.gflops, 2),
         opt(row.gbps, 2),
         row.roof_fraction.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)),
+        row.attainable_fraction.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)),
         row.tuned_speedup.map_or("-".to_string(), |x| format!("{x:.2}x")),
         row.speedup("gemm"),
         row.speedup("cpu"),
@@ -356,7 +371,7 @@ fn csv(rows: &[Row]) -> String {
     let refs = ["gemm", "cpu", "naive", "prev", "f64-ref", "ort", "ort-in", "f16x2"];
     let mut out = String::from(
         "suite,op,shape,dtype,backend,ok,median_ms,min_ms,max_ms,runs,device_median_ms,default_config_median_ms,\
-         tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction",
+         tuned_speedup,flushed,gflops,gbps,copy_gbps,roof_fraction,attainable_fraction",
     );
     for r in refs {
         let _ = write!(out, ",{r}_median_ms,{r}_speedup");
@@ -367,7 +382,7 @@ fn csv(rows: &[Row]) -> String {
         let s = row.stats;
         let _ = write!(
             out,
-            "{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             row.suite,
             row.op,
             row.shape,
@@ -386,6 +401,7 @@ fn csv(rows: &[Row]) -> String {
             f(row.gbps),
             f(row.copy_gbps),
             f(row.roof_fraction),
+            f(row.attainable_fraction),
         );
         for name in refs {
             let r = row.references.iter().find(|r| r.name == name);
