@@ -19,8 +19,7 @@
 //!   5–14 at 224²): the image is expanded once, its rows split over the threads, then each
 //!   thread takes one band of output rows (depthwise, then projection) reading the expanded
 //!   rows it needs, its neighbours' halo rows included, from that tensor. No row is expanded
-//!   twice. In NCHW with at most [`NCHW_PIXEL_MAJOR_MAX_CO`] output channels the band's
-//!   projection is computed pixel-major and transposed into the planes.
+//!   twice.
 //! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
 //!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
 //!   [`E_BUDGET`] (128 KiB of L2), expanding the input rows the band needs (its rows and the
@@ -91,15 +90,19 @@ const E_BUDGET: usize = 32 * 1024;
 /// ([`Block::by_channels`]), not their rows.
 const CHANNEL_SPLIT_PIXELS: usize = 64;
 
-/// NCHW blocks of at most this many output channels, over whole images (MobileNetV2's blocks
-/// 5–13), compute the projection pixel-major and transpose it into the output planes. `gemm`
+/// NCHW blocks of at most this many output channels (MobileNetV2's blocks 2–13), in whole
+/// images and in bands, compute each band's projection pixel-major (summed over the chunks of
+/// hidden channels in a per-thread buffer) and transpose it into the output planes. `gemm`
 /// makes the output's contiguous dimension its `M`: written into the planes, the pixels are
 /// its `M` and the depthwise output (pixels × hidden, the larger operand) is packed through a
 /// transposing gather; pixel-major, the channels are and the weight is gathered instead, as
 /// in NHWC. The network profiled, the two interleaved run by run (2-core AVX-512 Xeon,
 /// medians of 21): 0.79–0.83 of the time on blocks 5–6 (32 channels), 0.96 on block 7,
-/// 0.89–0.91 on 8–10 (64), 0.96–1.0 on 11–13 (96); 1.05 on block 14 (160), and 0.95–1.04 on
-/// the bands of blocks 2–4.
+/// 0.89–0.91 on 8–10 (64), 0.96–1.0 on 11–13 (96); 1.05 on block 14 (160). The bands of blocks
+/// 2–4 were level then (0.95–1.04); with the aligned buffers and the AVX transposes since, on a
+/// 2-core Zen 3 (the block alone, separate processes alternated, three rounds), they took 0.75–0.78
+/// of the time on block 3 (24 → 144 → 24 at 56²), 0.83–0.97 on blocks 2 and 4, where `gemm`'s
+/// transposing gather of the depthwise output had been 15% of block 3's profile.
 const NCHW_PIXEL_MAJOR_MAX_CO: usize = 96;
 
 /// Images whose expanded tensor (hidden channels padded to [`VB`]) has at most this many f32
@@ -484,11 +487,11 @@ impl Block<'_> {
             }
             Ok(())
         };
-        // NCHW over a whole image with few output channels: the projection pixel-major into
-        // this thread's product buffer (`[pixel][co]`, starting at the bias), then transposed
-        // into the planes with the residual (see [`NCHW_PIXEL_MAJOR_MAX_CO`]).
+        // NCHW with few output channels: the projection pixel-major into this thread's product
+        // buffer (`[pixel][co]`, starting at the bias), then transposed into the planes with
+        // the residual (see [`NCHW_PIXEL_MAJOR_MAX_CO`]).
         let opix = rows * ow;
-        if d.layout == Layout::Nchw && image.is_some() && co <= NCHW_PIXEL_MAJOR_MAX_CO {
+        if d.layout == Layout::Nchw && co <= NCHW_PIXEL_MAJOR_MAX_CO {
             let (x0, _, _) = self.x_view(n, oy0);
             let plane = d.out_h() * ow;
             let add = transpose::Add { bias: None, res: d.residual().then(|| (&self.x[x0..], d.height * d.width)) };
