@@ -66,6 +66,7 @@
 //! (mixed, within 0.88–1.13×); rayon's split of the bands was bimodal (blocks 15–17 took
 //! 0.46 or 0.83 ms from one run of calls to the next, the pool 0.44 every time).
 
+use super::aligned::AlignedBuf;
 use super::depthwise::Conv;
 use super::matmul::{Strided, gemm_f32};
 use super::pointwise::Pointwise;
@@ -74,8 +75,8 @@ use super::simd::{Isa, madd, multiversion};
 use super::small_k;
 use super::transpose;
 use super::{CHUNK, Elem, internal, scratch};
-use crate::Result;
 use crate::backend::PointwiseDesc;
+use crate::{BackendKind, Error, Result};
 use std::cell::Cell;
 use std::ops::Range;
 use std::thread::LocalKey;
@@ -117,28 +118,29 @@ thread_local! {
     /// A thread's buffers for an image's expanded (or, without expand, filtered) tensor, a
     /// band's expanded rows and its filtered rows: each taken out of its slot while in use
     /// ([`Reused`]).
-    static IMAGE_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static ROWS_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static FILTERED_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static IMAGE_BUF: Cell<AlignedBuf<f32>> = const { Cell::new(AlignedBuf::empty()) };
+    static ROWS_BUF: Cell<AlignedBuf<f32>> = const { Cell::new(AlignedBuf::empty()) };
+    static FILTERED_BUF: Cell<AlignedBuf<f32>> = const { Cell::new(AlignedBuf::empty()) };
 }
 
 /// An f32 buffer from one of this thread's slots, reused from call to call, given back when
 /// dropped: the block's expanded and filtered rows are written before they are read, so a
 /// buffer is zeroed only when it is allocated (it was every call: a pass over up to 1 MiB
 /// per image, `memset` 5% of the whole network's profile). Its contents are whatever the
-/// last user left.
+/// last user left. It starts on a 64-byte boundary ([`AlignedBuf`]).
 struct Reused {
-    slot: &'static LocalKey<Cell<Vec<f32>>>,
-    buf: Vec<f32>,
+    slot: &'static LocalKey<Cell<AlignedBuf<f32>>>,
+    buf: AlignedBuf<f32>,
 }
 
 impl Reused {
-    /// At least `len` elements, plus room to align them to 64 bytes ([`aligned`]).
-    fn take(slot: &'static LocalKey<Cell<Vec<f32>>>, len: usize) -> Result<Reused> {
+    /// At least `len` elements.
+    fn take(slot: &'static LocalKey<Cell<AlignedBuf<f32>>>, len: usize) -> Result<Reused> {
         let mut buf = slot.take();
-        if buf.len() < len + 16 {
+        if buf.len() < len {
             drop(buf);
-            buf = scratch(len + 16)?;
+            buf = AlignedBuf::try_zeroed(len)
+                .ok_or(Error::OutOfMemory { backend: BackendKind::Cpu, bytes: (len as u64) * 4 })?;
         }
         // Tests see a buffer of NaNs: a read before a write shows in the output.
         #[cfg(test)]
@@ -146,9 +148,9 @@ impl Reused {
         Ok(Reused { slot, buf })
     }
 
-    /// Its first `len` elements from a 64-byte boundary.
+    /// Its first `len` elements (from a 64-byte boundary).
     fn aligned(&mut self, len: usize) -> &mut [f32] {
-        aligned(&mut self.buf, len)
+        &mut self.buf[..len]
     }
 }
 
@@ -693,16 +695,6 @@ struct ChunkArgs<'a> {
 struct Out(*mut f32);
 // SAFETY: the bands write disjoint elements (see `Block::band`), and the caller waits for them.
 unsafe impl Sync for Out {}
-
-/// `len` elements of `buf` from a 64-byte boundary (`buf` holds 16 more).
-fn aligned(buf: &mut [f32], len: usize) -> &mut [f32] {
-    let skip = skip(buf);
-    &mut buf[skip..skip + len]
-}
-
-fn skip(buf: &[f32]) -> usize {
-    buf.as_ptr().align_offset(64).min(16).min(buf.len())
-}
 
 #[inline(always)]
 fn relu6(v: f32) -> f32 {
