@@ -1,11 +1,12 @@
 //! MobileNetV2 on a tilekit device: the folded weights uploaded once, then a forward pass of
-//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier).
+//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier; the
+//! head's and the classifier's weights packed at load, [`Device::pack_matmul_weights`]).
 
 use crate::arch::{self, BlockSpec, HEAD_CHANNELS, NUM_CLASSES, STEM_CHANNELS};
 use crate::{ModelError, Weights};
 use tilekit::{
-    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PointwiseOptions,
-    Tensor,
+    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PackedMatmul,
+    PointwiseOptions, Tensor,
 };
 
 /// A conv's weight and bias on the device.
@@ -76,8 +77,12 @@ pub struct MobileNetV2 {
     /// The stem as a pointwise conv over im2col patches: `[32, 27]`.
     stem: Conv,
     blocks: Vec<BlockWeights>,
-    head: Conv,
-    fc_weight: Tensor,
+    /// The head 1×1 conv's weight `[1280, 320]` packed once ([`Device::pack_matmul_weights`]),
+    /// and its bias.
+    head: PackedMatmul,
+    head_bias: Tensor,
+    /// The classifier's weight `[1000, 1280]`, packed once, and its bias.
+    fc_weight: PackedMatmul,
     fc_bias: Tensor,
     /// Blocks through [`fused_block`] (the default) or [`block`].
     fused: bool,
@@ -112,10 +117,24 @@ impl MobileNetV2 {
             blocks.push(BlockWeights { spec, expand, depthwise, project });
         }
         let c = next()?;
-        let head = up(c, &c.shape)?;
+        let head = up(c, &[c.shape[0], c.shape[1]])?;
+        let head_bias = head.bias;
+        let head = device.pack_matmul_weights(&head.weight, true)?;
         let fc_weight = device.tensor_from_f32(&[NUM_CLASSES, HEAD_CHANNELS], dtype, &weights.fc_weight)?;
+        let fc_weight = device.pack_matmul_weights(&fc_weight, true)?;
         let fc_bias = device.tensor_from_f32(&[NUM_CLASSES], dtype, &weights.fc_bias)?;
-        Ok(MobileNetV2 { device: device.clone(), dtype, layout, stem, blocks, head, fc_weight, fc_bias, fused: true })
+        Ok(MobileNetV2 {
+            device: device.clone(),
+            dtype,
+            layout,
+            stem,
+            blocks,
+            head,
+            head_bias,
+            fc_weight,
+            fc_bias,
+            fused: true,
+        })
     }
 
     /// Runs the blocks fused (`true`, the default: [`fused_block`]) or as the three-op chain
@@ -184,10 +203,19 @@ impl MobileNetV2 {
         for b in &self.blocks {
             x = if self.fused { fused_block(dev, &x, b, layout)? } else { block(dev, &x, b, layout)? };
         }
-        let x = dev.pointwise_conv2d(&x, &self.head.weight, Some(&self.head.bias), &relu6)?;
-        let pooled = dev.global_avg_pool(&x, layout)?;
-        let fc = MatmulOptions::default().trans_b(true).bias(Some(&self.fc_bias));
-        Ok(dev.matmul(&pooled, &self.fc_weight, &fc)?)
+        // The head 1×1 conv as a product with its packed weight, pixel-major whatever the
+        // layout (`[N, H·W, 1280]`; NCHW's `[N, 320, H·W]` is `A` transposed), pooled as NHWC.
+        let (n, h, w, c, trans_a) = match (layout, x.shape()) {
+            (Layout::Nhwc, &[n, h, w, c]) => (n, h, w, c, false),
+            (_, &[n, c, h, w]) => (n, h, w, c, true),
+            (_, other) => return Err(ModelError::Input(format!("the blocks ended in shape {other:?}"))),
+        };
+        let a = if trans_a { x.reshape(&[n, c, h * w])? } else { x.reshape(&[n, h * w, c])? };
+        let head = MatmulOptions::default().trans_a(trans_a).bias(Some(&self.head_bias)).activation(Activation::Relu6);
+        let x = dev.matmul_packed(&a, &self.head, &head)?.reshape(&[n, h, w, HEAD_CHANNELS])?;
+        let pooled = dev.global_avg_pool(&x, Layout::Nhwc)?;
+        let fc = MatmulOptions::default().bias(Some(&self.fc_bias));
+        Ok(dev.matmul_packed(&pooled, &self.fc_weight, &fc)?)
     }
 
     /// Uploads, runs and reads back: logits `[N, 1000]` as f32, row-major.

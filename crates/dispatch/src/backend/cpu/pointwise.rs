@@ -36,7 +36,7 @@
 //! 960 → 160, 0.87 on 320 → 1280, 0.90 on 960 → 320, 0.85 on 160 → 960 (NCHW took
 //! 0.76–0.78; what is left is mostly `gemm`'s packing of the input, row-major in NHWC). The
 //! head (320 → 1280) in the whole network: 0.77 (profiled, the two interleaved run by run,
-//! medians of 21).
+//! medians of 21; the model now runs its head as a product with the weight packed at load).
 //!
 //! How the threads split the work ([`channel_ranges`]): below [`PARALLEL_MIN`] multiply-adds
 //! one task per image; with fewer than [`SPLIT_PIXELS`] pixels per thread, or in NCHW with at
