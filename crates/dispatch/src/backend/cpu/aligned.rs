@@ -12,6 +12,17 @@
 //! `memset`) at the element type's own alignment, [`ALIGN`] bytes longer than the elements,
 //! and the elements start at its first 64-byte boundary. (Asking the allocator for 64-byte
 //! alignment would go through `posix_memalign` and a `memset` of the whole block.)
+//!
+//! On Linux, blocks of at least [`HUGE_MIN`] bytes are also advised as candidates for
+//! transparent huge pages (`madvise(MADV_HUGEPAGE)` on the 2 MiB-aligned part of the block),
+//! before their pages are first touched. Where the kernel's THP mode is `madvise` (the common
+//! default, this machine's) memory is otherwise mapped in 4 KiB pages, and a kernel streaming a
+//! weight of hundreds of MiB walks the page tables every 4 KiB: a two-thread read of 180 MB
+//! took 30–32 GB/s in 4 KiB pages and 35–36.5 GB/s in 2 MiB ones (same process, alternated,
+//! three rounds of 15). The matmuls streaming a weight from memory, the same weight in each
+//! kind of page, alternated call by call (medians of 40, three runs, 2 threads): M = 1 rows
+//! (4096², 11008 × 4096, 4096 × 11008; `[K, N]`, `[N, K]`, packed) 0.90–0.99 of the time,
+//! M = 16 0.94–1.01. Where THP is off or unsupported the advice changes nothing.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fmt;
@@ -19,6 +30,29 @@ use std::ptr::NonNull;
 
 /// The alignment of the first element: a cache line, one AVX-512 vector.
 pub(crate) const ALIGN: usize = 64;
+
+/// Blocks of at least this many bytes are advised for transparent huge pages (Linux).
+const HUGE_MIN: usize = 4 << 20;
+
+/// The huge-page size the advice aligns to (x86-64's; a multiple of every base page size).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Advises the 2 MiB-aligned part of `bytes` bytes at `block` for transparent huge pages.
+/// Advice only: the contents and the allocation are unchanged, and a failure (no THP in the
+/// kernel) is ignored.
+#[cfg(target_os = "linux")]
+fn advise_huge(block: *mut u8, bytes: usize) {
+    let start = block.addr().next_multiple_of(HUGE_PAGE);
+    let end = (block.addr() + bytes) & !(HUGE_PAGE - 1);
+    if end > start {
+        // SAFETY: `start..end` lies inside the caller's live allocation and is page-aligned;
+        // MADV_HUGEPAGE changes only how the kernel backs those pages, never their contents.
+        unsafe { libc::madvise(block.with_addr(start).cast(), end - start, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge(_block: *mut u8, _bytes: usize) {}
 
 /// `len` elements of `T` from a 64-byte boundary, owned (as a `Vec<T>` without spare capacity).
 pub(crate) struct AlignedBuf<T> {
@@ -62,6 +96,9 @@ impl<T: bytemuck::Zeroable> AlignedBuf<T> {
         let layout = Self::block_layout(len)?;
         // SAFETY: the layout's size is at least ALIGN, not zero.
         let block = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        if layout.size() >= HUGE_MIN {
+            advise_huge(block.as_ptr(), layout.size());
+        }
         // The block is aligned for `T` and ALIGN is a multiple of `T`'s alignment (both powers
         // of two, `T`'s at most 16 here), so the offset keeps `ptr` aligned for `T`; it is
         // below ALIGN, so the `len` elements end inside the block.
@@ -150,6 +187,77 @@ mod tests {
         check(1.5f32);
         check(f16::ONE);
         check(bf16::ONE);
+    }
+
+    /// The `VmFlags` of the mapping holding `addr`, from `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        // A mapping's first line starts with its range, `lo-hi` in hex; its fields follow.
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().and_then(|r| r.split_once('-'));
+            let parsed =
+                range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
+            if let Some((lo, hi)) = parsed {
+                inside = (lo..hi).contains(&addr);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return Some(flags.trim().to_string());
+            }
+        }
+        None
+    }
+
+    /// Whether advice given directly shows in `VmFlags` here: a fresh anonymous mapping of
+    /// 8 MiB, its aligned middle advised with `madvise` itself. (A sandboxed kernel may accept
+    /// the call and record nothing; then the allocator's advice cannot be seen either.)
+    #[cfg(target_os = "linux")]
+    fn advice_is_recorded() -> bool {
+        let bytes = 4 * HUGE_PAGE;
+        // SAFETY: a private anonymous mapping, advised, read back through smaps and unmapped;
+        // nothing else refers to it.
+        unsafe {
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            let map = libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+            if map == libc::MAP_FAILED {
+                return false;
+            }
+            let start = map.addr().next_multiple_of(HUGE_PAGE);
+            let ok = libc::madvise(map.with_addr(start), HUGE_PAGE, libc::MADV_HUGEPAGE) == 0
+                && vm_flags(start).is_some_and(|f| f.split_whitespace().any(|f| f == "hg"));
+            libc::munmap(map, bytes);
+            ok
+        }
+    }
+
+    #[test]
+    fn large_buffers_are_zeroed_and_advised_for_huge_pages() {
+        let len = 3 * HUGE_PAGE / 4 + 5; // 6 MiB + 20 bytes of f32: past HUGE_MIN.
+        let mut b = AlignedBuf::<f32>::try_zeroed(len).expect("a 6 MiB allocation");
+        assert_eq!(b.as_ptr().addr() % ALIGN, 0);
+        assert!(b.iter().all(|&v| v == 0.0), "zeroed");
+        b.fill(2.5);
+        assert!(b.iter().all(|&v| v == 2.5));
+        #[cfg(target_os = "linux")]
+        {
+            if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+                println!("SKIP the huge-page advice check: this kernel has no transparent huge pages");
+                return;
+            }
+            // The first 2 MiB boundary inside the elements lies in the advised range. (Small
+            // buffers are not checked: the allocator may place one where an earlier test's
+            // large block was advised and then freed.)
+            let inner = b.as_ptr().addr().next_multiple_of(HUGE_PAGE);
+            let Some(flags) = vm_flags(inner) else {
+                println!("SKIP the huge-page advice check: /proc/self/smaps shows no VmFlags for the buffer");
+                return;
+            };
+            if !flags.split_whitespace().any(|f| f == "hg") && !advice_is_recorded() {
+                println!("SKIP the huge-page advice check: this kernel does not record MADV_HUGEPAGE in VmFlags");
+                return;
+            }
+            assert!(flags.split_whitespace().any(|f| f == "hg"), "VmFlags {flags}: no MADV_HUGEPAGE");
+        }
     }
 
     #[test]
