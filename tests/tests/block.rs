@@ -79,8 +79,9 @@ impl Inputs {
         (out, b)
     }
 
-    /// Runs the block on `dev`, fused or not, into a sentinel-filled output.
-    fn run(&self, dev: &Device, d: &InvertedResidualDesc, dtype: DType, fused: bool) -> Result<Vec<f32>, Error> {
+    /// Runs the block on `dev`, fused or not, into a sentinel-filled output; then with the
+    /// weights packed (`Device::pack_block_weights`), whose output comes second.
+    fn run(&self, dev: &Device, d: &InvertedResidualDesc, dtype: DType, fused: bool) -> Result<[Vec<f32>; 2], Error> {
         let t = |shape: &[usize], v: &[f32]| dev.tensor_from_f32(shape, dtype, v);
         let tb = |v: &Option<Vec<f32>>| v.as_deref().map(|v| t(&[v.len()], v)).transpose();
         let (c, hid, co) = (d.channels, d.hidden, d.out_channels);
@@ -107,7 +108,14 @@ impl Inputs {
         if a.iter().zip(&b).any(|(p, q)| p.to_bits() != q.to_bits()) {
             panic!("{d:?} {dtype} fused={fused}: inverted_residual and inverted_residual_into differ");
         }
-        Ok(a)
+        let packed = dev.pack_block_weights(&weights)?;
+        assert_eq!(
+            packed.is_transposed(),
+            dev.kind() == tilekit::BackendKind::Cpu,
+            "{d:?}: transposed on the CPU only"
+        );
+        let p = dev.inverted_residual_packed(&x, &packed, &opts)?.to_f32_vec()?;
+        Ok([a, p])
     }
 }
 
@@ -132,7 +140,11 @@ fn run_all(data: Data, dtypes: &[DType], cases: &[usize]) -> usize {
                     for fused in [true, false] {
                         let what = format!("{} {dtype} case {case} {layout:?} fused={fused} {d:?}", be.label);
                         match inputs.run(&be.device, &d, dtype, fused) {
-                            Ok(got) => check(&what, dtype, data != Data::Uniform, &got, &want, &bound),
+                            Ok([got, packed]) => {
+                                check(&what, dtype, data != Data::Uniform, &got, &want, &bound);
+                                let what = format!("{what} packed");
+                                check(&what, dtype, data != Data::Uniform, &packed, &want, &bound);
+                            }
                             Err(Error::Backend { message, .. }) if fused && message.contains("no fused") => {
                                 tilekit_tests::skip(&format!("{} fused inverted_residual", be.label), &message);
                                 continue;
@@ -224,6 +236,41 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(into(&f(&[1, 4, 3, 3])), Error::ShapeMismatch { tensor: "out", .. }));
     assert!(matches!(into(&dev.zeros(&[1, 4, 5, 5], DType::Bf16).expect("alloc")), Error::DTypeMismatch { .. }));
     assert!(matches!(into(&x), Error::Aliasing { .. }));
+    // Packing checks the weights as the op does, and a packed block takes the op's checks.
+    let pack_err = |w: &BlockWeights<'_>| dev.pack_block_weights(w).expect_err("bad weights");
+    let wp_bad = f(&[4, 23, 1, 1]);
+    assert!(matches!(
+        pack_err(&BlockWeights { project: &wp_bad, ..good }),
+        Error::ShapeMismatch { tensor: "project", .. }
+    ));
+    let b16 = dev.zeros(&[24], DType::F16).expect("alloc");
+    assert!(matches!(pack_err(&BlockWeights { depthwise_bias: Some(&b16), ..good }), Error::DTypeMismatch { .. }));
+    assert!(matches!(
+        pack_err(&BlockWeights { expand: None, expand_bias: Some(&b24), ..good }),
+        Error::InvalidParameter { param: "expand_bias", .. }
+    ));
+    let packed = dev.pack_block_weights(&good).expect("valid weights");
+    let want = dev.inverted_residual(&x, &good, &opts).expect("valid").to_f32_vec().expect("read");
+    let got = dev.inverted_residual_packed(&x, &packed, &opts).expect("valid").to_f32_vec().expect("read");
+    assert_eq!(got, want, "zeros in, the same out");
+    let perr = |x: &Tensor, o: &BlockOptions| dev.inverted_residual_packed(x, &packed, o).expect_err("a bad input");
+    assert!(matches!(perr(&x16, &opts), Error::DTypeMismatch { .. }));
+    assert!(matches!(perr(&x, &nhwc), Error::ShapeMismatch { tensor: "expand", .. }));
+    assert!(matches!(perr(&x, &stride3), Error::InvalidParameter { param: "stride", .. }));
+    let packed_other = other
+        .pack_block_weights(&BlockWeights {
+            expand: Some(&other.zeros(&[24, 4, 1, 1], DType::F32).expect("alloc")),
+            expand_bias: None,
+            depthwise: &other.zeros(&[24, 1, 3, 3], DType::F32).expect("alloc"),
+            depthwise_bias: None,
+            project: &other.zeros(&[4, 24, 1, 1], DType::F32).expect("alloc"),
+            project_bias: None,
+        })
+        .expect("valid on its own device");
+    assert!(matches!(
+        dev.inverted_residual_packed(&x, &packed_other, &opts).expect_err("another device's weights"),
+        Error::DeviceMismatch { .. }
+    ));
     // An empty batch is an empty result, not an error.
     let empty = dev.inverted_residual(&f(&[0, 4, 5, 5]), &good, &opts).expect("empty batch");
     assert_eq!(empty.shape(), [0, 4, 5, 5]);

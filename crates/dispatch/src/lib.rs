@@ -54,8 +54,8 @@ pub mod tune;
 pub use device::{BackendKind, Device, ProbeEntry, ProbeReport, WgpuOptions};
 pub use error::{Error, Result, SharedGgufError};
 pub use ops::{
-    BlockOptions, BlockWeights, Conv2dOptions, Im2colOptions, MatmulOptions, PackedDepthwise, PackedMatmul,
-    PointwiseOptions,
+    BlockOptions, BlockWeights, Conv2dOptions, Im2colOptions, MatmulOptions, PackedBlock, PackedDepthwise,
+    PackedMatmul, PointwiseOptions,
 };
 pub use profile::{KernelRecord, Profile, Timing};
 pub use quant_tensor::QTensor;

@@ -1,12 +1,13 @@
 //! MobileNetV2 on a tilekit device: the folded weights uploaded once, then a forward pass of
-//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier; the
-//! head's and the classifier's weights packed at load, [`Device::pack_matmul_weights`]).
+//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier; each
+//! block's weights packed at load, [`Device::pack_block_weights`], and the head's and the
+//! classifier's, [`Device::pack_matmul_weights`]).
 
 use crate::arch::{self, BlockSpec, HEAD_CHANNELS, NUM_CLASSES, STEM_CHANNELS};
 use crate::{ModelError, Weights};
 use tilekit::{
-    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PackedMatmul,
-    PointwiseOptions, Tensor,
+    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PackedBlock,
+    PackedMatmul, PointwiseOptions, Tensor,
 };
 
 /// A conv's weight and bias on the device.
@@ -24,6 +25,15 @@ pub struct BlockWeights {
     expand: Option<Conv>,
     depthwise: Conv,
     project: Conv,
+    /// The same weights prepared once for the fused op ([`Device::pack_block_weights`]).
+    packed: PackedBlock,
+}
+
+impl BlockWeights {
+    /// The block's weights as prepared for [`Device::inverted_residual_packed`].
+    pub fn packed(&self) -> &PackedBlock {
+        &self.packed
+    }
 }
 
 /// One inverted-residual block, unfused: expand (1×1 + ReLU6, if the block has it), depthwise
@@ -49,20 +59,12 @@ pub fn block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Resu
     dev.pointwise_conv2d(&filtered, &w.project.weight, Some(&w.project.bias), &opts)
 }
 
-/// One inverted-residual block as one fused op ([`Device::inverted_residual`]: the expanded
-/// tensor stays on chip). Where the backend has no fused kernel (`Error::Backend`)
+/// One inverted-residual block as one fused op ([`Device::inverted_residual_packed`], on the
+/// weights packed at load: the expanded tensor stays on chip). Where the backend has no fused kernel (`Error::Backend`)
 /// or refuses the tensors, the unfused chain ([`block`]) runs instead.
 pub fn fused_block(dev: &Device, x: &Tensor, w: &BlockWeights, layout: Layout) -> Result<Tensor, tilekit::Error> {
-    let weights = tilekit::BlockWeights {
-        expand: w.expand.as_ref().map(|e| &e.weight),
-        expand_bias: w.expand.as_ref().map(|e| &e.bias),
-        depthwise: &w.depthwise.weight,
-        depthwise_bias: Some(&w.depthwise.bias),
-        project: &w.project.weight,
-        project_bias: Some(&w.project.bias),
-    };
     let opts = BlockOptions::default().stride(w.spec.stride).layout(layout).fused(true);
-    match dev.inverted_residual(x, &weights, &opts) {
+    match dev.inverted_residual_packed(x, &w.packed, &opts) {
         Err(tilekit::Error::Backend { .. }) => block(dev, x, w, layout),
         r => r,
     }
@@ -114,7 +116,15 @@ impl MobileNetV2 {
             let depthwise = up(c, &c.shape)?;
             let c = next()?;
             let project = up(c, &c.shape)?;
-            blocks.push(BlockWeights { spec, expand, depthwise, project });
+            let packed = device.pack_block_weights(&tilekit::BlockWeights {
+                expand: expand.as_ref().map(|e| &e.weight),
+                expand_bias: expand.as_ref().map(|e| &e.bias),
+                depthwise: &depthwise.weight,
+                depthwise_bias: Some(&depthwise.bias),
+                project: &project.weight,
+                project_bias: Some(&project.bias),
+            })?;
+            blocks.push(BlockWeights { spec, expand, depthwise, project, packed });
         }
         let c = next()?;
         let head = up(c, &[c.shape[0], c.shape[1]])?;

@@ -309,8 +309,9 @@ impl CpuStorage {
     }
 }
 
-/// The most inputs an op locks (the inverted-residual block's x and six weights and biases).
-const MAX_INPUTS: usize = 7;
+/// The most inputs an op locks (the inverted-residual block's x, six weights and biases and
+/// its two transposed 1 × 1 weights).
+const MAX_INPUTS: usize = 9;
 
 /// The locks of one op: read guards on its inputs and the write guard on its output, taken in
 /// address order (see the module documentation). Fixed-size arrays, not vectors: a small op
@@ -625,8 +626,17 @@ impl BackendOps for CpuBackend {
         out: &CpuStorage,
     ) -> Result<()> {
         let a = args;
-        let all =
-            [Some(a.x), a.expand, a.expand_bias, Some(a.depthwise), a.depthwise_bias, Some(a.project), a.project_bias];
+        let all = [
+            Some(a.x),
+            a.expand,
+            a.expand_bias,
+            Some(a.depthwise),
+            a.depthwise_bias,
+            Some(a.project),
+            a.project_bias,
+            a.expand_t,
+            a.project_t,
+        ];
         let mut locks = Locks::take(&all, out)?;
         let (ins, out_data) = locks.split();
         let f32_of = |s: &CpuStorage| ins.get(s).and_then(CpuData::as_f32);
@@ -635,12 +645,14 @@ impl BackendOps for CpuBackend {
         let (we, be) = (opt(a.expand)?, opt(a.expand_bias)?);
         let (wd, bd) = (f32_of(a.depthwise)?, opt(a.depthwise_bias)?);
         let (wp, bp) = (f32_of(a.project)?, opt(a.project_bias)?);
+        let (wet, wpt) = (opt(a.expand_t)?, opt(a.project_t)?);
         let block = block::Block {
             d: *desc,
             x: &x,
             expand: we.as_deref().map(|w| (w, be.as_deref())),
             dw: (&wd, bd.as_deref()),
             project: (&wp, bp.as_deref()),
+            transposed: wpt.as_deref().map(|project| block::Transposed { expand: wet.as_deref(), project }),
         };
         match out_data {
             CpuData::F32(o) => block.run(o.slice_mut("inverted_residual")?),

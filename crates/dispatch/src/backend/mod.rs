@@ -49,6 +49,11 @@ pub(crate) struct BlockArgs<'s, S> {
     pub(crate) depthwise_bias: Option<&'s S>,
     pub(crate) project: &'s S,
     pub(crate) project_bias: Option<&'s S>,
+    /// The 1 × 1 weights transposed ahead of the call (f32, expand `[C][hidden]`, projection
+    /// `[hidden][C']`; `crate::PackedBlock` on the CPU), or `None`. Backends that read the
+    /// weights as stored ignore them.
+    pub(crate) expand_t: Option<&'s S>,
+    pub(crate) project_t: Option<&'s S>,
 }
 
 /// A pointwise (1×1) convolution as [`BackendOps::pointwise`] sees it, validated:

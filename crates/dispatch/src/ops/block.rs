@@ -11,7 +11,7 @@
 use super::{check_alias, check_device, check_dtype, storage};
 use crate::backend::{BackendOps, BlockArgs, with_backend};
 use crate::{Activation, Conv2dOptions, Device, Error, PointwiseOptions, Result, Tensor};
-use tilekit_kernels::{InvertedResidualDesc, Layout};
+use tilekit_kernels::{DType, InvertedResidualDesc, Layout};
 
 const OP: &str = "inverted_residual";
 
@@ -55,6 +55,41 @@ impl Default for BlockOptions {
     }
 }
 
+/// A block's weights prepared once ([`Device::pack_block_weights`]) for
+/// [`Device::inverted_residual_packed`]: the tensors themselves (clones of the handles, not
+/// copies) and, on the CPU, the two 1 × 1 weights transposed in f32.
+#[derive(Clone, Debug)]
+pub struct PackedBlock {
+    expand: Option<Tensor>,
+    expand_bias: Option<Tensor>,
+    depthwise: Tensor,
+    depthwise_bias: Option<Tensor>,
+    project: Tensor,
+    project_bias: Option<Tensor>,
+    /// `[C, hidden]` and `[hidden, C']`, f32 (the CPU).
+    expand_t: Option<Tensor>,
+    project_t: Option<Tensor>,
+}
+
+impl PackedBlock {
+    /// The weights as given to [`Device::pack_block_weights`].
+    pub fn weights(&self) -> BlockWeights<'_> {
+        BlockWeights {
+            expand: self.expand.as_ref(),
+            expand_bias: self.expand_bias.as_ref(),
+            depthwise: &self.depthwise,
+            depthwise_bias: self.depthwise_bias.as_ref(),
+            project: &self.project,
+            project_bias: self.project_bias.as_ref(),
+        }
+    }
+
+    /// Whether the 1 × 1 weights are also held transposed (the CPU).
+    pub fn is_transposed(&self) -> bool {
+        self.project_t.is_some()
+    }
+}
+
 impl Device {
     /// One inverted-residual block: `y = W_p · relu6(dw3x3(relu6(W_e · x + b_e)) + b_d) + b_p`
     /// plus `x` when the stride is 1 and `C = C'` (see [`tilekit_kernels::block`]). `x` is
@@ -64,7 +99,74 @@ impl Device {
     pub fn inverted_residual(&self, x: &Tensor, weights: &BlockWeights<'_>, opts: &BlockOptions) -> Result<Tensor> {
         let desc = self.block_desc(x, weights, opts)?;
         let out = self.output_tensor(&desc.output_shape(), x.dtype())?;
-        self.run_block(&desc, x, weights, opts, &out)?;
+        self.run_block(&desc, x, weights, NO_TRANSPOSED, opts, &out)?;
+        Ok(out)
+    }
+
+    /// Prepares a block's weights once for [`Device::inverted_residual_packed`], as an engine
+    /// packs a layer's weights at load. The same checks as [`Device::inverted_residual`]'s
+    /// (one device, one dtype the device holds, the shapes of [`BlockWeights`]). On the CPU the
+    /// two 1 × 1 weights are also stored transposed, in f32 (`[C, hidden]` and
+    /// `[hidden, C']`: one more copy of them), so the fused kernel's products read them along
+    /// their rows instead of gathering them across per call; the GPU backends read the weights
+    /// as stored and keep only the tensors (no copy).
+    pub fn pack_block_weights(&self, w: &BlockWeights<'_>) -> Result<PackedBlock> {
+        let dtype = w.depthwise.dtype();
+        for (name, t) in named_weights(w) {
+            if let Some(t) = t {
+                check_device(OP, self, name, t)?;
+                check_dtype(OP, dtype, name, t)?;
+            }
+        }
+        self.check_dtype(dtype)?;
+        let c = match (w.expand, w.depthwise.shape()) {
+            (Some(we), _) if we.shape().len() == 4 => we.shape()[1],
+            (None, &[hid, ..]) => hid,
+            _ => 0,
+        };
+        if c == 0 {
+            return Err(Error::InvalidParameter { op: OP, param: "expand", reason: "no input channels".into() });
+        }
+        let (hidden, co) = weight_dims(w, c)?;
+        let transpose = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
+            let v = t.to_f32_vec()?;
+            let mut o = vec![0.0f32; v.len()];
+            for r in 0..rows {
+                for q in 0..cols {
+                    o[q * rows + r] = v[r * cols + q];
+                }
+            }
+            self.tensor_from_f32(&[cols, rows], DType::F32, &o)
+        };
+        let (expand_t, project_t) = if self.kind() == crate::BackendKind::Cpu {
+            (w.expand.map(|we| transpose(we, hidden, c)).transpose()?, Some(transpose(w.project, co, hidden)?))
+        } else {
+            (None, None)
+        };
+        Ok(PackedBlock {
+            expand: w.expand.cloned(),
+            expand_bias: w.expand_bias.cloned(),
+            depthwise: w.depthwise.clone(),
+            depthwise_bias: w.depthwise_bias.cloned(),
+            project: w.project.clone(),
+            project_bias: w.project_bias.cloned(),
+            expand_t,
+            project_t,
+        })
+    }
+
+    /// [`Device::inverted_residual`] with weights prepared by [`Device::pack_block_weights`]:
+    /// the same output (on the CPU the products are summed in another order: the same bits
+    /// on integer data, within the same f32 accumulation bound otherwise). The unfused chain
+    /// (`opts.fused == false`) reads the weights as stored.
+    pub fn inverted_residual_packed(&self, x: &Tensor, packed: &PackedBlock, opts: &BlockOptions) -> Result<Tensor> {
+        let weights = packed.weights();
+        let desc = self.block_desc(x, &weights, opts)?;
+        let out = self.output_tensor(&desc.output_shape(), x.dtype())?;
+        if let Some(t) = &packed.project_t {
+            check_device(OP, self, "packed", t)?;
+        }
+        self.run_block(&desc, x, &weights, (packed.expand_t.as_ref(), packed.project_t.as_ref()), opts, &out)?;
         Ok(out)
     }
 
@@ -92,7 +194,7 @@ impl Device {
                 actual: out.shape().to_vec(),
             });
         }
-        self.run_block(&desc, x, weights, opts, out)
+        self.run_block(&desc, x, weights, NO_TRANSPOSED, opts, out)
     }
 
     fn run_block(
@@ -100,6 +202,7 @@ impl Device {
         desc: &InvertedResidualDesc,
         x: &Tensor,
         w: &BlockWeights<'_>,
+        transposed: Transposed<'_>,
         opts: &BlockOptions,
         out: &Tensor,
     ) -> Result<()> {
@@ -124,7 +227,7 @@ impl Device {
                 bytes: desc.fused_dram_bytes(x.dtype()).unwrap_or(0),
                 flops: fused_flops(desc),
             };
-            return self.profiled(info, || with_backend!(self, be => run(be, desc, x, w, out)));
+            return self.profiled(info, || with_backend!(self, be => run(be, desc, x, w, transposed, out)));
         }
         // The unfused chain: expand, depthwise, project (each a public op, validated again).
         let expanded = match w.expand {
@@ -170,53 +273,7 @@ impl Device {
         if c == 0 {
             return Err(Error::InvalidParameter { op: OP, param: "x", reason: "the input has no channels".into() });
         }
-        let rank4 = |name: &'static str, t: &Tensor| match *t.shape() {
-            [a, b, c, d] => Ok([a, b, c, d]),
-            _ => Err(Error::WrongRank { op: OP, tensor: name, expected: "4", actual: t.shape().len() }),
-        };
-        let mismatch = |name: &'static str, expected: Vec<usize>, t: &Tensor| Error::ShapeMismatch {
-            op: OP,
-            tensor: name,
-            expected,
-            actual: t.shape().to_vec(),
-        };
-        let hidden = match w.expand {
-            Some(we) => {
-                let [hid, ci, kh, kw] = rank4("expand", we)?;
-                if ci != c || kh != 1 || kw != 1 || hid == 0 {
-                    return Err(mismatch("expand", vec![hid.max(1), c, 1, 1], we));
-                }
-                hid
-            }
-            None => {
-                if w.expand_bias.is_some() {
-                    return Err(Error::InvalidParameter {
-                        op: OP,
-                        param: "expand_bias",
-                        reason: "an expand bias without an expand weight".into(),
-                    });
-                }
-                c
-            }
-        };
-        if rank4("depthwise", w.depthwise)? != [hidden, 1, 3, 3] {
-            return Err(mismatch("depthwise", vec![hidden, 1, 3, 3], w.depthwise));
-        }
-        let [co, hid_p, kh, kw] = rank4("project", w.project)?;
-        if hid_p != hidden || kh != 1 || kw != 1 {
-            return Err(mismatch("project", vec![co, hidden, 1, 1], w.project));
-        }
-        for (name, bias, len) in [
-            ("expand_bias", w.expand_bias, hidden),
-            ("depthwise_bias", w.depthwise_bias, hidden),
-            ("project_bias", w.project_bias, co),
-        ] {
-            if let Some(b) = bias
-                && b.shape() != [len]
-            {
-                return Err(mismatch(name, vec![len], b));
-            }
-        }
+        let (hidden, co) = weight_dims(w, c)?;
         let desc = InvertedResidualDesc::new(opts.layout, [n, c, h, wd], co)
             .hidden(hidden)
             .stride(opts.stride)
@@ -229,6 +286,59 @@ impl Device {
     }
 }
 
+/// The hidden and output channels of a block's weights for `c` input channels, their shapes
+/// checked against each other.
+fn weight_dims(w: &BlockWeights<'_>, c: usize) -> Result<(usize, usize)> {
+    let rank4 = |name: &'static str, t: &Tensor| match *t.shape() {
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => Err(Error::WrongRank { op: OP, tensor: name, expected: "4", actual: t.shape().len() }),
+    };
+    let mismatch = |name: &'static str, expected: Vec<usize>, t: &Tensor| Error::ShapeMismatch {
+        op: OP,
+        tensor: name,
+        expected,
+        actual: t.shape().to_vec(),
+    };
+    let hidden = match w.expand {
+        Some(we) => {
+            let [hid, ci, kh, kw] = rank4("expand", we)?;
+            if ci != c || kh != 1 || kw != 1 || hid == 0 {
+                return Err(mismatch("expand", vec![hid.max(1), c, 1, 1], we));
+            }
+            hid
+        }
+        None => {
+            if w.expand_bias.is_some() {
+                return Err(Error::InvalidParameter {
+                    op: OP,
+                    param: "expand_bias",
+                    reason: "an expand bias without an expand weight".into(),
+                });
+            }
+            c
+        }
+    };
+    if rank4("depthwise", w.depthwise)? != [hidden, 1, 3, 3] {
+        return Err(mismatch("depthwise", vec![hidden, 1, 3, 3], w.depthwise));
+    }
+    let [co, hid_p, kh, kw] = rank4("project", w.project)?;
+    if hid_p != hidden || kh != 1 || kw != 1 {
+        return Err(mismatch("project", vec![co, hidden, 1, 1], w.project));
+    }
+    for (name, bias, len) in [
+        ("expand_bias", w.expand_bias, hidden),
+        ("depthwise_bias", w.depthwise_bias, hidden),
+        ("project_bias", w.project_bias, co),
+    ] {
+        if let Some(b) = bias
+            && b.shape() != [len]
+        {
+            return Err(mismatch(name, vec![len], b));
+        }
+    }
+    Ok((hidden, co))
+}
+
 /// FLOPs of the block without recomputation: 2 per multiply-add of the three stages.
 fn fused_flops(d: &InvertedResidualDesc) -> u64 {
     // In f64 (exact for any real size; a float-to-int cast saturates instead of overflowing).
@@ -239,10 +349,24 @@ fn fused_flops(d: &InvertedResidualDesc) -> u64 {
     (2.0 * f(d.batch) * (expand + ohw * hid * 9.0 + ohw * hid * co)) as u64
 }
 
+/// A packed block's transposed 1 × 1 weights (expand, projection), where it has them.
+type Transposed<'t> = (Option<&'t Tensor>, Option<&'t Tensor>);
+const NO_TRANSPOSED: Transposed<'static> = (None, None);
+
+/// The weights and biases with their names.
+fn named_weights<'a>(w: &BlockWeights<'a>) -> [(&'static str, Option<&'a Tensor>); 6] {
+    let [_, rest @ ..] = named_with(None, w);
+    rest
+}
+
 /// Every tensor argument with its name.
 fn named<'a>(x: &'a Tensor, w: &BlockWeights<'a>) -> [(&'static str, Option<&'a Tensor>); 7] {
+    named_with(Some(x), w)
+}
+
+fn named_with<'a>(x: Option<&'a Tensor>, w: &BlockWeights<'a>) -> [(&'static str, Option<&'a Tensor>); 7] {
     [
-        ("x", Some(x)),
+        ("x", x),
         ("expand", w.expand),
         ("expand_bias", w.expand_bias),
         ("depthwise", Some(w.depthwise)),
@@ -257,6 +381,7 @@ fn run<'t, B: BackendOps>(
     desc: &InvertedResidualDesc,
     x: &'t Tensor,
     w: &BlockWeights<'t>,
+    transposed: Transposed<'t>,
     out: &Tensor,
 ) -> Result<()> {
     fn opt<'t, B: BackendOps>(name: &'static str, t: Option<&'t Tensor>) -> Result<Option<&'t B::Storage>> {
@@ -270,6 +395,8 @@ fn run<'t, B: BackendOps>(
         depthwise_bias: opt::<B>("depthwise_bias", w.depthwise_bias)?,
         project: storage::<B>(OP, "project", w.project)?,
         project_bias: opt::<B>("project_bias", w.project_bias)?,
+        expand_t: opt::<B>("packed", transposed.0)?,
+        project_t: opt::<B>("packed", transposed.1)?,
     };
     be.inverted_residual(desc, x.dtype(), &args, storage::<B>(OP, "out", out)?)
 }

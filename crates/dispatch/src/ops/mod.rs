@@ -30,7 +30,7 @@ mod pointwise;
 mod pool;
 mod quant;
 
-pub use block::{BlockOptions, BlockWeights};
+pub use block::{BlockOptions, BlockWeights, PackedBlock};
 pub use conv::{Conv2dOptions, PackedDepthwise};
 pub use im2col::Im2colOptions;
 pub use matmul::MatmulOptions;

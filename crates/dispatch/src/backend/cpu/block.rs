@@ -29,7 +29,14 @@
 //! the matmul op), reading the input and the weights where they are stored (NCHW or NHWC,
 //! PyTorch's `[out, in]` weights) and writing the projection straight into the output in its
 //! layout (through an f32 staging buffer in the output's layout for f16 and bf16); the
-//! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). The
+//! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). Weights
+//! packed ahead of the calls (`crate::PackedBlock`, [`Transposed`]) are read transposed
+//! instead: every expansion through `gemm` and the channel split's projection (which then
+//! goes pixel-major, straight into an NHWC output or through the thread's product buffer and
+//! a transpose into NCHW planes) read them along their rows, with the channels as `gemm`'s
+//! `M`. MobileNetV2's 7 × 7 blocks (15–17) took 0.81–0.85 of the time, 14 × 14 (8–14)
+//! 0.94–0.97, the rest level (0.997–1.014): in-process A/B on a 2-core AVX-512 Zen 4, both
+//! layouts, medians of 60 × 10 calls, the same bits. The
 //! expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. With at
 //! most [`small_k::SMALL_K`] input channels on AVX2 or AVX-512 (MobileNetV2's blocks 2–7),
 //! the expansion is instead the small-K register tiles (`small_k.rs`, shared with the
@@ -183,6 +190,21 @@ pub(super) struct Block<'d> {
     pub(super) expand: Option<(&'d [f32], Option<&'d [f32]>)>,
     pub(super) dw: (&'d [f32], Option<&'d [f32]>),
     pub(super) project: (&'d [f32], Option<&'d [f32]>),
+    /// The 1 × 1 weights transposed once, ahead of the calls (`crate::PackedBlock`): expand
+    /// `[C][hidden]` and projection `[hidden][C']`, or `None` to read them as stored.
+    pub(super) transposed: Option<Transposed<'d>>,
+}
+
+/// A block's 1 × 1 weights transposed, channel by channel of their output: expand
+/// `[C][hidden]` (absent without expand), projection `[hidden][C']`. `gemm` lays a product out
+/// with the output's contiguous dimension as its `M` and packs its left operand along `M` per
+/// call; stored as PyTorch stores them (`[out][in]`), these weights are that operand read
+/// across its rows, a transposing gather each call, and the small blocks' products run with
+/// the pixels as `M` (49 at 7 × 7: on AVX-512, `gemm`'s 64-row tiles a quarter empty).
+#[derive(Clone, Copy)]
+pub(super) struct Transposed<'d> {
+    pub(super) expand: Option<&'d [f32]>,
+    pub(super) project: &'d [f32],
 }
 
 /// The depthwise weights packed for its register tiles, and the expand bias, zero-padded to
@@ -245,6 +267,11 @@ impl Block<'_> {
             || short(self.project.0.len(), lens.project_weight)
             || self.expand.is_some_and(|(w, _)| short(w.len(), lens.expand_weight))
             || self.expand.is_some() != d.expand
+            || self.transposed.is_some_and(|t| {
+                short(t.project.len(), lens.project_weight)
+                    || t.expand.is_some() != d.expand
+                    || t.expand.is_some_and(|w| short(w.len(), lens.expand_weight))
+            })
             || !matches!(d.stride, 1 | 2)
         {
             return Err(internal("block buffers are shorter than the descriptor".into()));
@@ -369,8 +396,17 @@ impl Block<'_> {
         let Some((we, _)) = self.expand else {
             return Err(internal("a block without expand reached the expand step".into()));
         };
+        // The weight as `gemm`'s right operand, `[C][hidden]` with the hidden channels
+        // contiguous: transposed ahead of the call where given, else read across its rows.
+        let hid = self.d.hidden;
+        let w = match self.transposed.and_then(|t| t.expand) {
+            // SAFETY (both arms): `we` and the transposed weight hold hidden × c (checked by
+            // `run_with`); columns (rows of `we`) j0..j0 + jr are read.
+            Some(wt) => Strided { ptr: unsafe { wt.as_ptr().add(j0) }, rs: hid, cs: 1 },
+            None => Strided { ptr: unsafe { we.as_ptr().add(j0 * c) }, rs: 1, cs: c },
+        };
         // SAFETY: op(X)'s pixels × c elements and dst's pixels rows of jr were checked above;
-        // `we` holds hidden × c (checked by `run`), of which rows j0..j0 + jr are read.
+        // `w` is the weight's channels j0..j0 + jr (above).
         unsafe {
             gemm_f32(
                 pixels,
@@ -378,7 +414,7 @@ impl Block<'_> {
                 c,
                 Strided { ptr: dst.as_mut_ptr(), rs: ld, cs: 1 },
                 Strided { ptr: self.x.as_ptr().add(x0), rs: x_rs, cs: x_cs },
-                Strided { ptr: we.as_ptr().add(j0 * c), rs: 1, cs: c },
+                w,
                 false,
                 gemm::Parallelism::None,
             );
@@ -638,14 +674,19 @@ impl Block<'_> {
                     // channels (or in the product buffer, on × opix); the projection weight
                     // holds co × hid (checked by `run`), rows o0..o0 + on and columns
                     // j0..j0 + jr read.
+                    // The transposed weight, where given, `[hidden][C']`, holds the same.
                     unsafe {
+                        let w = match self.transposed {
+                            Some(t) => Strided { ptr: t.project.as_ptr().add(j0 * co + o0), rs: co, cs: 1 },
+                            None => Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
+                        };
                         gemm_f32(
                             opix,
                             on,
                             jr,
                             Strided { ptr: pd, rs: p_rs, cs: p_cs },
                             Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
-                            Strided { ptr: self.project.0.as_ptr().add(o0 * hid + j0), rs: 1, cs: hid },
+                            w,
                             j0 > 0,
                             gemm::Parallelism::None,
                         );
@@ -653,6 +694,37 @@ impl Block<'_> {
                     j0 += jc;
                 }
             };
+            // With the weight transposed, the products are pixel-major (the output channels
+            // contiguous, `gemm`'s `M`, and the weight read along its rows): straight into an
+            // NHWC output; for NCHW into this thread's product buffer, then transposed into the
+            // planes. The bias and the residual follow (`finish`).
+            if self.transposed.is_some() {
+                if d.layout == Layout::Nhwc {
+                    // SAFETY: as below, with the NHWC output's strides.
+                    project(unsafe { dst.add(o0) }, co, 1);
+                } else {
+                    transpose::with_product(opix * on, |t| {
+                        project(t.as_mut_ptr(), on, 1);
+                        // SAFETY: t holds opix × on; channels o0..o0 + on of the image's
+                        // planes (opix each, at dst + o0 · opix) are this task's (as below).
+                        unsafe {
+                            transpose::transpose(
+                                isa,
+                                opix,
+                                on,
+                                t.as_ptr(),
+                                on,
+                                dst.add(o0 * opix),
+                                opix,
+                                transpose::Add::default(),
+                            )
+                        };
+                    })?;
+                }
+                // SAFETY: as for the projection.
+                unsafe { self.finish(n, 0, opix, o0..o0 + on, dst, o_rs, o_cs) };
+                return Ok(());
+            }
             if orient {
                 let (x0, _, _) = self.x_view(n, 0);
                 let add = transpose::Add {

@@ -1081,7 +1081,7 @@ fn activation_op_in_every_dtype() {
 /// bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
-    use super::block::{Block, Split};
+    use super::block::{Block, Split, Transposed};
     use tilekit_kernels::InvertedResidualDesc;
     use tilekit_kernels::block::reference as block_reference;
     // (N, C, H, W, hidden or 0 for no expand, C', stride)
@@ -1132,13 +1132,26 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                 (&wpf, d.project_bias.then_some(&bpf[..])),
                 &mut want,
             );
+            // The 1 × 1 weights transposed, as `Device::pack_block_weights` stores them.
+            let (hid, cin) = (d.hidden, c);
+            let mut wet = vec![0.0f32; we.len()];
+            for (i, &v) in we.iter().enumerate() {
+                wet[(i % cin) * hid + i / cin] = v;
+            }
+            let mut wpt = vec![0.0f32; wp.len()];
+            for (i, &v) in wp.iter().enumerate() {
+                wpt[(i % hid) * co + i / hid] = v;
+            }
+            let transposed = Transposed { expand: d.expand.then_some(&wet[..]), project: &wpt };
             let block = Block {
                 d,
                 x: &x,
                 expand: d.expand.then_some((&we[..], d.expand_bias.then_some(&be[..]))),
                 dw: (&wd, d.dw_bias.then_some(&bd[..])),
                 project: (&wp, d.project_bias.then_some(&bp[..])),
+                transposed: None,
             };
+            let packed = Block { transposed: Some(transposed), ..block };
             let paths = [
                 (0, Split::Never),
                 (usize::MAX, Split::Never),
@@ -1148,8 +1161,10 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                 (usize::MAX, Split::Auto),
             ];
             in_each_isa(|isa| {
-                for (whole_max, split) in paths {
-                    let what = format!("case {case} {layout:?} {isa:?} whole_max {whole_max} {split:?}");
+                for ((whole_max, split), (block, t)) in
+                    paths.into_iter().flat_map(|p| [(p, (&block, "")), (p, (&packed, " transposed"))])
+                {
+                    let what = format!("case {case} {layout:?} {isa:?} whole_max {whole_max} {split:?}{t}");
                     let mut o32 = vec![SENTINEL; lens.output + 16];
                     block.run_with(&mut o32, whole_max, split).expect("f32");
                     assert!(
