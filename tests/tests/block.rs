@@ -114,7 +114,13 @@ impl Inputs {
             dev.kind() == tilekit::BackendKind::Cpu,
             "{d:?}: transposed on the CPU only"
         );
-        let p = dev.inverted_residual_packed(&x, &packed, &opts)?.to_f32_vec()?;
+        let p_out = t(&d.output_shape(), &vec![SENTINEL; len])?;
+        dev.inverted_residual_packed_into(&x, &packed, &opts, &p_out)?;
+        let p = p_out.to_f32_vec()?;
+        let again = dev.inverted_residual_packed(&x, &packed, &opts)?.to_f32_vec()?;
+        if p.iter().zip(&again).any(|(u, v)| u.to_bits() != v.to_bits()) {
+            panic!("{d:?} {dtype} fused={fused}: inverted_residual_packed and its _into differ");
+        }
         Ok([a, p])
     }
 }
@@ -254,6 +260,10 @@ fn bad_inputs_are_typed_errors() {
     let got = dev.inverted_residual_packed(&x, &packed, &opts).expect("valid").to_f32_vec().expect("read");
     assert_eq!(got, want, "zeros in, the same out");
     let perr = |x: &Tensor, o: &BlockOptions| dev.inverted_residual_packed(x, &packed, o).expect_err("a bad input");
+    let pinto = |out: &Tensor| dev.inverted_residual_packed_into(&x, &packed, &opts, out).expect_err("a bad output");
+    assert!(matches!(pinto(&f(&[1, 4, 3, 3])), Error::ShapeMismatch { tensor: "out", .. }));
+    assert!(matches!(pinto(&x), Error::Aliasing { .. }));
+    assert!(matches!(pinto(&wd), Error::ShapeMismatch { tensor: "out", .. } | Error::Aliasing { .. }));
     assert!(matches!(perr(&x16, &opts), Error::DTypeMismatch { .. }));
     assert!(matches!(perr(&x, &nhwc), Error::ShapeMismatch { tensor: "expand", .. }));
     assert!(matches!(perr(&x, &stride3), Error::InvalidParameter { param: "stride", .. }));

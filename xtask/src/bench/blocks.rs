@@ -1,15 +1,17 @@
 //! The `mobilenet` suite's block table: MobileNetV2's 17 inverted-residual blocks, fused
-//! (`BlockOptions::fused`) against the three-op chain in the same run (`vs unfused` = unfused
+//! (`BlockOptions::fused`, on weights packed once by `Device::pack_block_weights`, as the
+//! network runs them) against the three-op chain in the same run (`vs unfused` = unfused
 //! median / fused median, timed interleaved), with the DRAM bytes each path must move at the
 //! least (`InvertedResidualDesc::{fused,unfused}_dram_bytes`) beside the times.
 //!
-//! Every block is checked before it is timed: both paths' outputs against the f64 reference
+//! Every block is checked before it is timed: the three paths' outputs (fused, fused on the
+//! packed weights, unfused) against the f64 reference
 //! under `tilekit_kernels::block::bounds`. The input is 224×224 (the blocks' own sizes run from
 //! 112² down to 7²); `--quick` on a software adapter uses a 56×56 network input.
 
 use super::measure::{Plan, time_interleaved};
 use anyhow::{Context, Result, bail};
-use tilekit::{BlockOptions, BlockWeights, DType, Device, InvertedResidualDesc, Layout, Tensor};
+use tilekit::{BlockOptions, BlockWeights, DType, Device, InvertedResidualDesc, Layout, PackedBlock, Tensor};
 use tilekit_kernels::block::{bounds, reference};
 use tilekit_kernels::tolerance::accepts;
 
@@ -22,6 +24,8 @@ struct Bound {
     bd: Tensor,
     wp: Tensor,
     bp: Tensor,
+    /// The weights packed once (`Device::pack_block_weights`).
+    packed: PackedBlock,
     host: Vec<Vec<f32>>,
 }
 
@@ -54,14 +58,26 @@ impl Bound {
         let bp = fill(d.out_channels, 0.1);
         let t = |shape: &[usize], v: &[f32]| dev.tensor_from_f32(shape, dtype, v);
         let (c, h, co) = (d.channels, d.hidden, d.out_channels);
+        let (we_t, be_t) =
+            (we.as_deref().map(|v| t(&[h, c, 1, 1], v)).transpose()?, be.as_deref().map(|v| t(&[h], v)).transpose()?);
+        let (wd_t, bd_t, wp_t, bp_t) = (t(&[h, 1, 3, 3], &wd)?, t(&[h], &bd)?, t(&[co, h, 1, 1], &wp)?, t(&[co], &bp)?);
+        let packed = dev.pack_block_weights(&BlockWeights {
+            expand: we_t.as_ref(),
+            expand_bias: be_t.as_ref(),
+            depthwise: &wd_t,
+            depthwise_bias: Some(&bd_t),
+            project: &wp_t,
+            project_bias: Some(&bp_t),
+        })?;
         Ok(Bound {
             x: t(&d.input_shape(), &x)?,
-            we: we.as_deref().map(|v| t(&[h, c, 1, 1], v)).transpose()?,
-            be: be.as_deref().map(|v| t(&[h], v)).transpose()?,
-            wd: t(&[h, 1, 3, 3], &wd)?,
-            bd: t(&[h], &bd)?,
-            wp: t(&[co, h, 1, 1], &wp)?,
-            bp: t(&[co], &bp)?,
+            we: we_t,
+            be: be_t,
+            wd: wd_t,
+            bd: bd_t,
+            wp: wp_t,
+            bp: bp_t,
+            packed,
             host: vec![x, we.unwrap_or_default(), be.unwrap_or_default(), wd, bd, wp, bp],
         })
     }
@@ -86,12 +102,21 @@ impl Bound {
         let mut want = vec![0.0; out.len()];
         reference(d, &h[0], expand, dw, pr, &mut want);
         let bound = bounds(d, dtype, &h[0], expand, dw, pr);
-        for fused in [true, false] {
+        for (fused, packed) in [(true, false), (true, true), (false, false)] {
             let opts = BlockOptions::default().stride(d.stride).layout(d.layout).fused(fused);
-            dev.inverted_residual_into(&self.x, &self.weights(), &opts, out)?;
+            if packed {
+                dev.inverted_residual_packed_into(&self.x, &self.packed, &opts, out)?;
+            } else {
+                dev.inverted_residual_into(&self.x, &self.weights(), &opts, out)?;
+            }
             let got = out.to_f32_vec()?;
             if let Some(i) = (0..got.len()).find(|&i| !accepts(dtype, got[i], want[i], bound[i])) {
-                bail!("fused={fused}: element {i} is {}, reference {} (bound {})", got[i], want[i], bound[i]);
+                bail!(
+                    "fused={fused} packed={packed}: element {i} is {}, reference {} (bound {})",
+                    got[i],
+                    want[i],
+                    bound[i]
+                );
             }
         }
         Ok(())
@@ -104,7 +129,7 @@ pub fn run(dev: &Device, dtype: DType, quick: bool) -> Result<()> {
     let size = if quick && slow { 56 } else { 224 };
     let layouts: &[Layout] = if quick { &[Layout::Nhwc] } else { &[Layout::Nhwc, Layout::Nchw] };
     println!(
-        "\n   inverted-residual blocks, {size}x{size} input, {dtype} ({}): fused vs the three-op chain, timed interleaved",
+        "\n   inverted-residual blocks, {size}x{size} input, {dtype} ({}): fused (weights packed) vs the three-op chain, timed interleaved",
         dev.kind()
     );
     println!(
@@ -120,7 +145,11 @@ pub fn run(dev: &Device, dtype: DType, quick: bool) -> Result<()> {
                 let opts = BlockOptions::default().stride(d.stride).layout(layout).fused(fused);
                 let (b, out) = (&b, &out);
                 move || -> Result<()> {
-                    dev.inverted_residual_into(&b.x, &b.weights(), &opts, out)?;
+                    if fused {
+                        dev.inverted_residual_packed_into(&b.x, &b.packed, &opts, out)?;
+                    } else {
+                        dev.inverted_residual_into(&b.x, &b.weights(), &opts, out)?;
+                    }
                     dev.synchronize()?;
                     Ok(())
                 }

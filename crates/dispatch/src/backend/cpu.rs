@@ -626,17 +626,8 @@ impl BackendOps for CpuBackend {
         out: &CpuStorage,
     ) -> Result<()> {
         let a = args;
-        let all = [
-            Some(a.x),
-            a.expand,
-            a.expand_bias,
-            Some(a.depthwise),
-            a.depthwise_bias,
-            Some(a.project),
-            a.project_bias,
-            a.expand_t,
-            a.project_t,
-        ];
+        let [x, e, eb, d, db, p, pb] = a.given();
+        let all = [x, e, eb, d, db, p, pb, a.expand_t, a.project_t];
         let mut locks = Locks::take(&all, out)?;
         let (ins, out_data) = locks.split();
         let f32_of = |s: &CpuStorage| ins.get(s).and_then(CpuData::as_f32);

@@ -56,6 +56,14 @@ pub(crate) struct BlockArgs<'s, S> {
     pub(crate) project_t: Option<&'s S>,
 }
 
+impl<'s, S> BlockArgs<'s, S> {
+    /// The tensors as the caller gave them (input, weights, biases), absent ones `None`.
+    pub(crate) fn given(&self) -> [Option<&'s S>; 7] {
+        let a = self;
+        [Some(a.x), a.expand, a.expand_bias, Some(a.depthwise), a.depthwise_bias, Some(a.project), a.project_bias]
+    }
+}
+
 /// A pointwise (1×1) convolution as [`BackendOps::pointwise`] sees it, validated:
 /// `out = act(W · x + bias + residual)` per pixel, `W` `[cout, cin]`, `x` `[batch, cin,
 /// pixels]` (NCHW) or `[batch, pixels, cin]` (NHWC), `out` and `residual` likewise with `cout`.

@@ -88,6 +88,10 @@ impl PackedBlock {
     pub fn is_transposed(&self) -> bool {
         self.project_t.is_some()
     }
+
+    fn transposed(&self) -> Transposed<'_> {
+        (self.expand_t.as_ref(), self.project_t.as_ref())
+    }
 }
 
 impl Device {
@@ -163,11 +167,22 @@ impl Device {
         let weights = packed.weights();
         let desc = self.block_desc(x, &weights, opts)?;
         let out = self.output_tensor(&desc.output_shape(), x.dtype())?;
-        if let Some(t) = &packed.project_t {
-            check_device(OP, self, "packed", t)?;
-        }
-        self.run_block(&desc, x, &weights, (packed.expand_t.as_ref(), packed.project_t.as_ref()), opts, &out)?;
+        self.run_block(&desc, x, &weights, packed.transposed(), opts, &out)?;
         Ok(out)
+    }
+
+    /// [`Device::inverted_residual_packed`] into an existing output tensor of the right shape.
+    pub fn inverted_residual_packed_into(
+        &self,
+        x: &Tensor,
+        packed: &PackedBlock,
+        opts: &BlockOptions,
+        out: &Tensor,
+    ) -> Result<()> {
+        let weights = packed.weights();
+        let desc = self.block_desc(x, &weights, opts)?;
+        self.check_block_out(&desc, x, &weights, out)?;
+        self.run_block(&desc, x, &weights, packed.transposed(), opts, out)
     }
 
     /// [`Device::inverted_residual`] into an existing output tensor of the right shape.
@@ -179,6 +194,19 @@ impl Device {
         out: &Tensor,
     ) -> Result<()> {
         let desc = self.block_desc(x, weights, opts)?;
+        self.check_block_out(&desc, x, weights, out)?;
+        self.run_block(&desc, x, weights, NO_TRANSPOSED, opts, out)
+    }
+
+    /// The checks of an `_into` call's output: this device, the input's dtype, no input's
+    /// buffer, the block's output shape.
+    fn check_block_out(
+        &self,
+        desc: &InvertedResidualDesc,
+        x: &Tensor,
+        weights: &BlockWeights<'_>,
+        out: &Tensor,
+    ) -> Result<()> {
         check_device(OP, self, "out", out)?;
         check_dtype(OP, x.dtype(), "out", out)?;
         for (name, t) in named(x, weights) {
@@ -194,7 +222,7 @@ impl Device {
                 actual: out.shape().to_vec(),
             });
         }
-        self.run_block(&desc, x, weights, NO_TRANSPOSED, opts, out)
+        Ok(())
     }
 
     fn run_block(

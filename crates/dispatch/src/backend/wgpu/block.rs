@@ -20,16 +20,8 @@ impl WgpuBackend {
         let op = "inverted_residual";
         // Every tensor is bound whole: over the binding limit or past u32 indices is refused.
         let limit = self.binding_limit();
-        let all = [
-            Some(a.x),
-            a.expand,
-            a.expand_bias,
-            Some(a.depthwise),
-            a.depthwise_bias,
-            Some(a.project),
-            a.project_bias,
-            Some(out),
-        ];
+        let [x, e, eb, d, db, p, pb] = a.given();
+        let all = [x, e, eb, d, db, p, pb, Some(out)];
         // The kernel indexes every binding from element 0: a tensor over an engine's buffer at
         // an offset (Tensor::from_wgpu_buffer) goes through the unfused chain instead.
         if all.into_iter().flatten().any(|s| s.base != 0) {
