@@ -31,12 +31,12 @@
 //! layout (through an f32 staging buffer in the output's layout for f16 and bf16); the
 //! per-call packing is the depthwise weights (`[9][hidden]`, for the register tiles). Weights
 //! packed ahead of the calls (`crate::PackedBlock`, [`Transposed`]) are read transposed
-//! instead: every expansion through `gemm` and the channel split's projection (which then
-//! goes pixel-major, straight into an NHWC output or through the thread's product buffer and
-//! a transpose into NCHW planes) read them along their rows, with the channels as `gemm`'s
-//! `M`. MobileNetV2's 7 × 7 blocks (15–17) took 0.81–0.85 of the time, 14 × 14 (8–14)
-//! 0.94–0.97, the rest level (0.997–1.014): in-process A/B on a 2-core AVX-512 Zen 4, both
-//! layouts, medians of 60 × 10 calls, the same bits. The
+//! instead: every product through `gemm` reads them along their rows, and the channel split's
+//! projection goes pixel-major (straight into an NHWC output, or through the thread's product
+//! buffer and a transpose into NCHW planes), with the channels as `gemm`'s `M`. MobileNetV2's
+//! 7 × 7 blocks (15–17) took 0.81–0.92 of the time, 14 × 14 (8–14) 0.91–0.96, the rest
+//! 0.97–1.0: in-process A/B on a 2-core AVX-512 Zen 4, both layouts, medians of 60 × 10
+//! calls, two runs, the same bits. The
 //! expand bias and ReLU6 are one pass over the chunk's rows while they are in L2. With at
 //! most [`small_k::SMALL_K`] input channels on AVX2 or AVX-512 (MobileNetV2's blocks 2–7),
 //! the expansion is instead the small-K register tiles (`small_k.rs`, shared with the
@@ -508,15 +508,20 @@ impl Block<'_> {
                 // SAFETY: f holds rows·ow pixels of jc channels (jr read); the band's rows·ow
                 // pixels of co channels lie inside the output at dst with these strides (the
                 // caller's contract), or in the product buffer (opix × co); the projection
-                // weight holds co × hid (checked by `run`), columns j0..j0 + jr read.
+                // weight holds co × hid (checked by `run`), columns j0..j0 + jr read (rows of
+                // the transposed weight, `[hidden][C']`, where given).
                 unsafe {
+                    let w = match self.transposed {
+                        Some(t) => Strided { ptr: t.project.as_ptr().add(j0 * co), rs: co, cs: 1 },
+                        None => Strided { ptr: self.project.0.as_ptr().add(j0), rs: 1, cs: hid },
+                    };
                     gemm_f32(
                         rows * ow,
                         co,
                         jr,
                         Strided { ptr: pd, rs: p_rs, cs: p_cs },
                         Strided { ptr: f.as_ptr(), rs: jc, cs: 1 },
-                        Strided { ptr: self.project.0.as_ptr().add(j0), rs: 1, cs: hid },
+                        w,
                         j0 > 0 || preset,
                         gemm::Parallelism::None,
                     );
