@@ -6,7 +6,7 @@
 //! - [`arch`]: the architecture table and the state_dict names and shapes.
 //! - [`weights`]: [`Weights::load`] (memory-mapped safetensors, BN folding).
 //! - [`mobilenet`]: [`MobileNetV2`] on a device, its [`block`] and forward pass.
-//! - [`reference`]: the f64 forward pass composed of `tilekit_kernels::reference` ops (the oracle).
+//! - [`reference`](mod@reference): the f64 forward pass composed of `tilekit_kernels::reference` ops (the oracle).
 //! - [`synthetic`]: random torchvision-named weight files, for tests and benches (no download).
 //! - [`npy`]: the `.npy` input and output of the `mobilenet_v2` example.
 
