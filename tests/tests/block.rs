@@ -249,6 +249,11 @@ fn bad_inputs_are_typed_errors() {
         pack_err(&BlockWeights { project: &wp_bad, ..good }),
         Error::ShapeMismatch { tensor: "project", .. }
     ));
+    let we_rank2 = f(&[24, 4]);
+    assert!(matches!(
+        pack_err(&BlockWeights { expand: Some(&we_rank2), ..good }),
+        Error::WrongRank { tensor: "expand", .. }
+    ));
     let b16 = dev.zeros(&[24], DType::F16).expect("alloc");
     assert!(matches!(pack_err(&BlockWeights { depthwise_bias: Some(&b16), ..good }), Error::DTypeMismatch { .. }));
     assert!(matches!(

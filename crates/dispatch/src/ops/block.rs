@@ -123,15 +123,16 @@ impl Device {
             }
         }
         self.check_dtype(dtype)?;
-        let c = match (w.expand, w.depthwise.shape()) {
-            (Some(we), _) if we.shape().len() == 4 => we.shape()[1],
-            (None, &[hid, ..]) => hid,
-            _ => 0,
+        // The input channels the weights imply (a wrong rank is reported by `weight_dims`).
+        let c = match w.expand {
+            Some(we) => we.shape().get(1),
+            None => w.depthwise.shape().first(),
         };
-        if c == 0 {
-            return Err(Error::InvalidParameter { op: OP, param: "expand", reason: "no input channels".into() });
-        }
+        let c = c.copied().unwrap_or(0);
         let (hidden, co) = weight_dims(w, c)?;
+        if c == 0 {
+            return Err(Error::InvalidParameter { op: OP, param: "weights", reason: "no input channels".into() });
+        }
         let transpose = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
             let v = t.to_f32_vec()?;
             let mut o = vec![0.0f32; v.len()];
