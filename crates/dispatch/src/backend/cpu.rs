@@ -610,7 +610,7 @@ impl BackendOps for CpuBackend {
         let mut locks = Locks::take(&[Some(input)], out)?;
         let (ins, out_data) = locks.split();
         match (ins.get(input)?, out_data) {
-            (CpuData::F32(x), CpuData::F32(o)) => im2col::gather(desc, x, 0.0, o.slice_mut("im2col")?)?,
+            (CpuData::F32(x), CpuData::F32(o)) => im2col::gather_f32(desc, x, o.slice_mut("im2col")?)?,
             (CpuData::F16(x), CpuData::F16(o)) => im2col::gather(desc, x, f16::ZERO, o.slice_mut("im2col")?)?,
             (CpuData::Bf16(x), CpuData::Bf16(o)) => im2col::gather(desc, x, bf16::ZERO, o.slice_mut("im2col")?)?,
             _ => return Err(internal("im2col input and output dtypes differ".into())),

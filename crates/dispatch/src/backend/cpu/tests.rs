@@ -835,6 +835,15 @@ fn im2col_gather_is_the_one_hot_convolution() {
                 }
                 assert!(got[total..].iter().all(|&v| v == SENTINEL), "{dtype} {d:?}: wrote past the output");
             });
+            // The f32 gather compiled for each instruction set.
+            in_each_isa(|isa| {
+                let mut o = vec![SENTINEL; total + guard];
+                super::im2col::gather_f32(&d, &x, &mut o).expect("gather");
+                for (i, (&g, &e)) in o.iter().zip(&want).enumerate() {
+                    assert!(g.to_bits() == e.to_bits(), "{isa:?} {d:?}: output {i} is {g}, expected {e}");
+                }
+                assert!(o[total..].iter().all(|&v| v == SENTINEL), "{isa:?} {d:?}: wrote past the output");
+            });
         }
     }
 }
