@@ -1,13 +1,16 @@
 //! The layers a convolutional network needs besides matmul and depthwise conv, on every backend
 //! and dtype against the f64 reference: `pointwise_conv2d` (NCHW and NHWC, bias, residual,
-//! activation), `global_avg_pool`, `im2col` (bit-exact), im2col + pointwise as a dense conv, and
+//! activation), `global_avg_pool`, `im2col` (bit-exact), im2col + pointwise as a dense conv,
+//! `conv2d` (the dense conv itself: the CPU's direct kernel and the composition elsewhere), and
 //! their bad inputs.
 
 #![allow(clippy::unwrap_used)]
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use tilekit::{Activation, DType, Device, Error, Im2colOptions, Layout, MatmulDesc, MatrixView, PointwiseOptions};
+use tilekit::{
+    Activation, Conv2dOptions, DType, Device, Error, Im2colOptions, Layout, MatmulDesc, MatrixView, PointwiseOptions,
+};
 use tilekit_kernels::reference;
 use tilekit_tests::{Data, Rng, backends_for, tolerance};
 
@@ -147,6 +150,136 @@ fn run_pointwise(c: PwCase) -> Result<usize, String> {
     Ok(ran)
 }
 
+/// One dense convolution case (`Device::conv2d`).
+#[derive(Debug, Clone, Copy)]
+struct DenseCase {
+    n: usize,
+    cin: usize,
+    cout: usize,
+    h: usize,
+    w: usize,
+    k: [usize; 2],
+    stride: [usize; 2],
+    /// `[top, bottom, left, right]`.
+    pad: [usize; 4],
+    dil: [usize; 2],
+    layout: Layout,
+    bias: bool,
+    act: Activation,
+    exact: bool,
+    seed: u64,
+}
+
+impl DenseCase {
+    fn out_hw(&self) -> Option<(usize, usize)> {
+        let span = |k: usize, d: usize| (k - 1) * d + 1;
+        let (ph, pw) = (self.h + self.pad[0] + self.pad[1], self.w + self.pad[2] + self.pad[3]);
+        let (eh, ew) = (span(self.k[0], self.dil[0]), span(self.k[1], self.dil[1]));
+        (ph >= eh && pw >= ew).then(|| ((ph - eh) / self.stride[0] + 1, (pw - ew) / self.stride[1] + 1))
+    }
+
+    /// The convolution plus bias in f64 over NCHW-ordered `x` (`[n, cin, h, w]`) and PyTorch's
+    /// weight, into NCHW order.
+    fn reference(&self, x: &[f64], wt: &[f64], b: Option<&[f64]>) -> Vec<f64> {
+        let (oh, ow) = self.out_hw().expect("a non-empty output");
+        let [kh, kw] = self.k;
+        let mut out = vec![0.0; self.n * self.cout * oh * ow];
+        for img in 0..self.n {
+            for co in 0..self.cout {
+                for (oy, ox) in (0..oh).flat_map(|y| (0..ow).map(move |x| (y, x))) {
+                    let mut acc = b.map_or(0.0, |b| b[co]);
+                    for (ci, i, j) in (0..self.cin).flat_map(|c| (0..kh * kw).map(move |t| (c, t / kw, t % kw))) {
+                        let (py, px) = (oy * self.stride[0] + i * self.dil[0], ox * self.stride[1] + j * self.dil[1]);
+                        if py >= self.pad[0]
+                            && px >= self.pad[2]
+                            && py - self.pad[0] < self.h
+                            && px - self.pad[2] < self.w
+                        {
+                            let v = x[((img * self.cin + ci) * self.h + py - self.pad[0]) * self.w + px - self.pad[2]];
+                            acc += v * wt[((co * self.cin + ci) * kh + i) * kw + j];
+                        }
+                    }
+                    out[((img * self.cout + co) * oh + oy) * ow + ox] = acc;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs a dense convolution case on every backend and dtype against the f64 reference (bit for
+/// bit on integer data, else under the tolerance model with the reduction `Cin·kh·kw`), and
+/// checks that `conv2d_into` writes the same bytes into an output filled with a sentinel.
+/// Returns the number of backend runs.
+fn run_dense(c: DenseCase) -> Result<usize, String> {
+    let (oh, ow) = c.out_hw().ok_or("the case's output is empty")?;
+    let [kh, kw] = c.k;
+    let kk = c.cin * kh * kw;
+    let (hw, ohw) = (c.h * c.w, oh * ow);
+    let out_shape = shape(c.layout, c.n, c.cout, oh, ow);
+    let mut ran = 0;
+    for dtype in DTYPES {
+        let mut rng = Rng::new(c.seed);
+        let data = if c.exact { Data::Integers(2) } else { Data::Uniform };
+        // `x` in NCHW order; laid out in the case's layout for the device.
+        let x = data.fill(&mut rng, c.n * c.cin * hw, dtype);
+        let wt = data.fill(&mut rng, c.cout * kk, dtype);
+        let b = c.bias.then(|| data.fill(&mut rng, c.cout, dtype));
+        let w64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let a64 = |v: &[f32]| v.iter().map(|&x| (x as f64).abs()).collect::<Vec<f64>>();
+        let pre = c.reference(&w64(&x), &w64(&wt), b.as_deref().map(w64).as_deref());
+        let mag = c.reference(&a64(&x), &a64(&wt), b.as_deref().map(a64).as_deref());
+        // Without a kernel of its own a backend composes im2col and the pointwise conv, whose
+        // NCHW form with a bias rounds the sum before adding the bias: one more rounding.
+        let partial = (c.layout == Layout::Nchw && c.bias).then(|| c.reference(&a64(&x), &a64(&wt), None));
+        let mut xl = vec![0.0f32; x.len()];
+        for (i, &v) in x.iter().enumerate() {
+            xl[index(c.layout, c.cin, hw, i / (c.cin * hw), i / hw % c.cin, i % hw)] = v;
+        }
+        for be in backends_for(dtype) {
+            let what = format!("{} {dtype} conv2d {c:?}", be.label);
+            let dev = &be.device;
+            let err = |e: Error| format!("{what}: {e}");
+            let xt = dev.tensor_from_f32(&shape(c.layout, c.n, c.cin, c.h, c.w), dtype, &xl).map_err(err)?;
+            let wtt = dev.tensor_from_f32(&[c.cout, c.cin, kh, kw], dtype, &wt).map_err(err)?;
+            let bt = b.as_deref().map(|b| dev.tensor_from_f32(&[c.cout], dtype, b)).transpose().map_err(err)?;
+            let opts = Conv2dOptions::default()
+                .stride(c.stride)
+                .padding(c.pad)
+                .dilation(c.dil)
+                .layout(c.layout)
+                .activation(c.act);
+            let out = dev.conv2d(&xt, &wtt, bt.as_ref(), &opts).map_err(err)?;
+            if out.shape() != out_shape {
+                return Err(format!("{what}: shape {:?}, expected {out_shape:?}", out.shape()));
+            }
+            let into = dev.tensor_from_f32(&out_shape, dtype, &vec![-77.0; out_shape.iter().product()]).map_err(err)?;
+            dev.conv2d_into(&xt, &wtt, bt.as_ref(), &opts, &into).map_err(err)?;
+            if into.to_bytes().map_err(err)? != out.to_bytes().map_err(err)? {
+                return Err(format!("{what}: conv2d_into wrote other bytes than conv2d"));
+            }
+            let got = out.to_f32_vec().map_err(err)?;
+            for i in 0..pre.len() {
+                let (img, co, p) = (i / (c.cout * ohw), i / ohw % c.cout, i % ohw);
+                let g = got[index(c.layout, c.cout, ohw, img, co, p)];
+                let want = c.act.apply_f64(pre[i]);
+                let ok = if c.exact {
+                    g == dtype.round_f32(want as f32)
+                } else {
+                    let extra = partial.as_ref().map_or(0.0, |p| dtype.unit_roundoff() * p[i]);
+                    let bound = tolerance::bound(dtype, c.act, kk, mag[i], pre[i], want) + extra;
+                    tolerance::accepts(dtype, g, want, bound)
+                };
+                if !ok {
+                    return Err(format!("{what}: [{img},{co},{p}]: got {g:e}, expected {want:e}"));
+                }
+            }
+            ran += 1;
+        }
+    }
+    Ok(ran)
+}
+
 fn small() -> impl Strategy<Value = usize> {
     prop_oneof![3 => 1usize..=8, 1 => prop::sample::select(vec![13usize, 16, 17, 31, 33])]
 }
@@ -172,6 +305,26 @@ proptest! {
         let cin = if exact { cin.min(16) } else { cin };
         let case = PwCase { n, cin, cout, h, w, layout, bias, residual, act, exact, seed };
         let ran = run_pointwise(case).map_err(TestCaseError::fail)?;
+        prop_assert!(ran >= 3);
+    }
+
+    #[test]
+    fn conv2d_matches_the_reference(
+        n in 1usize..=2, cin in 1usize..=5, cout in small(), h in 1usize..=9, w in 1usize..=9,
+        kh in 1usize..=3, kw in 1usize..=3, sh in 1usize..=3, sw in 1usize..=3,
+        pad in prop::array::uniform4(0usize..=2), dh in 1usize..=2, dw in 1usize..=2,
+        layout in layout(), bias: bool,
+        act in prop::sample::select(Activation::ALL.to_vec()), exact: bool, seed: u64,
+    ) {
+        // Integers in [-2, 2] and at most 45 products keep every sum below 2^8 (exact in
+        // bf16); GELU and SiLU are not exact on any input, so they take the tolerance model.
+        // Reductions up to 32 take the CPU's kernel, larger ones the composition.
+        let exact = exact && matches!(act, Activation::None | Activation::Relu | Activation::Relu6);
+        let case = DenseCase {
+            n, cin, cout, h, w, k: [kh, kw], stride: [sh, sw], pad, dil: [dh, dw], layout, bias, act, exact, seed,
+        };
+        prop_assume!(case.out_hw().is_some());
+        let ran = run_dense(case).map_err(TestCaseError::fail)?;
         prop_assert!(ran >= 3);
     }
 
@@ -264,8 +417,9 @@ fn large_pointwise_layers_are_exact() {
     }
 }
 
-/// im2col + pointwise is the dense 3×3 stride-2 conv of MobileNetV2's stem (3 -> 32 channels,
-/// PyTorch's weight `[32, 3, 3, 3]` reshaped to `[32, 27]`), against a direct f64 convolution.
+/// im2col + pointwise, and `conv2d`, are the dense 3×3 stride-2 conv of MobileNetV2's stem (3 ->
+/// 32 channels, PyTorch's weight `[32, 3, 3, 3]`, reshaped to `[32, 27]` for the pointwise conv),
+/// against a direct f64 convolution.
 #[test]
 fn im2col_then_pointwise_is_the_stem_convolution() {
     let (n, h, w, co) = (2, 11, 9, 32);
@@ -304,15 +458,56 @@ fn im2col_then_pointwise_is_the_stem_convolution() {
                 let wtt = dev.tensor_from_f32(&[co, 27], dtype, &wt).unwrap();
                 let pw = PointwiseOptions::default().layout(layout);
                 let got = dev.pointwise_conv2d(&patches, &wtt, None, &pw).unwrap().to_f32_vec().unwrap();
+                // And the dense conv op itself, on the weight as PyTorch stores it.
+                let w4 = dev.tensor_from_f32(&[co, 3, 3, 3], dtype, &wt).unwrap();
+                let copts = Conv2dOptions::default().stride([2, 2]).padding([1; 4]).layout(layout);
+                let direct = dev.conv2d(&xt, &w4, None, &copts).unwrap().to_f32_vec().unwrap();
                 for b in 0..n {
                     for o in 0..co {
                         for p in 0..oh * ow {
-                            let (g, e) = (got[index(layout, co, oh * ow, b, o, p)], want[(b * co + o) * oh * ow + p]);
-                            assert_eq!(g, dtype.round_f32(e), "{} {dtype} {}: [{b},{o},{p}]", be.label, layout.name());
+                            let i = index(layout, co, oh * ow, b, o, p);
+                            let e = dtype.round_f32(want[(b * co + o) * oh * ow + p]);
+                            assert_eq!(got[i], e, "{} {dtype} {}: [{b},{o},{p}]", be.label, layout.name());
+                            assert_eq!(direct[i], e, "{} {dtype} {} conv2d: [{b},{o},{p}]", be.label, layout.name());
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// Dense convolutions large enough for the CPU kernel's row blocks and parallel split (the
+/// stem at 96², a 64 × 60 stride-1 layer of 3 → 40 channels), one past its reduction bound
+/// (the composition), exact on integer data in both layouts on every backend.
+#[test]
+fn large_conv2d_layers_are_exact() {
+    let mut seed = 91;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &(cin, cout, h, w, k, s, act) in &[
+            (3, 32, 96, 96, 3, 2, Activation::Relu6),
+            (3, 40, 64, 60, 3, 1, Activation::None),
+            (4, 24, 30, 33, 3, 1, Activation::Relu),
+        ] {
+            let case = DenseCase {
+                n: 2,
+                cin,
+                cout,
+                h,
+                w,
+                k: [k, k],
+                stride: [s, s],
+                pad: [1; 4],
+                dil: [1, 1],
+                layout,
+                bias: true,
+                act,
+                exact: true,
+                seed,
+            };
+            let ran = run_dense(case).unwrap();
+            assert!(ran >= 3, "{ran} backend runs");
+            seed += 1;
         }
     }
 }
@@ -371,6 +566,33 @@ fn bad_inputs_are_typed_errors() {
     expect_err("pool alias", dev.global_avg_pool_into(&x, Layout::Nchw, &x.reshape(&[2, 36]).unwrap()), |e| {
         matches!(e, Error::ShapeMismatch { .. } | Error::Aliasing { .. })
     });
+
+    let copts = Conv2dOptions::default();
+    let w3 = t(&[5, 4, 3, 3]);
+    expect_err("conv2d input rank", dev.conv2d(&t(&[4, 3, 3]), &w3, None, &copts), rank_err("input"));
+    expect_err("conv2d weight rank", dev.conv2d(&x, &t(&[5, 36]), None, &copts), rank_err("weight"));
+    expect_err("conv2d weight cin", dev.conv2d(&x, &t(&[5, 3, 3, 3]), None, &copts), shape_err("weight"));
+    expect_err("conv2d no outputs", dev.conv2d(&x, &t(&[0, 4, 3, 3]), None, &copts), shape_err("weight"));
+    expect_err("conv2d bias", dev.conv2d(&x, &w3, Some(&t(&[4])), &copts), shape_err("bias"));
+    expect_err("conv2d window", dev.conv2d(&x, &t(&[5, 4, 4, 3]), None, &copts), |e| {
+        matches!(e, Error::InvalidParameter { .. })
+    });
+    expect_err("conv2d stride", dev.conv2d(&x, &w3, None, &copts.stride([1, 0])), |e| {
+        matches!(e, Error::InvalidParameter { .. })
+    });
+    expect_err("conv2d dtype", dev.conv2d(&x, &dev.zeros(&[5, 4, 3, 3], DType::F16).unwrap(), None, &copts), |e| {
+        matches!(e, Error::DTypeMismatch { .. })
+    });
+    expect_err("conv2d device", dev.conv2d(&x, &other.zeros(&[5, 4, 3, 3], DType::F32).unwrap(), None, &copts), |e| {
+        matches!(e, Error::DeviceMismatch { .. })
+    });
+    expect_err("conv2d out shape", dev.conv2d_into(&x, &w3, None, &copts, &t(&[2, 5, 2, 1])), shape_err("out"));
+    expect_err("conv2d out alias", dev.conv2d_into(&x, &w3, None, &copts, &x.reshape(&[2, 4, 3, 3]).unwrap()), |e| {
+        matches!(e, Error::Aliasing { .. } | Error::ShapeMismatch { .. })
+    });
+    // NHWC reads the input's last dimension as its channels: 3 here, not the weight's 4.
+    expect_err("conv2d nhwc channels", dev.conv2d(&x, &w3, None, &copts.layout(Layout::Nhwc)), shape_err("weight"));
+    assert_eq!(dev.conv2d(&t(&[0, 4, 3, 3]), &w3, None, &copts).unwrap().shape(), &[0, 5, 1, 1]);
 
     let opts = Im2colOptions::default().kernel([0, 3]);
     expect_err("im2col window", dev.im2col(&x, &opts), |e| matches!(e, Error::InvalidParameter { .. }));

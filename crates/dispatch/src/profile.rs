@@ -255,6 +255,34 @@ impl OpInfo {
         }
     }
 
+    /// A dense convolution: input, weight and bias read once, the output written once.
+    pub(crate) fn conv2d(desc: &crate::backend::DenseConvDesc, dtype: DType) -> OpInfo {
+        let d = &desc.conv;
+        let prod = |s: [usize; 4]| s.iter().product::<usize>();
+        let (oh, ow) = (d.out_h().unwrap_or(0), d.out_w().unwrap_or(0));
+        let outs = d.batch * desc.cout * oh * ow;
+        let elems =
+            prod(d.input_shape()) + outs + desc.cout * desc.reduction() + if d.has_bias { desc.cout } else { 0 };
+        OpInfo {
+            op: "conv2d",
+            dtype,
+            shape: format!(
+                "n{} c{} {}x{} cout{} k{}x{} s{} {}",
+                d.batch,
+                d.channels,
+                d.height,
+                d.width,
+                desc.cout,
+                d.kernel_h,
+                d.kernel_w,
+                d.stride_h,
+                d.layout.name()
+            ),
+            bytes: (elems * dtype.size_bytes()) as u64,
+            flops: (2 * outs * desc.reduction()) as u64,
+        }
+    }
+
     /// An `im2col` gather: the input read once, the patches written once; no FLOPs.
     pub(crate) fn im2col(desc: &Conv2dDesc, dtype: DType) -> OpInfo {
         let prod = |s: [usize; 4]| s.iter().product::<usize>();

@@ -1,13 +1,13 @@
 //! MobileNetV2 on a tilekit device: the folded weights uploaded once, then a forward pass of
-//! device ops only (im2col + pointwise stem, 17 blocks, 1×1 head, mean pool, classifier; each
+//! device ops only (a dense 3×3 stride-2 conv stem, 17 blocks, 1×1 head, mean pool, classifier; each
 //! block's weights packed at load, [`Device::pack_block_weights`], and the head's and the
 //! classifier's, [`Device::pack_matmul_weights`]).
 
 use crate::arch::{self, BlockSpec, HEAD_CHANNELS, NUM_CLASSES, STEM_CHANNELS};
 use crate::{ModelError, Weights};
 use tilekit::{
-    Activation, BlockOptions, Conv2dOptions, DType, Device, Im2colOptions, Layout, MatmulOptions, PackedBlock,
-    PackedMatmul, PointwiseOptions, Tensor,
+    Activation, BlockOptions, Conv2dOptions, DType, Device, Layout, MatmulOptions, PackedBlock, PackedMatmul,
+    PointwiseOptions, Tensor,
 };
 
 /// A conv's weight and bias on the device.
@@ -76,7 +76,7 @@ pub struct MobileNetV2 {
     device: Device,
     dtype: DType,
     layout: Layout,
-    /// The stem as a pointwise conv over im2col patches: `[32, 27]`.
+    /// The stem, a dense 3×3 stride-2 conv (`Device::conv2d`): `[32, 3, 3, 3]`.
     stem: Conv,
     blocks: Vec<BlockWeights>,
     /// The head 1×1 conv's weight `[1280, 320]` packed once ([`Device::pack_matmul_weights`]),
@@ -103,7 +103,7 @@ impl MobileNetV2 {
         };
         let mut convs = weights.convs.iter();
         let mut next = || convs.next().ok_or_else(|| ModelError::Input("the weights have too few convs".into()));
-        let stem = up(next()?, &[STEM_CHANNELS, 27])?;
+        let stem = up(next()?, &[STEM_CHANNELS, 3, 3, 3])?;
         let mut blocks = Vec::new();
         for spec in arch::blocks() {
             let expand = if spec.has_expand() {
@@ -204,12 +204,8 @@ impl MobileNetV2 {
     pub fn forward(&self, input: &Tensor) -> Result<Tensor, ModelError> {
         let dev = &self.device;
         let layout = self.layout;
-        let im2col =
-            Im2colOptions::default().kernel([3, 3]).stride([2, 2]).padding([1; 4]).dilation([1, 1]).layout(layout);
-        let patches = dev.im2col(input, &im2col)?;
-        let relu6 = PointwiseOptions::default().layout(layout).activation(Activation::Relu6).residual(None);
-        let mut x = dev.pointwise_conv2d(&patches, &self.stem.weight, Some(&self.stem.bias), &relu6)?;
-        drop(patches);
+        let stem = Conv2dOptions::default().stride([2, 2]).padding([1; 4]).layout(layout).activation(Activation::Relu6);
+        let mut x = dev.conv2d(input, &self.stem.weight, Some(&self.stem.bias), &stem)?;
         for b in &self.blocks {
             x = if self.fused { fused_block(dev, &x, b, layout)? } else { block(dev, &x, b, layout)? };
         }

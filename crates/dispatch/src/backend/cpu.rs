@@ -42,7 +42,7 @@
 //! in one buffer) is locked once, and in-place activation takes only the write lock. Ops reach
 //! the backend validated, so the output never aliases another input of the op.
 
-use super::{BackendOps, BlockArgs, PointwiseArgs, PointwiseDesc};
+use super::{BackendOps, BlockArgs, DenseConvDesc, PointwiseArgs, PointwiseDesc};
 use crate::{BackendKind, Error, Result};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -53,6 +53,7 @@ use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidu
 mod activation;
 mod aligned;
 mod block;
+mod dense_conv;
 mod depthwise;
 mod gemv;
 mod glu;
@@ -616,6 +617,34 @@ impl BackendOps for CpuBackend {
             _ => return Err(internal("im2col input and output dtypes differ".into())),
         }
         Ok(())
+    }
+
+    /// Reductions (`Cin·kh·kw`) up to `small_k::SMALL_K` (32) with AVX2 or AVX-512: the direct kernel
+    /// (`cpu/dense_conv.rs`).
+    fn has_conv2d(&self, desc: &DenseConvDesc) -> bool {
+        dense_conv::takes(desc)
+    }
+
+    fn conv2d(
+        &self,
+        desc: &DenseConvDesc,
+        _dtype: DType,
+        input: &CpuStorage,
+        weight: &CpuStorage,
+        bias: Option<&CpuStorage>,
+        out: &CpuStorage,
+    ) -> Result<()> {
+        let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
+        let (ins, out_data) = locks.split();
+        let x = ins.get(input)?.as_f32()?;
+        let w = ins.get(weight)?.as_f32()?;
+        let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
+        let conv = dense_conv::DenseConv { d: *desc, x: &x, w: &w, bias: bias.as_deref() };
+        match out_data {
+            CpuData::F32(o) => conv.run(o.slice_mut("conv2d")?),
+            CpuData::F16(o) => conv.run(o.slice_mut("conv2d")?),
+            CpuData::Bf16(o) => conv.run(o.slice_mut("conv2d")?),
+        }
     }
 
     fn inverted_residual(

@@ -78,6 +78,23 @@ pub(crate) struct PointwiseDesc {
     pub(crate) layout: tilekit_kernels::Layout,
 }
 
+/// A dense 2-D convolution (one group) as [`BackendOps::conv2d`] sees it, validated: `conv`
+/// is its geometry with `channels` the input channels and multiplier 1 (so `conv`'s own
+/// output channels are not this op's), `cout` the output channels; the weight is PyTorch's
+/// `[cout, channels, kh, kw]`, the bias `cout` values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DenseConvDesc {
+    pub(crate) conv: Conv2dDesc,
+    pub(crate) cout: usize,
+}
+
+impl DenseConvDesc {
+    /// Multiply-adds per output element: `channels · kh · kw`.
+    pub(crate) fn reduction(&self) -> usize {
+        self.conv.channels * self.conv.kernel_h * self.conv.kernel_w
+    }
+}
+
 /// The operands of [`BackendOps::pointwise`].
 pub(crate) struct PointwiseArgs<'s, S> {
     pub(crate) x: &'s S,
@@ -215,6 +232,24 @@ pub(crate) trait BackendOps {
     /// convolution's bit for bit.
     fn im2col(&self, _desc: &Conv2dDesc, _dtype: DType, _input: &Self::Storage, _out: &Self::Storage) -> Result<()> {
         Err(Error::Backend { backend: Self::KIND, message: "no im2col gather on this backend".into() })
+    }
+    /// Whether the backend runs this dense convolution as one kernel of its own
+    /// ([`BackendOps::conv2d`]); where it does not, `Device::conv2d` runs `im2col` and then
+    /// the pointwise convolution on the patches.
+    fn has_conv2d(&self, _desc: &DenseConvDesc) -> bool {
+        false
+    }
+    /// A dense convolution, bias and activation included, in one pass.
+    fn conv2d(
+        &self,
+        _desc: &DenseConvDesc,
+        _dtype: DType,
+        _input: &Self::Storage,
+        _weight: &Self::Storage,
+        _bias: Option<&Self::Storage>,
+        _out: &Self::Storage,
+    ) -> Result<()> {
+        Err(Error::Backend { backend: Self::KIND, message: "no dense convolution kernel on this backend".into() })
     }
     /// Whether the backend runs this pointwise convolution as one kernel of its own
     /// ([`BackendOps::pointwise`]); where it does not, `Device::pointwise_conv2d` runs it on

@@ -22,6 +22,7 @@ mod activation;
 mod bench_refs;
 mod block;
 mod conv;
+mod dense_conv;
 mod glu;
 mod im2col;
 mod matmul;

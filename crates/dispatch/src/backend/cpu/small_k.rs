@@ -55,8 +55,8 @@ pub(super) enum Act {
 pub(super) struct Weights {
     pub(super) c: usize,
     pub(super) ld: usize,
-    wt: Vec<f32>,
-    bias: Vec<f32>,
+    pub(super) wt: Vec<f32>,
+    pub(super) bias: Vec<f32>,
 }
 
 impl Weights {

@@ -1203,3 +1203,108 @@ fn dtype_eps(dtype: DType) -> f32 {
         other => unimplemented!("{other:?}"),
     }
 }
+
+/// The dense convolution's kernel (`dense_conv.rs`: NCHW the gathered patches through the
+/// small-K plane tiles, NHWC the direct strips) in every instruction set that takes it (AVX2
+/// and AVX-512; the portable copy is not taken, `Device::conv2d` composes im2col and the
+/// pointwise kernel there), bit for bit against the f64 reference on integer data, with
+/// guard words on both sides of the output, in every storage type. The grid reaches
+/// reductions of 1 to 32, output channels that fill no tile, part of one and several (the
+/// NHWC strips' 16 and 32 lanes), rows shorter than a strip and than a vector, left and right
+/// edges at every padding, strides to 3, dilation 2, several images and row blocks.
+#[test]
+fn dense_conv_is_exact_in_every_isa() {
+    use super::dense_conv::{DenseConv, takes};
+    use crate::backend::DenseConvDesc;
+    let mut seed = 9400;
+    let mut ran = 0;
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for &([n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads, cout, act) in &[
+            ([1, 3, 224, 224], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 32, Activation::Relu6),
+            ([2, 3, 9, 11], [3, 3], [1, 2], [2, 1], [0, 3, 2, 0], 17, Activation::None),
+            ([1, 1, 5, 4], [1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1, Activation::Relu),
+            ([1, 2, 13, 12], [4, 4], [3, 1], [1, 2], [4, 0, 1, 5], 33, Activation::Relu6),
+            ([2, 4, 7, 30], [2, 3], [1, 1], [1, 1], [1, 1, 1, 1], 48, Activation::None),
+            ([1, 3, 40, 37], [3, 3], [1, 3], [1, 1], [2, 1, 0, 2], 70, Activation::Relu),
+            ([3, 1, 3, 2], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 5, Activation::Relu6),
+            ([1, 32, 6, 9], [1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 16, Activation::None),
+        ] {
+            let d =
+                conv_geometry(layout, [n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads).has_bias(true).activation(act);
+            let dd = DenseConvDesc { conv: d, cout };
+            let (oh, ow) = (d.out_h().expect("rows"), d.out_w().expect("columns"));
+            let k = c * kh * kw;
+            let total = n * cout * oh * ow;
+            let mut rng = Rng(seed);
+            seed += 1;
+            let x = rng.ints(n * c * h * w, 8);
+            let wt = rng.ints(cout * k, 8);
+            let bias = rng.ints(cout, 50);
+            // The reference: the convolution in f64, bias, activation.
+            let at_x = |b: usize, ci: usize, y: usize, xx: usize| match layout {
+                Layout::Nchw => ((b * c + ci) * h + y) * w + xx,
+                _ => ((b * h + y) * w + xx) * c + ci,
+            };
+            let mut want = vec![0.0f32; total];
+            for b in 0..n {
+                for co in 0..cout {
+                    for (oy, ox) in (0..oh).flat_map(|y| (0..ow).map(move |x| (y, x))) {
+                        let mut acc = bias[co] as f64;
+                        for (ci, ky, kx) in (0..c).flat_map(|ci| (0..kh * kw).map(move |t| (ci, t / kw, t % kw))) {
+                            let (py, px) = (oy * sh + ky * dh, ox * sw + kx * dw);
+                            if py >= pads[0] && px >= pads[2] && py - pads[0] < h && px - pads[2] < w {
+                                let v = x[at_x(b, ci, py - pads[0], px - pads[2])] as f64;
+                                acc += v * wt[(co * c + ci) * kh * kw + ky * kw + kx] as f64;
+                            }
+                        }
+                        let o = match layout {
+                            Layout::Nchw => ((b * cout + co) * oh + oy) * ow + ox,
+                            _ => ((b * oh + oy) * ow + ox) * cout + co,
+                        };
+                        want[o] = act.apply_f64(acc) as f32;
+                    }
+                }
+            }
+            let conv = DenseConv { d: dd, x: &x, w: &wt, bias: Some(&bias) };
+            in_each_isa(|isa| {
+                if !takes(&dd) {
+                    assert!(isa == Isa::Portable || k > 32, "{isa:?} {d:?}: not taken");
+                    return;
+                }
+                ran += 1;
+                let g = 16;
+                each_dtype(|dtype, round| {
+                    let want = round(&want);
+                    let got = match dtype {
+                        DType::F32 => {
+                            let mut o = vec![SENTINEL; total + 2 * g];
+                            conv.run(&mut o[g..g + total]).expect("conv2d");
+                            o
+                        }
+                        DType::F16 => {
+                            let mut o = vec![f16::from_f32(SENTINEL); total + 2 * g];
+                            conv.run(&mut o[g..g + total]).expect("conv2d");
+                            load(&o)
+                        }
+                        DType::Bf16 => {
+                            let mut o = vec![bf16::from_f32(SENTINEL); total + 2 * g];
+                            conv.run(&mut o[g..g + total]).expect("conv2d");
+                            load(&o)
+                        }
+                        other => unimplemented!("{other:?}"),
+                    };
+                    for (i, (&gv, &e)) in got[g..g + total].iter().zip(&want).enumerate() {
+                        assert!(gv == e, "{isa:?} {dtype} {d:?} cout {cout}: output {i} is {gv}, expected {e}");
+                    }
+                    assert!(
+                        got[..g].iter().chain(&got[g + total..]).all(|&v| v == SENTINEL),
+                        "{isa:?} {dtype} {d:?}: wrote outside the output"
+                    );
+                });
+            });
+        }
+    }
+    if ran == 0 {
+        eprintln!("SKIP dense_conv_is_exact_in_every_isa: this CPU has no AVX2 and FMA, so no call takes the kernel");
+    }
+}
