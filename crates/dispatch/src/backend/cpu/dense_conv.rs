@@ -19,10 +19,14 @@
 //!   the row. The sums start at the bias and take the taps in PyTorch's order (`c·kh·kw +
 //!   ky·kw + kx`, im2col's), so they are im2col + pointwise's, except that a tap in the
 //!   padding adds nothing instead of a zero product (only the sign of a zero sum can differ).
-//!   The row goes through the thread's buffer into the output.
-//! - NHWC's activation, and NCHW's where the tiles do not have it (not ReLU or ReLU6), runs
-//!   over the block after it, while it is in L2; half-precision outputs are narrowed from one
-//!   f32 buffer of the whole output.
+//!   ReLU and ReLU6 are applied in registers (the tiles' own `activate`) and the strips store
+//!   straight into the output where `Cout` is a whole number of strips (the stem's 32);
+//!   otherwise a strip's channels run past `Cout`, and the row goes through the thread's
+//!   buffer. (Straight stores with the activation in registers: the stem in NHWC in 0.68–0.72
+//!   of the time of the row buffer and an activation pass after, 2 threads, a Xeon with
+//!   AVX-512, separate builds alternated, three runs.)
+//! - Other activations (not ReLU or ReLU6) run over the block after it, while it is in L2;
+//!   half-precision outputs are narrowed from one f32 buffer of the whole output.
 //!
 //! Larger reductions, and CPUs without AVX2, take the composition itself.
 
@@ -144,9 +148,15 @@ impl DenseConv<'_> {
                     if let Some(w) = &rows_w {
                         let dst = std::slice::from_raw_parts_mut(dst, px * cout);
                         for (i, dst) in dst.chunks_exact_mut(ow * cout).enumerate() {
-                            self.nhwc_row(isa, w, img, oy0 + i, &mut taps, &mut edge, &mut buf[..ow * w.ld], dst);
+                            let buf = &mut buf[..ow * w.ld];
+                            let (ts, es) = (&mut taps, &mut edge);
+                            match act {
+                                small_k::Act::Relu6 => self.nhwc_row::<2>(isa, w, img, oy0 + i, ts, es, buf, dst),
+                                small_k::Act::Relu => self.nhwc_row::<1>(isa, w, img, oy0 + i, ts, es, buf, dst),
+                                small_k::Act::None => self.nhwc_row::<0>(isa, w, img, oy0 + i, ts, es, buf, dst),
+                            }
                         }
-                        if c.activation != Activation::None {
+                        if after {
                             map_in_place(isa, c.activation, dst, None);
                         }
                     } else {
@@ -176,11 +186,13 @@ impl DenseConv<'_> {
         }
     }
 
-    /// NHWC output row `oy` of image `img` into `dst` (`ow` pixels of `cout`), before the
-    /// activation: the sums pixel-major in `buf` (`w.ld` a pixel), then copied.
+    /// NHWC output row `oy` of image `img` into `dst` (`ow` pixels of `cout`), with activation
+    /// `A` (0 none, 1 ReLU, 2 ReLU6) applied in registers. Where `cout` is a whole number of
+    /// strips the sums are stored straight into `dst`; otherwise a strip's channels run past
+    /// `cout`, so they go pixel-major into `buf` (`w.ld` a pixel) and are copied from there.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
-    fn nhwc_row(
+    fn nhwc_row<const A: u8>(
         &self,
         isa: Isa,
         w: &small_k::Weights,
@@ -218,6 +230,10 @@ impl DenseConv<'_> {
         let wide = isa == Isa::Avx512;
         let cbw = if wide { 32 } else { 16 };
         assert!(buf.len() >= ow * ld && w.wt.len() >= kh * kw * ch * ld, "conv2d row past its buffers");
+        assert!(dst.len() >= ow * cout, "conv2d row past its output");
+        // Where the sums go: `dst` (`cout` a pixel) or `buf` (`ld`).
+        let direct = cout % cbw == 0;
+        let (sums, ls) = if direct { (dst.as_mut_ptr(), cout) } else { (buf.as_mut_ptr(), ld) };
         // The edge columns: each through the strip kernel on its own list of the taps whose
         // column is inside the row, their inputs' indices absolute.
         for ox in (0..lo).chain(hi..ow) {
@@ -231,11 +247,11 @@ impl DenseConv<'_> {
                 // SAFETY: as for the interior strips below, every tap's index checked.
                 unsafe {
                     let (xp, wp) = (self.x.as_ptr(), w.wt.as_ptr().add(cb));
-                    let (bp, op) = (w.bias.as_ptr().add(cb), buf.as_mut_ptr().add(ox * ld + cb));
+                    let (bp, op) = (w.bias.as_ptr().add(cb), sums.add(ox * ls + cb));
                     if wide {
-                        avx::strip512::<1>(xp, edge, 0, wp, bp, op, ld);
+                        avx::strip512::<1, A>(xp, edge, 0, wp, bp, op, ls);
                     } else {
-                        avx::strip256::<1>(xp, edge, 0, wp, bp, op, ld);
+                        avx::strip256::<1, A>(xp, edge, 0, wp, bp, op, ls);
                     }
                 }
             }
@@ -254,24 +270,27 @@ impl DenseConv<'_> {
                     // and at most the last one, at a tap is at most `last` (asserted inside
                     // `x`); the weights of tap row k at t.w = k·ld, channels cb..cb + cbw ≤
                     // ld (`small_k::Weights` pads ld past cout by a tile); the stores, pixels
-                    // x0..x0 + n ≤ ow of `ld` in `buf` (asserted).
+                    // x0..x0 + n ≤ ow of `ls` in `sums`: `buf` (`ld` ≥ cb + cbw) or, where
+                    // cbw divides cout, `dst` (`cout` ≥ cb + cbw), both asserted long enough.
                     unsafe {
                         let (xp, wp) = (self.x.as_ptr().add(first), w.wt.as_ptr().add(cb));
-                        let (bp, op) = (w.bias.as_ptr().add(cb), buf.as_mut_ptr().add(x0 * ld + cb));
+                        let (bp, op) = (w.bias.as_ptr().add(cb), sums.add(x0 * ls + cb));
                         let step = sw * ch;
                         match (wide, n) {
-                            (true, PX) => avx::strip512::<PX>(xp, taps, step, wp, bp, op, ld),
-                            (true, _) => avx::strip512::<1>(xp, taps, step, wp, bp, op, ld),
-                            (false, PX) => avx::strip256::<PX>(xp, taps, step, wp, bp, op, ld),
-                            (false, _) => avx::strip256::<1>(xp, taps, step, wp, bp, op, ld),
+                            (true, PX) => avx::strip512::<PX, A>(xp, taps, step, wp, bp, op, ls),
+                            (true, _) => avx::strip512::<1, A>(xp, taps, step, wp, bp, op, ls),
+                            (false, PX) => avx::strip256::<PX, A>(xp, taps, step, wp, bp, op, ls),
+                            (false, _) => avx::strip256::<1, A>(xp, taps, step, wp, bp, op, ls),
                         }
                     }
                 }
                 ox = x0 + n;
             }
         }
-        for (d, s) in dst.chunks_exact_mut(cout).zip(buf.chunks_exact(ld)) {
-            d.copy_from_slice(&s[..cout]);
+        if !direct {
+            for (d, s) in dst.chunks_exact_mut(cout).zip(buf.chunks_exact(ld)) {
+                d.copy_from_slice(&s[..cout]);
+            }
         }
     }
 
@@ -300,6 +319,7 @@ const PX: usize = 6;
 /// (`x + t.x + j·step`) times one row of the transposed weight.
 #[cfg(target_arch = "x86_64")]
 mod avx {
+    use super::super::small_k::{avx as act256, avx512 as act512};
     use super::Tap;
     use std::arch::x86_64::*;
 
@@ -311,7 +331,7 @@ mod avx {
     /// + t.w` and `b` hold 32 floats, `out + j·ld` 32 writable ones.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn strip512<const N: usize>(
+    pub(super) unsafe fn strip512<const N: usize, const A: u8>(
         x: *const f32,
         taps: &[Tap],
         step: usize,
@@ -333,8 +353,8 @@ mod avx {
                 }
             }
             for (j, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.add(j * ld), a[0]);
-                _mm512_storeu_ps(out.add(j * ld + 16), a[1]);
+                _mm512_storeu_ps(out.add(j * ld), act512::activate::<A>(a[0]));
+                _mm512_storeu_ps(out.add(j * ld + 16), act512::activate::<A>(a[1]));
             }
         }
     }
@@ -345,7 +365,7 @@ mod avx {
     /// As [`strip512`] with AVX2 and FMA, 16 floats at `w + t.w`, `b` and `out + j·ld`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn strip256<const N: usize>(
+    pub(super) unsafe fn strip256<const N: usize, const A: u8>(
         x: *const f32,
         taps: &[Tap],
         step: usize,
@@ -367,8 +387,8 @@ mod avx {
                 }
             }
             for (j, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.add(j * ld), a[0]);
-                _mm256_storeu_ps(out.add(j * ld + 8), a[1]);
+                _mm256_storeu_ps(out.add(j * ld), act256::activate::<A>(a[0]));
+                _mm256_storeu_ps(out.add(j * ld + 8), act256::activate::<A>(a[1]));
             }
         }
     }

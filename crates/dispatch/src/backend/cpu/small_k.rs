@@ -193,7 +193,7 @@ pub(super) unsafe fn conv_planes(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx {
+pub(super) mod avx {
     use super::{Act, ConvArgs, PLANE_BLOCK, TILE_N};
     use std::arch::x86_64::*;
 
@@ -485,7 +485,7 @@ mod avx {
     /// # Safety
     /// The CPU has AVX2.
     #[inline(always)]
-    unsafe fn activate<const A: u8>(v: __m256) -> __m256 {
+    pub(in super::super) unsafe fn activate<const A: u8>(v: __m256) -> __m256 {
         // SAFETY: the caller's contract.
         unsafe {
             let zero = _mm256_setzero_ps();
@@ -549,7 +549,7 @@ mod avx {
 /// takes one vector per sum). The sums start and run as in the AVX2 tiles, so both give the
 /// same bits.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::{Act, ConvArgs, PLANE_BLOCK};
     use std::arch::x86_64::*;
 
@@ -569,7 +569,7 @@ mod avx512 {
     /// # Safety
     /// The CPU has AVX-512F.
     #[inline(always)]
-    unsafe fn activate<const A: u8>(v: __m512) -> __m512 {
+    pub(in super::super) unsafe fn activate<const A: u8>(v: __m512) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe {
             let zero = _mm512_setzero_ps();

@@ -1211,7 +1211,8 @@ fn dtype_eps(dtype: DType) -> f32 {
 /// guard words on both sides of the output, in every storage type. The grid reaches
 /// reductions of 1 to 32, output channels that fill no tile, part of one and several (the
 /// NHWC strips' 16 and 32 lanes), rows shorter than a strip and than a vector, left and right
-/// edges at every padding, strides to 3, dilation 2, several images and row blocks.
+/// edges at every padding, strides to 3, dilation 2, several images and row blocks, NHWC
+/// sums stored through the row buffer and straight into the output.
 #[test]
 fn dense_conv_is_exact_in_every_isa() {
     use super::dense_conv::{DenseConv, takes};
@@ -1228,6 +1229,9 @@ fn dense_conv_is_exact_in_every_isa() {
             ([1, 3, 40, 37], [3, 3], [1, 3], [1, 1], [2, 1, 0, 2], 70, Activation::Relu),
             ([3, 1, 3, 2], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 5, Activation::Relu6),
             ([1, 32, 6, 9], [1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 16, Activation::None),
+            // NHWC strips straight into the output (Cout a whole number of 32- and 16-lane
+            // strips) with ReLU in registers.
+            ([2, 3, 10, 23], [3, 3], [2, 1], [1, 1], [1, 2, 1, 0], 64, Activation::Relu),
         ] {
             let d =
                 conv_geometry(layout, [n, c, h, w], [kh, kw], [sh, sw], [dh, dw], pads).has_bias(true).activation(act);
