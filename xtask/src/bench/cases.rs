@@ -11,6 +11,10 @@ pub enum Case {
     Matmul { m: usize, n: usize, k: usize, bias: bool, activation: Activation, trans_b: bool, packed: bool },
     /// A 3×3 depthwise convolution with padding 1, bias and ReLU6 (MobileNetV2's block).
     Conv { batch: usize, channels: usize, size: usize, stride: usize, layout: Layout },
+    /// A dense 3×3 convolution (one group) with padding 1, bias and ReLU6, weight
+    /// `[out_channels, in_channels, 3, 3]` (PyTorch's layout in both layouts), run by
+    /// `Device::conv2d_into`: MobileNetV2's stem (3 → 32 channels, stride 2, on 224²).
+    Conv2d { batch: usize, in_channels: usize, out_channels: usize, size: usize, stride: usize, layout: Layout },
     /// `act(x + bias)` on `[rows, cols]`.
     Activation { rows: usize, cols: usize, bias: bool, activation: Activation },
 }
@@ -97,7 +101,14 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
         }
     }
 
-    // mobilenet: MobileNetV2's depthwise 3×3 layers (size², channels, stride).
+    // mobilenet: MobileNetV2's stem, the dense 3×3 convolution from the RGB image (3 → 32
+    // channels, stride 2, 224² → 112²), in both layouts (NHWC only in --quick, as the
+    // depthwise rows below).
+    let stem_layouts: &[Layout] = if scale.quick { &[Layout::Nhwc] } else { &[Layout::Nchw, Layout::Nhwc] };
+    for &layout in stem_layouts {
+        push("mobilenet", Case::Conv2d { batch: 1, in_channels: 3, out_channels: 32, size: 224, stride: 2, layout });
+    }
+    // Then its depthwise 3×3 layers (size², channels, stride).
     let layers: &[(usize, usize, usize)] = if scale.quick {
         &[(56, 144, 1), (28, 192, 2), (14, 576, 1), (7, 960, 1)]
     } else {
@@ -138,6 +149,7 @@ impl Case {
         match self {
             Case::Matmul { .. } => "matmul",
             Case::Conv { .. } => "dwconv3x3",
+            Case::Conv2d { .. } => "conv2d3x3",
             Case::Activation { .. } => "activation",
         }
     }
@@ -160,12 +172,10 @@ impl Case {
                 format!("{m}x{n}x{k}{layout}{epi}")
             }
             Case::Conv { batch, channels, size, stride, layout } => {
-                let layout = match layout {
-                    Layout::Nchw => "nchw",
-                    Layout::Nhwc => "nhwc",
-                    other => unimplemented!("{other:?}"),
-                };
-                format!("{batch}x{channels}x{size}² s{stride} {layout}")
+                format!("{batch}x{channels}x{size}² s{stride} {}", layout.name())
+            }
+            Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } => {
+                format!("{batch}x{in_channels}x{size}²→{out_channels} s{stride} {}", layout.name())
             }
             Case::Activation { rows, cols, bias, activation } => {
                 format!("{rows}x{cols} {}{}", if bias { "bias+" } else { "" }, activation.name())
@@ -185,11 +195,18 @@ impl Case {
         Some(conv_desc(batch, channels, size, stride, layout))
     }
 
+    /// The geometry of a dense conv case.
+    pub fn dense_conv(&self) -> Option<DenseConv> {
+        let Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } = *self else { return None };
+        Some(DenseConv::new(batch, in_channels, out_channels, size, stride, layout))
+    }
+
     /// Floating-point operations, for the compute-bound ops.
     pub fn flops(&self) -> Option<f64> {
         match self {
             Case::Matmul { .. } => self.matmul_desc().map(|d| d.flops()),
             Case::Conv { .. } => self.conv_desc().map(|d| d.flops()),
+            Case::Conv2d { .. } => self.dense_conv().map(|d| d.flops()),
             Case::Activation { .. } => None,
         }
     }
@@ -203,6 +220,11 @@ impl Case {
                 let [a, b, c, e] = d.input_shape();
                 let [f, g, h, i] = d.output_shape();
                 a * b * c * e + f * g * h * i + d.out_channels() * 10
+            }),
+            // Input, weight `[Cout, Cin, 3, 3]`, bias and output.
+            Case::Conv2d { .. } => self.dense_conv().map_or(0, |d| {
+                let elems = |s: [usize; 4]| s.iter().product::<usize>();
+                elems(d.input_shape()) + elems(d.weight_shape()) + d.out_channels + elems(d.output_shape())
             }),
             Case::Activation { rows, cols, bias, .. } => 2 * rows * cols + if bias { cols } else { 0 },
         };
@@ -246,6 +268,65 @@ pub fn conv_desc(batch: usize, channels: usize, size: usize, stride: usize, layo
     Conv2dDesc::mobilenet_v2_block(batch, channels, size, stride, layout)
 }
 
+/// The geometry of a [`Case::Conv2d`]: the input's as a depthwise descriptor of multiplier 1
+/// (the same 3×3 filter, padding 1, bias and ReLU6 as [`conv_desc`], on `Cin` channels), and
+/// the output channels. `Device::conv2d` describes its own geometry the same way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DenseConv {
+    /// The input's geometry, the filter, stride, padding and activation (`channels` = `Cin`).
+    pub desc: Conv2dDesc,
+    /// `Cout`.
+    pub out_channels: usize,
+}
+
+impl DenseConv {
+    pub fn new(
+        batch: usize,
+        in_channels: usize,
+        out_channels: usize,
+        size: usize,
+        stride: usize,
+        layout: Layout,
+    ) -> DenseConv {
+        DenseConv { desc: conv_desc(batch, in_channels, size, stride, layout), out_channels }
+    }
+
+    /// The output's geometry: the input's with `Cout` channels. A depthwise descriptor of
+    /// multiplier 1 has the dense convolution's output shape and element order.
+    pub fn out_desc(&self) -> Conv2dDesc {
+        let mut d = self.desc;
+        d.channels = self.out_channels;
+        d
+    }
+
+    /// The input's shape in its layout.
+    pub fn input_shape(&self) -> [usize; 4] {
+        self.desc.input_shape()
+    }
+
+    /// `[Cout, Cin, kh, kw]`, whatever the layout.
+    pub fn weight_shape(&self) -> [usize; 4] {
+        [self.out_channels, self.desc.channels, self.desc.kernel_h, self.desc.kernel_w]
+    }
+
+    /// The output's shape in its layout.
+    pub fn output_shape(&self) -> [usize; 4] {
+        self.out_desc().output_shape()
+    }
+
+    /// Terms per output sum: `Cin·kh·kw`.
+    pub fn reduction(&self) -> usize {
+        self.desc.channels * self.desc.kernel_h * self.desc.kernel_w
+    }
+
+    /// Floating-point operations: `2·N·Cout·OH·OW·Cin·kh·kw` (taps in the padding counted, as
+    /// for the depthwise rows).
+    pub fn flops(&self) -> f64 {
+        let (oh, ow) = (self.desc.out_h().unwrap_or(0), self.desc.out_w().unwrap_or(0));
+        2.0 * (self.desc.batch * self.out_channels * oh * ow) as f64 * self.reduction() as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +351,57 @@ mod tests {
         assert_eq!(c.bytes(DType::F32), ((8 + 12 + 6 + 3) * 4) as f64);
         let a = Case::Activation { rows: 2, cols: 8, bias: false, activation: Activation::Gelu };
         assert_eq!(a.bytes(DType::Bf16), 64.0);
+    }
+
+    /// MobileNetV2's stem: 3×224² → 32×112², 27 terms per output.
+    #[test]
+    fn stem_conv_traffic_flops_and_shape() {
+        for (layout, name) in [(Layout::Nchw, "nchw"), (Layout::Nhwc, "nhwc")] {
+            let c = Case::Conv2d { batch: 1, in_channels: 3, out_channels: 32, size: 224, stride: 2, layout };
+            assert_eq!(c.op(), "conv2d3x3");
+            assert_eq!(c.shape(), format!("1x3x224²→32 s2 {name}"));
+            assert_eq!(c.flops(), Some(2.0 * 32.0 * 112.0 * 112.0 * 27.0));
+            assert_eq!(c.reference_work(), 32.0 * 112.0 * 112.0 * 27.0);
+            // Input, weight, bias and output.
+            let elems = 3 * 224 * 224 + 32 * 3 * 3 * 3 + 32 + 32 * 112 * 112;
+            assert_eq!(c.bytes(DType::F32), (elems * 4) as f64);
+            assert_eq!(c.bytes(DType::F16), (elems * 2) as f64);
+            let d = c.dense_conv().expect("a dense conv case");
+            assert_eq!(d.weight_shape(), [32, 3, 3, 3]);
+            let (input, output) = match layout {
+                Layout::Nchw => ([1, 3, 224, 224], [1, 32, 112, 112]),
+                _ => ([1, 224, 224, 3], [1, 112, 112, 32]),
+            };
+            assert_eq!((d.input_shape(), d.output_shape()), (input, output));
+            assert_eq!(c.conv_desc(), None);
+            assert_eq!(c.plain_matmul(), None);
+        }
+        // A batch of two, stride 1: 2·N·Cout·OH·OW·Cin·9.
+        let c = Case::Conv2d { batch: 2, in_channels: 4, out_channels: 5, size: 6, stride: 1, layout: Layout::Nchw };
+        assert_eq!(c.flops(), Some(2.0 * 2.0 * 5.0 * 36.0 * 36.0));
+        assert_eq!(c.bytes(DType::Bf16), ((2 * 4 * 36 + 5 * 36 + 5 + 2 * 5 * 36) * 2) as f64);
+        assert_eq!(c.shape(), "2x4x6²→5 s1 nchw");
+    }
+
+    /// The mobilenet suite has the stem in both layouts, NHWC only in --quick (as the
+    /// depthwise layers).
+    #[test]
+    fn mobilenet_has_the_stem_conv() {
+        for quick in [true, false] {
+            for gpu in [true, false] {
+                let layouts: Vec<Layout> = entries(Scale { quick, gpu })
+                    .into_iter()
+                    .filter_map(|e| match e.case {
+                        Case::Conv2d { batch: 1, in_channels: 3, out_channels: 32, size: 224, stride: 2, layout } => {
+                            assert_eq!(e.suite, "mobilenet");
+                            Some(layout)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let want = if quick { vec![Layout::Nhwc] } else { vec![Layout::Nchw, Layout::Nhwc] };
+                assert_eq!(layouts, want, "quick={quick} gpu={gpu}");
+            }
+        }
     }
 }

@@ -10,18 +10,20 @@
 //!    inputs in [−1, 1] the worst-case bound is about 0.5 per output while dropping one
 //!    product moves an output by about 0.25 on average, but here any change is a change.
 //!    The exact matmul product comes from the `gemm` crate in `f32` (exact on these inputs, in
-//!    any order), conv and activation from tilekit's naive f64 reference.
+//!    any order), depthwise conv and activation from tilekit's naive f64 reference, the dense
+//!    conv from [`dense_conv2d`] (naive f64 loops here: tilekit's reference module has no dense
+//!    conv).
 //! 2. **The timed inputs** (random in [−1, 1], [`Host::new`]): the output against the naive
 //!    f64 CPU reference (`tilekit_kernels::reference`) within the tolerance model's worst-case
 //!    bound (`tilekit_kernels::tolerance::bound`), so the data that is timed gives finite,
 //!    sane results too. Large matmuls are checked on sampled rows here (the reference costs
 //!    `N·K` per row).
 
-use super::cases::{Case, conv_desc, matmul_desc};
+use super::cases::{Case, DenseConv, conv_desc, matmul_desc};
 use super::workload::{Bound, Host};
 use anyhow::{Result, bail};
 use serde::Serialize;
-use tilekit::{Activation, ActivationDesc, DType, Device, MatrixView};
+use tilekit::{Activation, ActivationDesc, DType, Device, Layout, MatrixView};
 use tilekit_kernels::{reference, tolerance};
 
 /// What the check found.
@@ -50,6 +52,8 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
     let mut idx = Vec::new();
     let mut pre = Vec::new();
     let mut mag = Vec::new();
+    // Per output, an error allowed beyond the tolerance model's (empty: none).
+    let mut extra = Vec::new();
     let (terms, activation, against);
     match *case {
         Case::Matmul { m, n, k, bias: has_bias, activation: act, trans_b, .. } => {
@@ -97,6 +101,29 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
             terms = desc.kernel_h * desc.kernel_w;
             against = format!("all {len} outputs");
         }
+        Case::Conv2d { .. } => {
+            let Some(mut d) = case.dense_conv() else { return failed("not a dense conv case") };
+            activation = d.desc.activation;
+            d.desc.activation = Activation::None;
+            let (x, w, bias) = (f64s(0), f64s(1), f64s(2));
+            let (x_abs, w_abs) = (abs(&x), abs(&w));
+            let len = host.out_shape.iter().product();
+            pre = vec![0.0; len];
+            mag = vec![0.0; len];
+            dense_conv2d(&d, &x, &w, Some(&bias), &mut pre);
+            dense_conv2d(&d, &x_abs, &w_abs, Some(&abs(&bias)), &mut mag);
+            if d.desc.layout == Layout::Nchw {
+                // Where a backend has no kernel of its own the op is im2col + the pointwise
+                // conv, whose NCHW form stores the sum in the storage dtype before it adds
+                // the bias: one more rounding of at most u·|sum| (as tests/network_ops.rs allows).
+                extra = vec![0.0; len];
+                dense_conv2d(&d, &x_abs, &w_abs, None, &mut extra);
+                extra.iter_mut().for_each(|e| *e *= dtype.unit_roundoff());
+            }
+            idx = (0..len).collect();
+            terms = d.reduction();
+            against = format!("all {len} outputs");
+        }
         Case::Activation { cols, activation: act, .. } => {
             let x = f64s(0);
             let bias = (host.inputs.len() > 1).then(|| f64s(1));
@@ -110,7 +137,48 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
             against = format!("all {} outputs", x.len());
         }
     }
-    compare(got, &idx, &pre, &mag, terms, activation, dtype, against)
+    compare(got, &idx, &pre, &mag, &extra, terms, activation, dtype, against)
+}
+
+/// The dense convolution of a [`Case::Conv2d`] with bias and activation, in f64: naive loops
+/// over PyTorch's weight `[Cout, Cin, kh, kw]`, the input and output in the case's layout.
+/// Taps in the padding read zero.
+///
+/// # Panics
+/// If the geometry has an empty output or a slice is too short (the bench's cases are valid).
+pub fn dense_conv2d(d: &DenseConv, input: &[f64], weight: &[f64], bias: Option<&[f64]>, out: &mut [f64]) {
+    let (x, o) = (&d.desc, d.out_desc());
+    let oh = x.out_h().expect("a conv case with an output");
+    let ow = x.out_w().expect("a conv case with an output");
+    let (cin, kh, kw) = (x.channels, x.kernel_h, x.kernel_w);
+    for n in 0..x.batch {
+        for oc in 0..d.out_channels {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = bias.map_or(0.0, |b| b[oc]);
+                    for ic in 0..cin {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                // Position in the padded input.
+                                let py = oy * x.stride_h + ky * x.dilation_h;
+                                let px = ox * x.stride_w + kx * x.dilation_w;
+                                if py < x.pad_top || px < x.pad_left {
+                                    continue;
+                                }
+                                let (iy, ix) = (py - x.pad_top, px - x.pad_left);
+                                if iy >= x.height || ix >= x.width {
+                                    continue;
+                                }
+                                acc +=
+                                    input[x.input_index(n, ic, iy, ix)] * weight[((oc * cin + ic) * kh + ky) * kw + kx];
+                            }
+                        }
+                    }
+                    out[o.output_index(n, oc, oy, ox)] = x.activation.apply_f64(acc);
+                }
+            }
+        }
+    }
 }
 
 fn failed(why: &str) -> CheckResult {
@@ -129,18 +197,19 @@ fn compare(
     idx: &[usize],
     pre: &[f64],
     mag: &[f64],
+    extra: &[f64],
     terms: usize,
     activation: Activation,
     dtype: DType,
     against: String,
 ) -> CheckResult {
     let mut res = CheckResult { ok: true, against, max_abs_err: 0.0, worst_err_over_bound: 0.0, first_failure: None };
-    for ((&i, &p), &m) in idx.iter().zip(pre).zip(mag) {
+    for (j, ((&i, &p), &m)) in idx.iter().zip(pre).zip(mag).enumerate() {
         let want = activation.apply_f64(p);
         let Some(&g) = got.get(i) else {
             return failed("the output is shorter than expected");
         };
-        let bound = tolerance::bound(dtype, activation, terms, m, p, want);
+        let bound = tolerance::bound(dtype, activation, terms, m, p, want) + extra.get(j).copied().unwrap_or(0.0);
         // A NaN output fails (accepts wants a NaN only where the reference is NaN).
         let within = tolerance::accepts(dtype, g, want, bound);
         note(&mut res, i, g, want, bound, within);
@@ -173,6 +242,7 @@ fn activation_of(case: &Case) -> Activation {
         Case::Conv { batch, channels, size, stride, layout } => {
             conv_desc(batch, channels, size, stride, layout).activation
         }
+        Case::Conv2d { .. } => case.dense_conv().map_or(Activation::None, |d| d.desc.activation),
     }
 }
 
@@ -223,6 +293,13 @@ fn exact_pre(case: &Case, host: &Host) -> Result<Vec<f64>> {
             desc.activation = Activation::None;
             let mut pre = vec![0.0; host.out_shape.iter().product()];
             reference::depthwise_conv2d(&desc, &f64s(0), &f64s(1), Some(&f64s(2)), &mut pre);
+            Ok(pre)
+        }
+        Case::Conv2d { .. } => {
+            let Some(mut d) = case.dense_conv() else { bail!("not a dense conv case") };
+            d.desc.activation = Activation::None;
+            let mut pre = vec![0.0; host.out_shape.iter().product()];
+            dense_conv2d(&d, &f64s(0), &f64s(1), Some(&f64s(2)), &mut pre);
             Ok(pre)
         }
         Case::Activation { cols, .. } => {
@@ -306,7 +383,6 @@ fn merge(exact: CheckResult, timed: CheckResult) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tilekit::Layout;
 
     /// The check passes the reference's own values rounded to f32 and fails a perturbed one.
     #[test]
@@ -325,6 +401,19 @@ mod tests {
                 DType::F32,
             ),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
+            (
+                Case::Conv2d { batch: 1, in_channels: 3, out_channels: 5, size: 7, stride: 2, layout: Layout::Nchw },
+                DType::F32,
+            ),
+            (
+                Case::Conv2d { batch: 2, in_channels: 3, out_channels: 4, size: 6, stride: 1, layout: Layout::Nhwc },
+                DType::Bf16,
+            ),
+            // 45 terms: beyond the CPU's dense kernel, so im2col + the pointwise conv.
+            (
+                Case::Conv2d { batch: 1, in_channels: 5, out_channels: 4, size: 6, stride: 2, layout: Layout::Nchw },
+                DType::Bf16,
+            ),
             (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
         ] {
             let host = Host::new(&case, dtype);
@@ -397,6 +486,29 @@ mod tests {
             ),
             (Case::Conv { batch: 1, channels: 3, size: 6, stride: 2, layout: Layout::Nhwc }, DType::Bf16),
             (Case::Conv { batch: 2, channels: 4, size: 5, stride: 1, layout: Layout::Nchw }, DType::F16),
+            (
+                Case::Conv2d { batch: 1, in_channels: 3, out_channels: 32, size: 9, stride: 2, layout: Layout::Nhwc },
+                DType::F32,
+            ),
+            (
+                Case::Conv2d { batch: 2, in_channels: 3, out_channels: 5, size: 6, stride: 1, layout: Layout::Nchw },
+                DType::Bf16,
+            ),
+            (
+                Case::Conv2d { batch: 1, in_channels: 2, out_channels: 7, size: 5, stride: 2, layout: Layout::Nchw },
+                DType::F16,
+            ),
+            // 63 terms: beyond the CPU's dense kernel, so im2col + the pointwise conv (on wgpu
+            // its NCHW form stores the sum before it adds the bias: exact on these inputs, in
+            // bf16 as well; see `Host::exact`).
+            (
+                Case::Conv2d { batch: 2, in_channels: 7, out_channels: 6, size: 7, stride: 1, layout: Layout::Nchw },
+                DType::Bf16,
+            ),
+            (
+                Case::Conv2d { batch: 1, in_channels: 7, out_channels: 9, size: 8, stride: 2, layout: Layout::Nhwc },
+                DType::Bf16,
+            ),
             (Case::Activation { rows: 3, cols: 5, bias: true, activation: Activation::GeluTanh }, DType::F16),
             (Case::Activation { rows: 4, cols: 8, bias: false, activation: Activation::Gelu }, DType::F32),
         ] {
@@ -410,6 +522,82 @@ mod tests {
             let i = out.iter().position(|v| v.abs() < 1.0).expect("a small output");
             out[i] += 1.0 / 64.0;
             assert!(!check_exact(&case, dtype, &host, &out).ok, "{case:?} {dtype}: one step off passed");
+        }
+    }
+
+    /// The dense conv reference by hand: on a 1×1 image only the filter's centre tap meets
+    /// the input, so each output is `relu6(Σ_c x[c]·w[o, c, 1, 1] + b[o])`; and on a larger
+    /// image both layouts give the same values, each in its own order.
+    #[test]
+    fn dense_conv_reference_by_hand_and_across_layouts() {
+        let d = DenseConv::new(1, 2, 3, 1, 1, Layout::Nchw);
+        let x = [1.5, -2.0];
+        // w[o, c, ky, kx] = 100 off the centre, so a wrong tap shows.
+        let mut w = vec![100.0; 3 * 2 * 9];
+        for (o, c, v) in [(0, 0, 1.0), (0, 1, 0.5), (1, 0, -1.0), (1, 1, 0.25), (2, 0, 4.0), (2, 1, -0.5)] {
+            w[(o * 2 + c) * 9 + 4] = v;
+        }
+        let mut out = [0.0; 3];
+        dense_conv2d(&d, &x, &w, Some(&[0.25, 0.0, 1.0]), &mut out);
+        // 1.5 - 1 + 0.25; -1.5 - 0.5 (ReLU6: 0); 6 + 1 + 1 (ReLU6: 6).
+        assert_eq!(out, [0.75, 0.0, 6.0]);
+
+        let (n, cin, cout, size, stride) = (2, 3, 4, 5, 2);
+        let nchw = DenseConv::new(n, cin, cout, size, stride, Layout::Nchw);
+        let nhwc = DenseConv::new(n, cin, cout, size, stride, Layout::Nhwc);
+        let o = nchw.desc.out_h().expect("an output");
+        let x: Vec<f64> = (0..n * cin * size * size).map(|i| ((i * 7 % 11) as f64 - 5.0) / 8.0).collect();
+        let w: Vec<f64> = (0..cout * cin * 9).map(|i| ((i * 5 % 9) as f64 - 4.0) / 4.0).collect();
+        let b = [0.5, -0.25, 0.0, 1.0];
+        // `x` in NHWC order.
+        let mut x_nhwc = vec![0.0; x.len()];
+        for (i, &v) in x.iter().enumerate() {
+            let (img, c, p) = (i / (cin * size * size), i / (size * size) % cin, i % (size * size));
+            x_nhwc[(img * size * size + p) * cin + c] = v;
+        }
+        let (mut a, mut h) = (vec![0.0; n * cout * o * o], vec![0.0; n * cout * o * o]);
+        dense_conv2d(&nchw, &x, &w, Some(&b), &mut a);
+        dense_conv2d(&nhwc, &x_nhwc, &w, Some(&b), &mut h);
+        for (i, &v) in a.iter().enumerate() {
+            let (img, c, p) = (i / (cout * o * o), i / (o * o) % cout, i % (o * o));
+            assert_eq!(h[(img * o * o + p) * cout + c], v, "output {i}");
+        }
+        assert!(a.iter().any(|&v| v > 0.0 && v < 6.0), "some outputs off ReLU6's flat parts");
+    }
+
+    /// An NCHW dense conv allows the composition's one more rounding (the sum stored in the
+    /// dtype before the bias is added): an output that far off passes in NCHW, not in NHWC.
+    #[test]
+    fn nchw_dense_conv_allows_the_stored_sum_rounding() {
+        let dtype = DType::Bf16;
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let case = Case::Conv2d { batch: 1, in_channels: 3, out_channels: 4, size: 6, stride: 1, layout };
+            let host = Host::new(&case, dtype);
+            let mut out = cpu_output(&case, dtype, &host);
+            assert!(check(&case, dtype, &host, &out).ok, "{layout:?}");
+            let mut d = case.dense_conv().expect("a dense conv");
+            d.desc.activation = Activation::None;
+            let f64s = |i: usize, abs: bool| -> Vec<f64> {
+                host.inputs[i].1.iter().map(|&v| if abs { f64::from(v).abs() } else { f64::from(v) }).collect()
+            };
+            let len = out.len();
+            let (mut pre, mut mag, mut sum) = (vec![0.0; len], vec![0.0; len], vec![0.0; len]);
+            dense_conv2d(&d, &f64s(0, false), &f64s(1, false), Some(&f64s(2, false)), &mut pre);
+            dense_conv2d(&d, &f64s(0, true), &f64s(1, true), Some(&f64s(2, true)), &mut mag);
+            dense_conv2d(&d, &f64s(0, true), &f64s(1, true), None, &mut sum);
+            // An output off ReLU6's flat parts whose stored sum's rounding is the larger term.
+            let (i, want, base, extra) = (0..len)
+                .filter_map(|i| {
+                    let want = Activation::Relu6.apply_f64(pre[i]);
+                    let base = tolerance::bound(dtype, Activation::Relu6, d.reduction(), mag[i], pre[i], want);
+                    let extra = dtype.unit_roundoff() * sum[i];
+                    (want > 0.5 && want < 5.5 && extra > 2.0 * base).then_some((i, want, base, extra))
+                })
+                .next()
+                .expect("an output whose stored sum is large");
+            out[i] = (want + base + extra / 2.0) as f32;
+            let r = check(&case, dtype, &host, &out);
+            assert_eq!(r.ok, layout == Layout::Nchw, "{layout:?}: {r:?}");
         }
     }
 

@@ -483,8 +483,12 @@ fn measure_case(
 
     // Tuned vs default: the same case with the autotuner off picks the default tile configs.
     // Without a cache (or with tuning off) both would launch the same configs, and the ratio
-    // would only measure noise, so it is not timed.
-    if dev.kind() == BackendKind::Wgpu && tunes(dev) && matches!(case, Case::Matmul { .. } | Case::Conv { .. }) {
+    // would only measure noise, so it is not timed. (The dense conv runs on wgpu as im2col,
+    // a depthwise kernel, and the pointwise conv's matmul: both tuned.)
+    if dev.kind() == BackendKind::Wgpu
+        && tunes(dev)
+        && matches!(case, Case::Matmul { .. } | Case::Conv { .. } | Case::Conv2d { .. })
+    {
         let mode = dev.tune_mode();
         let pair = measure::time_interleaved(
             plan,
@@ -712,6 +716,13 @@ fn time_f64_reference(case: &Case, host: &Host, plan: Plan) -> Result<Stats> {
             let desc = cases::conv_desc(batch, channels, size, stride, layout);
             measure::time(plan, || {
                 tilekit_kernels::reference::depthwise_conv2d(&desc, &inputs[0], &inputs[1], Some(&inputs[2]), &mut out);
+                Ok(())
+            })
+        }
+        Case::Conv2d { .. } => {
+            let d = case.dense_conv().context("not a dense conv case")?;
+            measure::time(plan, || {
+                check::dense_conv2d(&d, &inputs[0], &inputs[1], Some(&inputs[2]), &mut out);
                 Ok(())
             })
         }

@@ -3,7 +3,8 @@
 //! A Python helper (`ort_helper.py`, embedded in the xtask and run with `python3 -c`, or the
 //! interpreter in `TILEKIT_BENCH_PYTHON`) builds a one-op ONNX graph for each case — MatMul
 //! (Gemm with `transB` for B stored `[N, K]`; + Add + Gelu for the fused epilogue), Conv
-//! with `group = C` + Clip(0, 6), Add + Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
+//! with `group = C` + Clip(0, 6) (depthwise), Conv with `group = 1` + Clip(0, 6) (dense: the
+//! stem), Add + Gelu/Relu/Clip — and times it with 2 intra-op threads on f32 inputs of the same shape,
 //! warm, or with the caches flushed before each run exactly when the tilekit row is (each
 //! session closed before the helper answers: ONNX Runtime's intra-op threads spin after a run,
 //! and while they did, tilekit's next row shared the two cores with them — 128³ took 0.048–0.067
@@ -83,6 +84,12 @@ impl Ort {
             Case::Conv { batch, channels, size, stride, layout } => serde_json::json!({
                 "op": "conv", "batch": batch, "channels": channels, "size": size, "stride": stride,
                 "layout": if layout == Layout::Nhwc { "nhwc" } else { "nchw" },
+            }),
+            // Like the depthwise rows, an NHWC row times ONNX Runtime's NCHW Conv on the same
+            // shape (its CPU Conv is NCHW only; the helper ignores the layout).
+            Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } => serde_json::json!({
+                "op": "conv2d", "batch": batch, "in_channels": in_channels, "out_channels": out_channels,
+                "size": size, "stride": stride, "layout": layout.name(),
             }),
             Case::Activation { rows, cols, bias, activation } => serde_json::json!({
                 "op": "activation", "rows": rows, "cols": cols, "bias": bias, "activation": activation.name(),

@@ -6,17 +6,19 @@ the bench starts one Python process per run and pays the import once. A request:
     {"op": "matmul", "m": 16, "n": 4096, "k": 4096, "bias": false, "activation": "none",
      "runs": 20, "warmup": 3, "flush_bytes": 0}
     {"op": "conv", "batch": 1, "channels": 144, "size": 56, "stride": 1, "layout": "nchw", ...}
+    {"op": "conv2d", "batch": 1, "in_channels": 3, "out_channels": 32, "size": 224, "stride": 2,
+     "layout": "nhwc", ...}
     {"op": "activation", "rows": 512, "cols": 3072, "bias": true, "activation": "gelu", ...}
     {"op": "mobilenet_v2", "size": 224, "stem": 32, "head": 1280, "classes": 1000,
      "blocks": [[32, 32, 16, 1], [16, 96, 24, 2], ...], ...}
 
 The answer is {"ok": true, "samples": [seconds, ...]} or {"ok": false, "error": "..."}. Each
 request builds a tiny ONNX graph of the op (MatMul; Gemm-free MatMul + Add + Gelu for the fused
-epilogue; Conv with group = C, bias and Clip(0, 6); Add + Gelu/Relu/Clip; or the whole
-MobileNetV2 graph), opens a session with
+epilogue; Conv with group = C, bias and Clip(0, 6); the dense conv, Conv with group = 1, bias and
+Clip(0, 6); Add + Gelu/Relu/Clip; or the whole MobileNetV2 graph), opens a session with
 2 intra-op threads (the bench machine's two cores) and times `run` on f32 inputs, warm, or
 after writing `flush_bytes` of memory before every run when the bench flushes caches. The
-matmul weight is a graph initializer, as in an exported model, so ONNX Runtime packs it once
+matmul weight (and every conv weight) is a graph initializer, as in an exported model, so ONNX Runtime packs it once
 at session creation (MatMul and Gemm pre-pack constant B); tilekit's `packed` rows do the same
 with `pack_matmul_weights`, its other rows multiply the weight as stored at every call. With
 "weight_input": true the weight is a graph input instead, fed at every run, so ONNX Runtime
@@ -165,6 +167,17 @@ def main():
                 an, ai = act_nodes("relu6", "cv", "y")
                 sess = session([conv] + an, [tensor("x", [b, c, s, s])], [tensor("y", [b, c, o, o])], inits + ai)
                 feeds["x"] = rng.uniform(-1, 1, (b, c, s, s)).astype(np.float32)
+            elif op == "conv2d":
+                # The dense 3x3 conv (one group; MobileNetV2's stem), weight [Cout, Cin, 3, 3].
+                b, ci, co, s, st = req["batch"], req["in_channels"], req["out_channels"], req["size"], req["stride"]
+                o = (s + 2 - 3) // st + 1
+                inits = [init("w", rng.uniform(-1, 1, (co, ci, 3, 3))), init("b", rng.uniform(-1, 1, (co,)))]
+                conv = helper.make_node(
+                    "Conv", ["x", "w", "b"], ["cv"], group=1, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[st, st]
+                )
+                an, ai = act_nodes("relu6", "cv", "y")
+                sess = session([conv] + an, [tensor("x", [b, ci, s, s])], [tensor("y", [b, co, o, o])], inits + ai)
+                feeds["x"] = rng.uniform(-1, 1, (b, ci, s, s)).astype(np.float32)
             elif op == "activation":
                 r, c = req["rows"], req["cols"]
                 nodes, inits, cur = [], [], "x"

@@ -1,8 +1,8 @@
 //! A case's data on the host and on a device, and the op call the bench times.
 
-use super::cases::{Case, conv_desc, matmul_desc};
+use super::cases::{Case, DenseConv, conv_desc, matmul_desc};
 use anyhow::{Context, Result};
-use tilekit::{Conv2dOptions, DType, Device, MatmulOptions, PackedMatmul, Tensor};
+use tilekit::{Conv2dDesc, Conv2dOptions, DType, Device, MatmulOptions, PackedMatmul, Tensor};
 
 /// A deterministic generator (64-bit LCG, Knuth's constants): the bench needs reproducible
 /// inputs, not good randomness, and this keeps a dependency out.
@@ -28,8 +28,8 @@ impl Lcg {
 /// see exactly the values the kernels read).
 #[derive(Debug, Clone)]
 pub struct Host {
-    /// `(shape, data)` per input: matmul `[a, b, bias?]`, conv `[input, weight, bias]`,
-    /// activation `[x, bias?]`.
+    /// `(shape, data)` per input: matmul `[a, b, bias?]`, conv (depthwise or dense) `[input,
+    /// weight, bias]`, activation `[x, bias?]`.
     pub inputs: Vec<(Vec<usize>, Vec<f32>)>,
     /// The output's shape.
     pub out_shape: Vec<usize>,
@@ -61,6 +61,15 @@ impl Host {
                 ];
                 Host { inputs, out_shape: d.output_shape().to_vec() }
             }
+            Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } => {
+                let d = DenseConv::new(batch, in_channels, out_channels, size, stride, layout);
+                let inputs = vec![
+                    random(d.input_shape().to_vec(), 1.0),
+                    random(d.weight_shape().to_vec(), 1.0),
+                    random(vec![out_channels], 1.0),
+                ];
+                Host { inputs, out_shape: d.output_shape().to_vec() }
+            }
             Case::Activation { rows, cols, bias, .. } => {
                 // [-5, 5] reaches GELU's tails, where the formulas differ most.
                 let mut inputs = vec![random(vec![rows, cols], 5.0)];
@@ -86,7 +95,8 @@ impl Host {
     /// within f16's range (|result| <= K + 1 <= 65504). Activation inputs are `i/64` in [-5, 5]
     /// with biases `i/64` in [-1, 1] (rounded to the storage dtype, still multiples of 2⁻⁶), so
     /// `x + bias` is exact too. The only rounding left is the activation's own and the one
-    /// rounding to the storage dtype.
+    /// rounding to the storage dtype. (Dense conv operands are on a coarser grid; see the
+    /// case below.)
     pub fn exact(case: &Case, dtype: DType) -> Host {
         let mut rng = Lcg(0xe8ac_7c4e);
         let mut ints = |shape: Vec<usize>, max: u32, scale: f32| {
@@ -112,6 +122,20 @@ impl Host {
                 ];
                 Host { inputs, out_shape: d.output_shape().to_vec() }
             }
+            Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } => {
+                // A coarser grid for the operands, `i/2` with `|i| <= 2`: where a backend has no
+                // kernel of its own the op is im2col + the pointwise conv, whose NCHW form
+                // stores the sum before it adds the bias, so that sum must be exact in the
+                // storage dtype too. Its products are multiples of 2⁻² of magnitude at most 1,
+                // and the sums (27 terms for the stem) need 7 significant bits: exact in bf16.
+                let d = DenseConv::new(batch, in_channels, out_channels, size, stride, layout);
+                let inputs = vec![
+                    ints(d.input_shape().to_vec(), 2, 0.5),
+                    ints(d.weight_shape().to_vec(), 2, 0.5),
+                    ints(vec![out_channels], 64, 1.0 / 64.0),
+                ];
+                Host { inputs, out_shape: d.output_shape().to_vec() }
+            }
             Case::Activation { rows, cols, bias, .. } => {
                 let mut inputs = vec![ints(vec![rows, cols], 320, 1.0 / 64.0)];
                 if bias {
@@ -124,15 +148,28 @@ impl Host {
 
     /// Whether [`Host::exact`]'s inputs make every partial sum of `case` exact in `f32`: the
     /// sums are multiples of 2⁻⁶ of magnitude at most `K + 1` (taps + 1 for a conv), which
-    /// need `log2(K + 1) + 6` of f32's 24 significant bits.
+    /// need `log2(K + 1) + 6` of f32's 24 significant bits. A dense conv's sums before the
+    /// bias (multiples of 2⁻² of magnitude at most `Cin·kh·kw`) must also fit bf16's 8.
     pub fn exact_is_exact(case: &Case) -> bool {
         let terms = match *case {
             Case::Matmul { k, .. } => k,
             Case::Conv { .. } => 9,
+            Case::Conv2d { .. } => case.dense_conv().map_or(0, |d| d.reduction()),
             Case::Activation { .. } => 1,
         };
-        ((terms as f64 + 1.0) / EXACT_GRID) < f64::from(1u32 << 24)
+        let stored_sums_exact = case.dense_conv().is_none_or(|d| d.reduction() * 4 <= 1 << 8);
+        stored_sums_exact && ((terms as f64 + 1.0) / EXACT_GRID) < f64::from(1u32 << 24)
     }
+}
+
+/// The options of a convolution with `d`'s stride, padding, dilation, layout and activation.
+fn conv_options(d: &Conv2dDesc) -> Conv2dOptions {
+    Conv2dOptions::default()
+        .stride([d.stride_h, d.stride_w])
+        .padding([d.pad_top, d.pad_bottom, d.pad_left, d.pad_right])
+        .dilation([d.dilation_h, d.dilation_w])
+        .layout(d.layout)
+        .activation(d.activation)
 }
 
 /// A case's tensors on one device, ready to run again and again.
@@ -179,14 +216,13 @@ impl Bound {
                 }
             },
             &Case::Conv { batch, channels, size, stride, layout } => {
-                let d = conv_desc(batch, channels, size, stride, layout);
-                let opts = Conv2dOptions::default()
-                    .stride([d.stride_h, d.stride_w])
-                    .padding([d.pad_top, d.pad_bottom, d.pad_left, d.pad_right])
-                    .dilation([d.dilation_h, d.dilation_w])
-                    .layout(d.layout)
-                    .activation(d.activation);
+                let opts = conv_options(&conv_desc(batch, channels, size, stride, layout));
                 dev.depthwise_conv2d_into(&self.inputs[0], &self.inputs[1], self.inputs.get(2), &opts, &self.out)?;
+            }
+            &Case::Conv2d { batch, in_channels, out_channels, size, stride, layout } => {
+                let d = DenseConv::new(batch, in_channels, out_channels, size, stride, layout);
+                let opts = conv_options(&d.desc);
+                dev.conv2d_into(&self.inputs[0], &self.inputs[1], self.inputs.get(2), &opts, &self.out)?;
             }
             Case::Activation { activation, .. } => {
                 dev.activation_into(&self.inputs[0], self.inputs.get(1), *activation, &self.out)?;
