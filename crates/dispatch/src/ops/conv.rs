@@ -2,7 +2,7 @@
 //! weights as given (`[C·m, 1, kh, kw]`) or pre-packed once (`[kh, kw, C·m]`,
 //! [`PackedDepthwise`]).
 
-use super::{check_alias, check_device, check_dtype, storage, validate_conv_desc};
+use super::{check_bias, check_device, check_operands, check_output, conv_input_dims, storage, validate_conv_desc};
 use crate::backend::{BackendOps, with_backend};
 use crate::{Device, Error, Result, Tensor};
 use tilekit_kernels::{Activation, Conv2dDesc, DType, Layout};
@@ -244,13 +244,13 @@ impl Device {
         bias: Option<&Tensor>,
         out: &Tensor,
     ) -> Result<()> {
-        check_device(OP, self, "out", out)?;
-        check_dtype(OP, input.dtype(), "out", out)?;
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias)] {
-            if let Some(t) = t {
-                check_alias(OP, out, name, t)?;
-            }
-        }
+        check_output(
+            OP,
+            self,
+            input.dtype(),
+            out,
+            &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)],
+        )?;
         if out.shape() != desc.output_shape() {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -293,18 +293,9 @@ impl Device {
         opts: &Conv2dOptions,
     ) -> Result<Conv2dDesc> {
         let dtype = input.dtype();
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias)] {
-            if let Some(t) = t {
-                check_device(OP, self, name, t)?;
-                check_dtype(OP, dtype, name, t)?;
-            }
-        }
+        check_operands(OP, self, dtype, &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)])?;
         self.check_dtype(dtype)?;
-        let [n, c, h, w] = match (input.shape(), opts.layout) {
-            (&[n, c, h, w], Layout::Nchw) => [n, c, h, w],
-            (&[n, h, w, c], Layout::Nhwc) => [n, c, h, w],
-            _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
-        };
+        let [n, c, h, w] = conv_input_dims(OP, input, opts.layout)?;
         let [oc, one, kh, kw] = match *weight_shape {
             [a, b, c, d] => [a, b, c, d],
             _ => {
@@ -333,16 +324,7 @@ impl Device {
             .has_bias(bias.is_some())
             .activation(opts.activation);
         validate_conv_desc(OP, &desc)?;
-        if let Some(bias) = bias
-            && bias.shape() != [oc]
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                tensor: "bias",
-                expected: vec![oc],
-                actual: bias.shape().to_vec(),
-            });
-        }
+        check_bias(OP, bias, oc)?;
         // The output's element count must be representable.
         desc.checked_lens().ok_or_else(|| Error::Overflow { op: OP, what: "the output element count".into() })?;
         Ok(desc)

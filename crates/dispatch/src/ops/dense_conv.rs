@@ -10,7 +10,7 @@
 //!   (PyTorch's `weight.reshape(Cout, -1)`; im2col's channel order is that reshape's). The
 //!   patches are a temporary of `kh·kw` times the input's channels.
 
-use super::{check_alias, check_device, check_dtype, storage, validate_conv_desc};
+use super::{check_bias, check_operands, check_output, conv_input_dims, storage, validate_conv_desc};
 use crate::backend::{BackendOps, DenseConvDesc, with_backend};
 use crate::{Conv2dOptions, Device, Error, Im2colOptions, PointwiseOptions, Result, Tensor};
 use tilekit_kernels::{Conv2dDesc, Layout};
@@ -51,13 +51,13 @@ impl Device {
         out: &Tensor,
     ) -> Result<()> {
         let desc = self.dense_desc(input, weight, bias, opts)?;
-        check_device(OP, self, "out", out)?;
-        check_dtype(OP, input.dtype(), "out", out)?;
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias)] {
-            if let Some(t) = t {
-                check_alias(OP, out, name, t)?;
-            }
-        }
+        check_output(
+            OP,
+            self,
+            input.dtype(),
+            out,
+            &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)],
+        )?;
         let want = output_shape(&desc);
         if out.shape() != want {
             return Err(Error::ShapeMismatch { op: OP, tensor: "out", expected: want, actual: out.shape().to_vec() });
@@ -73,18 +73,9 @@ impl Device {
         opts: &Conv2dOptions,
     ) -> Result<DenseConvDesc> {
         let dtype = input.dtype();
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias)] {
-            if let Some(t) = t {
-                check_device(OP, self, name, t)?;
-                check_dtype(OP, dtype, name, t)?;
-            }
-        }
+        check_operands(OP, self, dtype, &[("input", Some(input)), ("weight", Some(weight)), ("bias", bias)])?;
         self.check_dtype(dtype)?;
-        let [n, c, h, w] = match (input.shape(), opts.layout) {
-            (&[n, c, h, w], Layout::Nchw) => [n, c, h, w],
-            (&[n, h, w, c], Layout::Nhwc) => [n, c, h, w],
-            _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
-        };
+        let [n, c, h, w] = conv_input_dims(OP, input, opts.layout)?;
         let [cout, cin, kh, kw] = match *weight.shape() {
             [a, b, c, d] => [a, b, c, d],
             _ => {
@@ -104,16 +95,7 @@ impl Device {
                 actual: weight.shape().to_vec(),
             });
         }
-        if let Some(bias) = bias
-            && bias.shape() != [cout]
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                tensor: "bias",
-                expected: vec![cout],
-                actual: bias.shape().to_vec(),
-            });
-        }
+        check_bias(OP, bias, cout)?;
         // The geometry as a depthwise descriptor of multiplier 1 (the input's checks, the
         // output's size); the output channels are `cout`.
         let conv = Conv2dDesc::new(opts.layout, [n, c, h, w], [kh, kw])

@@ -41,7 +41,7 @@ pub use pointwise::PointwiseOptions;
 
 use crate::backend::BackendOps;
 use crate::{Device, Error, Result, Tensor};
-use tilekit_kernels::{Conv2dDesc, DType, Precision};
+use tilekit_kernels::{Conv2dDesc, DType, Layout, Precision};
 
 /// Checks that `t` lives on `device`.
 pub(crate) fn check_device(op: &'static str, device: &Device, name: &'static str, t: &Tensor) -> Result<()> {
@@ -65,6 +65,59 @@ pub(crate) fn check_alias(op: &'static str, out: &Tensor, name: &'static str, in
         return Err(Error::Aliasing { op, tensor: name });
     }
     Ok(())
+}
+
+/// Checks that each operand given lives on `device` and has `dtype`, in order (device first).
+pub(crate) fn check_operands(
+    op: &'static str,
+    device: &Device,
+    dtype: DType,
+    operands: &[(&'static str, Option<&Tensor>)],
+) -> Result<()> {
+    for &(name, t) in operands {
+        if let Some(t) = t {
+            check_device(op, device, name, t)?;
+            check_dtype(op, dtype, name, t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `out` lives on `device`, has `dtype` and shares no buffer with an operand.
+pub(crate) fn check_output(
+    op: &'static str,
+    device: &Device,
+    dtype: DType,
+    out: &Tensor,
+    operands: &[(&'static str, Option<&Tensor>)],
+) -> Result<()> {
+    check_device(op, device, "out", out)?;
+    check_dtype(op, dtype, "out", out)?;
+    for &(name, t) in operands {
+        if let Some(t) = t {
+            check_alias(op, out, name, t)?;
+        }
+    }
+    Ok(())
+}
+
+/// A convolution input's `[N, C, H, W]`, read in `layout`; anything but rank 4 is `WrongRank`.
+pub(crate) fn conv_input_dims(op: &'static str, input: &Tensor, layout: Layout) -> Result<[usize; 4]> {
+    match (input.shape(), layout) {
+        (&[n, c, h, w], Layout::Nchw) => Ok([n, c, h, w]),
+        (&[n, h, w, c], Layout::Nhwc) => Ok([n, c, h, w]),
+        _ => Err(Error::WrongRank { op, tensor: "input", expected: "4", actual: input.shape().len() }),
+    }
+}
+
+/// Checks that a bias, if given, is `[n]`.
+pub(crate) fn check_bias(op: &'static str, bias: Option<&Tensor>, n: usize) -> Result<()> {
+    match bias {
+        Some(b) if b.shape() != [n] => {
+            Err(Error::ShapeMismatch { op, tensor: "bias", expected: vec![n], actual: b.shape().to_vec() })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks that a view needing `needed` elements (or overflowing) fits `t`'s buffer.

@@ -14,7 +14,7 @@
 //!   the CPU's `cpu/pointwise.rs`, every NCHW call and NHWC ones of 512 pixels or more) runs
 //!   it there instead, bias, residual and activation included, in one pass.
 
-use super::{check_alias, check_device, check_dtype, storage};
+use super::{check_bias, check_operands, check_output, conv_input_dims, storage};
 use crate::backend::{BackendOps, PointwiseArgs, PointwiseDesc, with_backend};
 use crate::{Conv2dOptions, Device, Error, Result, Tensor};
 use tilekit_kernels::{Activation, Layout, MatmulDesc, MatrixView, Precision};
@@ -82,14 +82,8 @@ impl Device {
         out: &Tensor,
     ) -> Result<()> {
         let g = self.pointwise_geometry(input, weight, bias, opts)?;
-        check_device(OP, self, "out", out)?;
-        check_dtype(OP, input.dtype(), "out", out)?;
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("residual", opts.residual)]
-        {
-            if let Some(t) = t {
-                check_alias(OP, out, name, t)?;
-            }
-        }
+        let operands = [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("residual", opts.residual)];
+        check_output(OP, self, input.dtype(), out, &operands)?;
         if out.shape() != g.output_shape() {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -109,19 +103,10 @@ impl Device {
         opts: &PointwiseOptions<'_>,
     ) -> Result<Geometry> {
         let dtype = input.dtype();
-        for (name, t) in [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("residual", opts.residual)]
-        {
-            if let Some(t) = t {
-                check_device(OP, self, name, t)?;
-                check_dtype(OP, dtype, name, t)?;
-            }
-        }
+        let operands = [("input", Some(input)), ("weight", Some(weight)), ("bias", bias), ("residual", opts.residual)];
+        check_operands(OP, self, dtype, &operands)?;
         self.check_dtype(dtype)?;
-        let [n, cin, h, w] = match (input.shape(), opts.layout) {
-            (&[n, c, h, w], Layout::Nchw) => [n, c, h, w],
-            (&[n, h, w, c], Layout::Nhwc) => [n, c, h, w],
-            _ => return Err(Error::WrongRank { op: OP, tensor: "input", expected: "4", actual: input.shape().len() }),
-        };
+        let [n, cin, h, w] = conv_input_dims(OP, input, opts.layout)?;
         let cout = match *weight.shape() {
             [o, i, 1, 1] | [o, i] if i == cin => o,
             [o, ..] if matches!(weight.shape().len(), 2 | 4) => {
@@ -142,16 +127,7 @@ impl Device {
                 });
             }
         };
-        if let Some(bias) = bias
-            && bias.shape() != [cout]
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                tensor: "bias",
-                expected: vec![cout],
-                actual: bias.shape().to_vec(),
-            });
-        }
+        check_bias(OP, bias, cout)?;
         let g = Geometry { n, cin, cout, h, w, layout: opts.layout };
         if let Some(r) = opts.residual
             && r.shape() != g.output_shape()
