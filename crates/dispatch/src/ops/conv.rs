@@ -101,6 +101,19 @@ impl Default for Conv2dOptions {
     }
 }
 
+impl Conv2dOptions {
+    /// The descriptor of a convolution with these options over an input of `[N, C, H, W]`
+    /// and a `kernel` (multiplier 1; not yet validated).
+    pub(crate) fn geometry(&self, dims: [usize; 4], kernel: [usize; 2], has_bias: bool) -> Conv2dDesc {
+        Conv2dDesc::new(self.layout, dims, kernel)
+            .stride(self.stride)
+            .padding(self.padding)
+            .dilation(self.dilation)
+            .has_bias(has_bias)
+            .activation(self.activation)
+    }
+}
+
 impl Device {
     /// Packs a depthwise weight `[C·m, 1, kh, kw]` for convolutions over `channels` (= C)
     /// input channels into a [`PackedDepthwise`] (`[kh, kw, C·m]`, same dtype, on this
@@ -311,18 +324,7 @@ impl Device {
                 actual: weight_shape.to_vec(),
             });
         }
-        let desc = Conv2dDesc::new(opts.layout, [n, c, h, w], [kh, kw])
-            .multiplier(multiplier)
-            .stride_h(opts.stride[0])
-            .stride_w(opts.stride[1])
-            .pad_top(opts.padding[0])
-            .pad_bottom(opts.padding[1])
-            .pad_left(opts.padding[2])
-            .pad_right(opts.padding[3])
-            .dilation_h(opts.dilation[0])
-            .dilation_w(opts.dilation[1])
-            .has_bias(bias.is_some())
-            .activation(opts.activation);
+        let desc = opts.geometry([n, c, h, w], [kh, kw], bias.is_some()).multiplier(multiplier);
         validate_conv_desc(OP, &desc)?;
         check_bias(OP, bias, oc)?;
         // The output's element count must be representable.

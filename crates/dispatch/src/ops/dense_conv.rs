@@ -13,7 +13,7 @@
 use super::{check_bias, check_operands, check_output, conv_input_dims, storage, validate_conv_desc};
 use crate::backend::{BackendOps, DenseConvDesc, with_backend};
 use crate::{Conv2dOptions, Device, Error, Im2colOptions, PointwiseOptions, Result, Tensor};
-use tilekit_kernels::{Conv2dDesc, Layout};
+use tilekit_kernels::Layout;
 
 const OP: &str = "conv2d";
 
@@ -98,17 +98,7 @@ impl Device {
         check_bias(OP, bias, cout)?;
         // The geometry as a depthwise descriptor of multiplier 1 (the input's checks, the
         // output's size); the output channels are `cout`.
-        let conv = Conv2dDesc::new(opts.layout, [n, c, h, w], [kh, kw])
-            .stride_h(opts.stride[0])
-            .stride_w(opts.stride[1])
-            .pad_top(opts.padding[0])
-            .pad_bottom(opts.padding[1])
-            .pad_left(opts.padding[2])
-            .pad_right(opts.padding[3])
-            .dilation_h(opts.dilation[0])
-            .dilation_w(opts.dilation[1])
-            .has_bias(bias.is_some())
-            .activation(opts.activation);
+        let conv = opts.geometry([n, c, h, w], [kh, kw], bias.is_some());
         validate_conv_desc(OP, &conv)?;
         let (oh, ow) = (conv.out_h().unwrap_or(0), conv.out_w().unwrap_or(0));
         [n, cout, oh, ow]
