@@ -9,7 +9,8 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tilekit::{
-    Activation, Conv2dOptions, DType, Device, Error, Im2colOptions, Layout, MatmulDesc, MatrixView, PointwiseOptions,
+    Activation, Conv2dDesc, Conv2dOptions, DType, Device, Error, Im2colOptions, Layout, MatmulDesc, MatrixView,
+    PointwiseOptions,
 };
 use tilekit_kernels::reference;
 use tilekit_tests::{Data, Rng, backends_for, tolerance};
@@ -182,27 +183,12 @@ impl DenseCase {
     /// weight, into NCHW order.
     fn reference(&self, x: &[f64], wt: &[f64], b: Option<&[f64]>) -> Vec<f64> {
         let (oh, ow) = self.out_hw().expect("a non-empty output");
-        let [kh, kw] = self.k;
+        let desc = Conv2dDesc::new(Layout::Nchw, [self.n, self.cin, self.h, self.w], self.k)
+            .stride(self.stride)
+            .padding(self.pad)
+            .dilation(self.dil);
         let mut out = vec![0.0; self.n * self.cout * oh * ow];
-        for img in 0..self.n {
-            for co in 0..self.cout {
-                for (oy, ox) in (0..oh).flat_map(|y| (0..ow).map(move |x| (y, x))) {
-                    let mut acc = b.map_or(0.0, |b| b[co]);
-                    for (ci, i, j) in (0..self.cin).flat_map(|c| (0..kh * kw).map(move |t| (c, t / kw, t % kw))) {
-                        let (py, px) = (oy * self.stride[0] + i * self.dil[0], ox * self.stride[1] + j * self.dil[1]);
-                        if py >= self.pad[0]
-                            && px >= self.pad[2]
-                            && py - self.pad[0] < self.h
-                            && px - self.pad[2] < self.w
-                        {
-                            let v = x[((img * self.cin + ci) * self.h + py - self.pad[0]) * self.w + px - self.pad[2]];
-                            acc += v * wt[((co * self.cin + ci) * kh + i) * kw + j];
-                        }
-                    }
-                    out[((img * self.cout + co) * oh + oy) * ow + ox] = acc;
-                }
-            }
-        }
+        reference::dense_conv2d(&desc, self.cout, x, wt, b, &mut out);
         out
     }
 }

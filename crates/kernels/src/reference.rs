@@ -81,6 +81,56 @@ pub fn depthwise_conv2d(desc: &Conv2dDesc, input: &[f64], weight: &[f64], bias: 
     }
 }
 
+/// Dense 2-D convolution (one group) with bias and activation: `desc` is the geometry with
+/// `channels` the input channels (its multiplier is not read), `weight` PyTorch's
+/// `[out_channels, channels, kh, kw]`, the output `out_channels` channels in `desc`'s layout.
+/// Each sum starts at the bias and takes the taps in the weight's order; taps in the padding
+/// read zero.
+///
+/// # Panics
+/// If the descriptor has an empty output or a slice is too short (the caller validates).
+pub fn dense_conv2d(
+    desc: &Conv2dDesc,
+    out_channels: usize,
+    input: &[f64],
+    weight: &[f64],
+    bias: Option<&[f64]>,
+    out: &mut [f64],
+) {
+    let oh = desc.out_h().expect("validated conv desc");
+    let ow = desc.out_w().expect("validated conv desc");
+    let (cin, kh, kw) = (desc.channels, desc.kernel_h, desc.kernel_w);
+    // The output's geometry: the input's with `out_channels` channels.
+    let o = Conv2dDesc { channels: out_channels, multiplier: 1, ..*desc };
+    for n in 0..desc.batch {
+        for oc in 0..out_channels {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = bias.map_or(0.0, |b| b[oc]);
+                    for ic in 0..cin {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let py = oy * desc.stride_h + ky * desc.dilation_h;
+                                let px = ox * desc.stride_w + kx * desc.dilation_w;
+                                if py < desc.pad_top || px < desc.pad_left {
+                                    continue;
+                                }
+                                let (iy, ix) = (py - desc.pad_top, px - desc.pad_left);
+                                if iy >= desc.height || ix >= desc.width {
+                                    continue;
+                                }
+                                let w = weight[((oc * cin + ic) * kh + ky) * kw + kx];
+                                acc += input[desc.input_index(n, ic, iy, ix)] * w;
+                            }
+                        }
+                    }
+                    out[o.output_index(n, oc, oy, ox)] = desc.activation.apply_f64(acc);
+                }
+            }
+        }
+    }
+}
+
 /// `out[i] = act(x[i] + bias[i mod bias_len])`; see [`ActivationDesc`].
 pub fn activation(desc: &ActivationDesc, x: &[f64], bias: Option<&[f64]>, out: &mut [f64]) {
     for i in 0..desc.len {

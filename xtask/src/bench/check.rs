@@ -10,9 +10,7 @@
 //!    inputs in [−1, 1] the worst-case bound is about 0.5 per output while dropping one
 //!    product moves an output by about 0.25 on average, but here any change is a change.
 //!    The exact matmul product comes from the `gemm` crate in `f32` (exact on these inputs, in
-//!    any order), depthwise conv and activation from tilekit's naive f64 reference, the dense
-//!    conv from [`dense_conv2d`] (naive f64 loops here: tilekit's reference module has no dense
-//!    conv).
+//!    any order), conv and activation from tilekit's naive f64 reference.
 //! 2. **The timed inputs** (random in [−1, 1], [`Host::new`]): the output against the naive
 //!    f64 CPU reference (`tilekit_kernels::reference`) within the tolerance model's worst-case
 //!    bound (`tilekit_kernels::tolerance::bound`), so the data that is timed gives finite,
@@ -140,45 +138,14 @@ pub fn check(case: &Case, dtype: DType, host: &Host, got: &[f32]) -> CheckResult
     compare(got, &idx, &pre, &mag, &extra, terms, activation, dtype, against)
 }
 
-/// The dense convolution of a [`Case::Conv2d`] with bias and activation, in f64: naive loops
-/// over PyTorch's weight `[Cout, Cin, kh, kw]`, the input and output in the case's layout.
-/// Taps in the padding read zero.
+/// The dense convolution of a [`Case::Conv2d`] with bias and activation, in f64
+/// (`tilekit_kernels::reference::dense_conv2d`): PyTorch's weight `[Cout, Cin, kh, kw]`, the
+/// input and output in the case's layout. Taps in the padding read zero.
 ///
 /// # Panics
 /// If the geometry has an empty output or a slice is too short (the bench's cases are valid).
 pub fn dense_conv2d(d: &DenseConv, input: &[f64], weight: &[f64], bias: Option<&[f64]>, out: &mut [f64]) {
-    let (x, o) = (&d.desc, d.out_desc());
-    let oh = x.out_h().expect("a conv case with an output");
-    let ow = x.out_w().expect("a conv case with an output");
-    let (cin, kh, kw) = (x.channels, x.kernel_h, x.kernel_w);
-    for n in 0..x.batch {
-        for oc in 0..d.out_channels {
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut acc = bias.map_or(0.0, |b| b[oc]);
-                    for ic in 0..cin {
-                        for ky in 0..kh {
-                            for kx in 0..kw {
-                                // Position in the padded input.
-                                let py = oy * x.stride_h + ky * x.dilation_h;
-                                let px = ox * x.stride_w + kx * x.dilation_w;
-                                if py < x.pad_top || px < x.pad_left {
-                                    continue;
-                                }
-                                let (iy, ix) = (py - x.pad_top, px - x.pad_left);
-                                if iy >= x.height || ix >= x.width {
-                                    continue;
-                                }
-                                acc +=
-                                    input[x.input_index(n, ic, iy, ix)] * weight[((oc * cin + ic) * kh + ky) * kw + kx];
-                            }
-                        }
-                    }
-                    out[o.output_index(n, oc, oy, ox)] = x.activation.apply_f64(acc);
-                }
-            }
-        }
-    }
+    reference::dense_conv2d(&d.desc, d.out_channels, input, weight, bias, out);
 }
 
 fn failed(why: &str) -> CheckResult {

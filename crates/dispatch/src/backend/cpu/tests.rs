@@ -1245,30 +1245,10 @@ fn dense_conv_is_exact_in_every_isa() {
             let wt = rng.ints(cout * k, 8);
             let bias = rng.ints(cout, 50);
             // The reference: the convolution in f64, bias, activation.
-            let at_x = |b: usize, ci: usize, y: usize, xx: usize| match layout {
-                Layout::Nchw => ((b * c + ci) * h + y) * w + xx,
-                _ => ((b * h + y) * w + xx) * c + ci,
-            };
-            let mut want = vec![0.0f32; total];
-            for b in 0..n {
-                for co in 0..cout {
-                    for (oy, ox) in (0..oh).flat_map(|y| (0..ow).map(move |x| (y, x))) {
-                        let mut acc = bias[co] as f64;
-                        for (ci, ky, kx) in (0..c).flat_map(|ci| (0..kh * kw).map(move |t| (ci, t / kw, t % kw))) {
-                            let (py, px) = (oy * sh + ky * dh, ox * sw + kx * dw);
-                            if py >= pads[0] && px >= pads[2] && py - pads[0] < h && px - pads[2] < w {
-                                let v = x[at_x(b, ci, py - pads[0], px - pads[2])] as f64;
-                                acc += v * wt[(co * c + ci) * kh * kw + ky * kw + kx] as f64;
-                            }
-                        }
-                        let o = match layout {
-                            Layout::Nchw => ((b * cout + co) * oh + oy) * ow + ox,
-                            _ => ((b * oh + oy) * ow + ox) * cout + co,
-                        };
-                        want[o] = act.apply_f64(acc) as f32;
-                    }
-                }
-            }
+            let f64s = |v: &[f32]| v.iter().map(|&v| v as f64).collect::<Vec<_>>();
+            let mut want = vec![0.0; total];
+            tilekit_kernels::reference::dense_conv2d(&d, cout, &f64s(&x), &f64s(&wt), Some(&f64s(&bias)), &mut want);
+            let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
             let conv = DenseConv { d: dd, x: &x, w: &wt, bias: Some(&bias) };
             in_each_isa(|isa| {
                 if !takes(&dd) {
