@@ -222,7 +222,8 @@ pub fn run(args: Args) -> Result<()> {
     progress.finish_and_clear();
     if args.suite.is_empty() || args.suite.iter().any(|s| s == "decode") {
         let flusher = if ctx.flush { Some(ctx.flusher.get_or_insert_with(Flusher::new)) } else { None };
-        quant::run(&devices, args.quick, &rows, flusher)?;
+        let cpu_peak = ctx.cpu_peak.as_ref().map(|p| p.gflops);
+        quant::run(&devices, args.quick, &rows, flusher, &|dev| device_peak(dev, cpu_peak))?;
     }
     report::print_tune_summary(&rows);
     report::print_f16x2_summary(&rows);
@@ -413,12 +414,17 @@ fn bench_case(
     trace: Option<&mut Profile>,
 ) -> Row {
     let mut row = measure_case(dev, entry, dtype, ctx, refs, trace);
-    let peak = match dev.kind() {
-        BackendKind::Cpu => ctx.cpu_peak.as_ref().map(|p| p.gflops),
-        _ => chart::known_peak(&dev.description()),
-    };
-    row.finish(peak);
+    row.finish(device_peak(dev, ctx.cpu_peak.as_ref().map(|p| p.gflops)));
     row
+}
+
+/// The compute roof of `dev` in GFLOP/s, where known: the CPU's as measured in this run
+/// (`cpu_peak`), a GPU's from its known peak.
+fn device_peak(dev: &Device, cpu_peak: Option<f64>) -> Option<f64> {
+    match dev.kind() {
+        BackendKind::Cpu => cpu_peak,
+        _ => chart::known_peak(&dev.description()),
+    }
 }
 
 /// Below this many FLOPs per byte of least traffic a case is memory-bound on any CPU.

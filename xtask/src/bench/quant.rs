@@ -13,7 +13,7 @@
 //! without quantized kernels print a SKIP line.
 
 use super::measure::{Flusher, Plan, time_between};
-use super::report::Row;
+use super::report::{Row, attainable_fraction};
 use anyhow::{Context, Result, bail};
 use tilekit::quant::{GgmlType, dequantize};
 use tilekit::{DType, Device, Error, MatmulOptions, QTensor, Tensor};
@@ -137,12 +137,23 @@ fn f16_row(rows: &[Row], dev: &Device, (m, n, k): (usize, usize, usize)) -> Opti
 }
 
 /// Runs the quantized decode rows on every device and prints their table (`rows`: the run's
-/// dense rows, for the speedup over f16; `flusher`: flush the caches between CPU runs).
-pub fn run(devices: &[Device], quick: bool, rows: &[Row], mut flusher: Option<&mut Flusher>) -> Result<()> {
+/// dense rows, for the speedup over f16; `flusher`: flush the caches between CPU runs;
+/// `peak`: a device's compute roof in GFLOP/s, where known, for the `att` column).
+pub fn run(
+    devices: &[Device],
+    quick: bool,
+    rows: &[Row],
+    mut flusher: Option<&mut Flusher>,
+    peak: &dyn Fn(&Device) -> Option<f64>,
+) -> Result<()> {
     println!("\n== decode, quantized weights (A f32 [M, K] · W[N, K]ᵀ; bytes = weight + A + output)");
     println!(
-        "   {:<8} {:<6} {:>16} {:>10} {:>9} {:>8} {:>10} {:>6} {:>8}",
-        "backend", "type", "MxNxK", "weight MB", "ms", "GB/s", "copy GB/s", "roof", "vs f16"
+        "   att = GFLOP/s (2·M·N·K) over the lower of copy GB/s × FLOP per byte and the compute peak: at M = 16 the \
+         rows do 30-54 FLOP per byte, so the peak is their roof, not the copy"
+    );
+    println!(
+        "   {:<8} {:<6} {:>16} {:>10} {:>9} {:>8} {:>10} {:>6} {:>9} {:>5} {:>8}",
+        "backend", "type", "MxNxK", "weight MB", "ms", "GB/s", "copy GB/s", "roof", "GFLOP/s", "att", "vs f16"
     );
     for dev in devices {
         for ty in TYPES {
@@ -162,9 +173,14 @@ pub fn run(devices: &[Device], quick: bool, rows: &[Row], mut flusher: Option<&m
                 };
                 let gbs = moved as f64 / t / 1e9;
                 let copy_gbs = moved as f64 / copy / 1e9;
+                let flops = 2.0 * (m * n * k) as f64;
+                let gflops = flops / t / 1e9;
+                let att = peak(dev).map_or("-".into(), |p| {
+                    format!("{:.0}%", 100.0 * attainable_fraction(gflops, flops, moved as f64, copy_gbs, p))
+                });
                 let vs_f16 = f16_row(rows, dev, shape).map_or("-".into(), |f| format!("{:.2}x", f / t));
                 println!(
-                    "   {:<8} {:<6} {:>16} {:>10.2} {:>9.3} {:>8.2} {:>10.2} {:>5.0}% {:>8}",
+                    "   {:<8} {:<6} {:>16} {:>10.2} {:>9.3} {:>8.2} {:>10.2} {:>5.0}% {:>9.1} {:>5} {:>8}",
                     dev.kind().to_string(),
                     ty.name(),
                     format!("{m}x{n}x{k}"),
@@ -173,6 +189,8 @@ pub fn run(devices: &[Device], quick: bool, rows: &[Row], mut flusher: Option<&m
                     gbs,
                     copy_gbs,
                     100.0 * gbs / copy_gbs,
+                    gflops,
+                    att,
                     vs_f16
                 );
             }

@@ -115,7 +115,7 @@ impl Row {
             if let (Some(gflops), Some(flops), Some(peak)) = (self.gflops, self.flops, peak_gflops)
                 && self.bytes > 0.0
             {
-                self.attainable_fraction = Some(gflops / (copy_gbps * flops / self.bytes).min(peak));
+                self.attainable_fraction = Some(attainable_fraction(gflops, flops, self.bytes, copy_gbps, peak));
             }
         }
         for r in &mut self.references {
@@ -182,6 +182,12 @@ impl Meta {
             cpu_peak: None,
         }
     }
+}
+
+/// `gflops` as a fraction of the rate a case can attain: the lower of the copy kernel's rate
+/// times the case's FLOP per byte of least traffic (`flops / bytes`) and the compute peak.
+pub fn attainable_fraction(gflops: f64, flops: f64, bytes: f64, copy_gbps: f64, peak_gflops: f64) -> f64 {
+    gflops / (copy_gbps * flops / bytes).min(peak_gflops)
 }
 
 pub fn print_legend() {
@@ -415,4 +421,17 @@ fn csv(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attainable_fraction;
+
+    #[test]
+    fn the_attainable_rate_is_the_lower_roof() {
+        // 1 FLOP per byte at 50 GB/s: the memory roof (50 GFLOP/s) is below a 300 GFLOP/s peak.
+        assert!((attainable_fraction(25.0, 1e9, 1e9, 50.0, 300.0) - 0.5).abs() < 1e-12);
+        // 54 FLOP per byte (a 4-bit weight at M = 16, N = K = 4096): the peak is the roof.
+        assert!((attainable_fraction(150.0, 54e9, 1e9, 50.0, 300.0) - 0.5).abs() < 1e-12);
+    }
 }

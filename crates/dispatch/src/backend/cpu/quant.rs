@@ -334,6 +334,15 @@ mod avx512 {
 
     /// [`decode`] for format `F`.
     ///
+    /// At 16 × 4096 × 4096 (in-process, 2 threads, 2-core AVX-512 Xeon) the tiles alone,
+    /// with the dequantization skipped, took 2.7 ms, as the dense f32 `[N, K]` product does,
+    /// and everything but the tiles 1.0–1.1 ms (Q4_K) and 1.6–2.1 ms (Q4_0, Q8_0): 3.6–3.9 ms
+    /// together. Tried without gain: the next chunk dequantized between the row groups' tiles
+    /// (double buffered), `A` copied chunk by chunk so each chunk is contiguous, two to four
+    /// weight tiles per pass of `A`'s chunk (slower: the chunk, the buffers and the sums
+    /// outgrew L1), prefetching the planes two chunks ahead, and `chunk512` for the
+    /// 32-element formats (1.1× `chunk_of`'s time).
+    ///
     /// # Safety
     /// The CPU has AVX-512F and F16C.
     #[inline]
