@@ -261,8 +261,7 @@ mod avx512 {
                         b += 2;
                     } else {
                         for g in (0..gpb).step_by(2) {
-                            let [w0, w1] = F::group512(&sc0, q0, g);
-                            let [w2, w3] = F::group512(&sc0, q0, g + 1);
+                            let [w0, w1, w2, w3] = F::group512_pair(&sc0, q0, g);
                             for (i, s) in sum.iter_mut().enumerate() {
                                 madd4(s, a.as_ptr().add(i * k + b * F::BS + g * G), [w0, w1, w2, w3]);
                             }
