@@ -283,6 +283,21 @@ pub(super) mod avx512 {
         /// As [`Self::scales`]; `g < BS / 32`.
         unsafe fn group512(sc: &Self::Scales, q: *const u8, g: usize) -> [__m512; 2];
 
+        /// [`Self::scales`] from the block's f16 scales already converted to f32 (`f`, the
+        /// `SB / 2` of them in storage order; `s` and `q` as for [`Self::scales`]): the
+        /// one-group formats override it to use `f`, the same values; the others read the
+        /// block's bytes.
+        ///
+        /// # Safety
+        /// As [`Self::scales`].
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales_of(f: &[f32], s: *const u8, q: *const u8) -> Self::Scales {
+            let _ = f;
+            // SAFETY: the caller's promise.
+            unsafe { Self::scales(s, q) }
+        }
+
         /// Groups `g` and `g + 1` (`g` even): [`Self::group512`]'s twice, or what a format
         /// shares between them.
         ///
@@ -348,6 +363,12 @@ pub(super) mod avx512 {
 
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales_of(f: &[f32], _: *const u8, _: *const u8) -> __m512 {
+            _mm512_set1_ps(f[0])
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn group512(&d: &__m512, q: *const u8, _: usize) -> [__m512; 2] {
             // SAFETY: the block's 32 body bytes.
             let (lo, hi) = unsafe { (_mm_loadu_si128(q.cast()), _mm_loadu_si128(q.add(16).cast())) };
@@ -372,6 +393,12 @@ pub(super) mod avx512 {
 
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales_of(f: &[f32], _: *const u8, _: *const u8) -> __m512 {
+            _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), _mm512_set1_ps(f[0]))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn group512(&t: &__m512, q: *const u8, _: usize) -> [__m512; 2] {
             // SAFETY: the block's 16 body bytes.
             let x = unsafe { u8x16(q) };
@@ -389,6 +416,12 @@ pub(super) mod avx512 {
             // SAFETY: the block's 4 scale bytes.
             let (d, m) = unsafe { (scale(s), scale(s.add(2))) };
             _mm512_add_ps(_mm512_mul_ps(iota(), _mm512_set1_ps(d)), _mm512_set1_ps(m))
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn scales_of(f: &[f32], _: *const u8, _: *const u8) -> __m512 {
+            _mm512_add_ps(_mm512_mul_ps(iota(), _mm512_set1_ps(f[0])), _mm512_set1_ps(f[1]))
         }
 
         #[inline]
