@@ -42,6 +42,16 @@ pub fn matmul(desc: &MatmulDesc, a: &[f64], b: &[f64], bias: Option<&[f64]>, c: 
     }
 }
 
+/// The input pixel `(iy, ix)` that tap `(ky, kx)` of output pixel `(oy, ox)` reads, or `None`
+/// where the tap falls in the padding (which reads zero).
+fn tap(desc: &Conv2dDesc, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<(usize, usize)> {
+    // Position in the padded input.
+    let py = oy * desc.stride_h + ky * desc.dilation_h;
+    let px = ox * desc.stride_w + kx * desc.dilation_w;
+    let (iy, ix) = (py.checked_sub(desc.pad_top)?, px.checked_sub(desc.pad_left)?);
+    (iy < desc.height && ix < desc.width).then_some((iy, ix))
+}
+
 /// Depthwise 2-D convolution with bias and activation; see [`Conv2dDesc`].
 ///
 /// # Panics
@@ -57,16 +67,7 @@ pub fn depthwise_conv2d(desc: &Conv2dDesc, input: &[f64], weight: &[f64], bias: 
                     let mut acc = 0.0f64;
                     for ky in 0..desc.kernel_h {
                         for kx in 0..desc.kernel_w {
-                            // Position in the padded input; taps in the padding read zero.
-                            let py = oy * desc.stride_h + ky * desc.dilation_h;
-                            let px = ox * desc.stride_w + kx * desc.dilation_w;
-                            if py < desc.pad_top || px < desc.pad_left {
-                                continue;
-                            }
-                            let (iy, ix) = (py - desc.pad_top, px - desc.pad_left);
-                            if iy >= desc.height || ix >= desc.width {
-                                continue;
-                            }
+                            let Some((iy, ix)) = tap(desc, oy, ox, ky, kx) else { continue };
                             let w = weight[(oc * desc.kernel_h + ky) * desc.kernel_w + kx];
                             acc += input[desc.input_index(n, ic, iy, ix)] * w;
                         }
@@ -110,15 +111,7 @@ pub fn dense_conv2d(
                     for ic in 0..cin {
                         for ky in 0..kh {
                             for kx in 0..kw {
-                                let py = oy * desc.stride_h + ky * desc.dilation_h;
-                                let px = ox * desc.stride_w + kx * desc.dilation_w;
-                                if py < desc.pad_top || px < desc.pad_left {
-                                    continue;
-                                }
-                                let (iy, ix) = (py - desc.pad_top, px - desc.pad_left);
-                                if iy >= desc.height || ix >= desc.width {
-                                    continue;
-                                }
+                                let Some((iy, ix)) = tap(desc, oy, ox, ky, kx) else { continue };
                                 let w = weight[((oc * cin + ic) * kh + ky) * kw + kx];
                                 acc += input[desc.input_index(n, ic, iy, ix)] * w;
                             }
