@@ -173,20 +173,40 @@ macro_rules! with_format {
 }
 pub(super) use with_format;
 
-/// The little-endian f16 at `s` (unaligned) as an f32 by F16C, for the intrinsics copies
-/// ([`avx512`], [`avx2`]): the conversion is exact, so this is [`f16`](fn@f16)'s value (a NaN
-/// stays a NaN, quieted as `half` quiets it).
+/// The little-endian f16 at `s` (unaligned) as an f32 by F16C, in all eight lanes, for the
+/// intrinsics copies ([`avx512`], [`avx2`]): the conversion is exact, so this is
+/// [`f16`](fn@f16)'s value (a NaN stays a NaN, quieted as `half` quiets it).
+///
+/// The half is broadcast before it is converted, so the load writes a whole register. Loaded
+/// into lane 0 alone, it was a `vpinsrw` that merged into whatever register LLVM picked for
+/// the other lanes, at times a sum of the decode loop: each block's scale then waited for the
+/// block before it (Q8_0's AVX2 decode rows took 19 cycles a block, against 9 for Q4_0's
+/// whose merge source was a constant).
 ///
 /// # Safety
 /// F16C; two readable bytes at `s`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "f16c")]
-unsafe fn scale(s: *const u8) -> f32 {
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scale8(s: *const u8) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     // SAFETY: the caller promises two bytes at s.
     let bits = unsafe { s.cast::<u16>().read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+}
+
+/// [`scale8`] in sixteen lanes.
+///
+/// # Safety
+/// AVX-512F and F16C; two readable bytes at `s`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn scale16(s: *const u8) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller promises two bytes at s.
+    let bits = unsafe { s.cast::<u16>().read_unaligned() };
+    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
 }
 
 /// A `Q4_K` super-block's `d1 = d · sc` of its eight sub-blocks, then `m1 = min · m`
@@ -205,7 +225,7 @@ unsafe fn scale(s: *const u8) -> f32 {
 unsafe fn q4k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
     use std::arch::x86_64::*;
     // SAFETY: the caller's promise: 4 bytes at s, 16 of the body's 140 at q.
-    let (d, min, v) = unsafe { (scale(s), scale(s.add(2)), _mm_loadu_si128(q.cast())) };
+    let (d, min, v) = unsafe { (scale8(s), scale8(s.add(2)), _mm_loadu_si128(q.cast())) };
     // Lane g of each: the packed byte that holds its low bits (`a`: sc, `b`: m), and for g ≥ 4
     // the byte whose top two bits are its high bits (`c`: sc, `e`: m; 0 for g < 4).
     let lanes = |idx: __m128i| _mm256_cvtepu8_epi32(_mm_shuffle_epi8(v, idx));
@@ -223,8 +243,8 @@ unsafe fn q4k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
     let mut out = [0.0; 16];
     // SAFETY: out holds 16 floats: 8 at 0 and 8 at 8.
     unsafe {
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sc))); // d1
-        _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(_mm256_set1_ps(min), _mm256_cvtepi32_ps(mn))); // m1
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))); // d1
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(min, _mm256_cvtepi32_ps(mn))); // m1
     }
     out
 }
@@ -241,7 +261,7 @@ unsafe fn q4k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
 unsafe fn q6k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
     use std::arch::x86_64::*;
     // SAFETY: the caller's promise; the sub-block scales are bytes 192 .. 208 of the body.
-    let (d, sc) = unsafe { (_mm256_set1_ps(scale(s)), _mm_loadu_si128(q.add(192).cast())) };
+    let (d, sc) = unsafe { (scale8(s), _mm_loadu_si128(q.add(192).cast())) };
     let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
     let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc)));
     let mut out = [0.0; 16];
@@ -261,7 +281,7 @@ unsafe fn q6k_scales(s: *const u8, q: *const u8) -> [f32; 16] {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
-    use super::{q4k_scales, q6k_scales, scale};
+    use super::{q4k_scales, q6k_scales, scale16};
     use std::arch::x86_64::*;
 
     /// [`Format::group`] in two AVX-512 vectors, the block's scales read once per block.
@@ -358,7 +378,7 @@ pub(super) mod avx512 {
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
             // SAFETY: the block's 2 scale bytes (the caller's promise).
-            _mm512_set1_ps(unsafe { scale(s) })
+            unsafe { scale16(s) }
         }
 
         #[inline]
@@ -387,8 +407,8 @@ pub(super) mod avx512 {
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
             // SAFETY: the block's 2 scale bytes.
-            let d = unsafe { scale(s) };
-            _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), _mm512_set1_ps(d))
+            let d = unsafe { scale16(s) };
+            _mm512_mul_ps(_mm512_sub_ps(iota(), _mm512_set1_ps(8.0)), d)
         }
 
         #[inline]
@@ -414,8 +434,8 @@ pub(super) mod avx512 {
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> __m512 {
             // SAFETY: the block's 4 scale bytes.
-            let (d, m) = unsafe { (scale(s), scale(s.add(2))) };
-            _mm512_add_ps(_mm512_mul_ps(iota(), _mm512_set1_ps(d)), _mm512_set1_ps(m))
+            let (d, m) = unsafe { (scale16(s), scale16(s.add(2))) };
+            _mm512_add_ps(_mm512_mul_ps(iota(), d), m)
         }
 
         #[inline]
@@ -518,7 +538,7 @@ pub(super) mod avx512 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use super::{Format, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
-    use super::{q4k_scales, q6k_scales, scale};
+    use super::{q4k_scales, q6k_scales, scale8};
     use std::arch::x86_64::*;
 
     /// [`Format::group`] in four AVX2 vectors, the block's scales read once per block.
@@ -566,7 +586,7 @@ pub(super) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> __m256 {
             // SAFETY: the block's 2 scale bytes (the caller's promise).
-            _mm256_set1_ps(unsafe { scale(s) })
+            unsafe { scale8(s) }
         }
 
         #[inline]
@@ -587,7 +607,7 @@ pub(super) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> __m256 {
             // SAFETY: the block's 2 scale bytes.
-            _mm256_set1_ps(unsafe { scale(s) })
+            unsafe { scale8(s) }
         }
 
         #[inline]
@@ -608,7 +628,7 @@ pub(super) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn scales(s: *const u8, _: *const u8) -> [__m256; 2] {
             // SAFETY: the block's 4 scale bytes.
-            unsafe { [_mm256_set1_ps(scale(s)), _mm256_set1_ps(scale(s.add(2)))] }
+            unsafe { [scale8(s), scale8(s.add(2))] }
         }
 
         #[inline]

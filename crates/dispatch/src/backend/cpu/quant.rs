@@ -464,6 +464,13 @@ const AVX2_ROWS_MAX_M: usize = 2;
 /// The decode kernel for 1–2 rows of `A` on AVX2 without AVX-512: [`avx512::decode_rows`]'s
 /// loop in 8-lane vectors, one group at a time (four sums a row), the groups from
 /// `qgroup.rs`'s `avx2` copy.
+///
+/// Each block's f16 scale is broadcast before it is converted (`qgroup.rs`'s `scale8`).
+/// Loaded into one lane, it had merged into the register of one of Q8_0's sums, so each
+/// block waited for the one before it: with the broadcast, Q8_0 took 0.35–0.38 of the time
+/// at 1 × 4096 × 4096 and 1 × 4096 × 11008 and 0.43–0.47 at 2 × 4096 × 4096 (the AVX2 copy
+/// forced on the 2-core AVX-512 Xeon, separate processes alternated three times, 2 threads,
+/// the same results); the other formats, whose merge register held a constant, were level.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::qgroup::avx2::Group256;
