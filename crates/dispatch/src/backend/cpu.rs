@@ -44,7 +44,7 @@
 
 use super::{BackendOps, BlockArgs, DenseConvDesc, PointwiseArgs, PointwiseDesc};
 use crate::{BackendKind, Error, Result};
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -53,6 +53,7 @@ use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidu
 mod activation;
 mod aligned;
 mod block;
+mod convert;
 mod dense_conv;
 mod depthwise;
 mod gemv;
@@ -230,10 +231,10 @@ impl Elem for f16 {
         }
     }
     fn widen_into(src: &[f16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+        convert::f16_to_f32(src, dst);
     }
     fn narrow_into(src: &[f32], dst: &mut [f16]) {
-        dst.convert_from_f32_slice(src);
+        convert::f32_to_f16(src, dst);
     }
 }
 
@@ -245,10 +246,10 @@ impl Elem for bf16 {
         }
     }
     fn widen_into(src: &[bf16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+        convert::bf16_to_f32(src, dst);
     }
     fn narrow_into(src: &[f32], dst: &mut [bf16]) {
-        dst.convert_from_f32_slice(src);
+        convert::f32_to_bf16(src, dst);
     }
 }
 
