@@ -34,6 +34,7 @@
 //! f32 first (in parallel, with `half`'s SIMD slice conversions), because `gemm`'s own f16 path
 //! rounds its result to f16 before the epilogue could see the f32 sum.
 
+use super::F32s;
 use super::activation::apply_isa;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::simd::{Isa, madd, multiversion};
@@ -42,7 +43,6 @@ use super::{Elem, internal, scratch};
 use crate::Result;
 use crate::ops::MATMUL_STRIP as STRIP;
 use rayon::prelude::*;
-use std::borrow::Cow;
 use tilekit_kernels::{Activation, MatmulDesc};
 
 /// Below this many multiply-adds per batch, a batched matmul runs one batch per core instead of
@@ -142,12 +142,12 @@ const EPI_ROWS: usize = 16;
 
 /// A matmul's operands as f32 (borrowed where they are stored in f32).
 pub(super) struct MatmulOperands<'d> {
-    pub(super) a: Cow<'d, [f32]>,
-    pub(super) b: Cow<'d, [f32]>,
+    pub(super) a: F32s<'d>,
+    pub(super) b: F32s<'d>,
     /// The `N` bias values.
     pub(super) bias: Option<&'d [f32]>,
     /// `C`'s whole buffer.
-    pub(super) c: Option<Cow<'d, [f32]>>,
+    pub(super) c: Option<F32s<'d>>,
     /// `B` is packed in strips (`[⌈N/16⌉, K, 16]`, `crate::PackedMatmul`); `desc.b` and
     /// `desc.trans_b` are then unused.
     pub(super) strips: bool,

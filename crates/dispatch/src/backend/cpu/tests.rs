@@ -6,11 +6,11 @@
 //! multipliers, and every dtype.
 
 use super::Elem;
+use super::F32s;
 use super::depthwise::Conv;
 use super::matmul::MatmulOperands;
 use super::simd::{Isa, in_each_isa};
 use half::{bf16, f16};
-use std::borrow::Cow;
 use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
 
 /// SplitMix64: deterministic data from a seed.
@@ -112,10 +112,10 @@ fn check_matmul_with(
 ) {
     each_dtype(|dtype, round| {
         let ops = MatmulOperands {
-            a: Cow::Borrowed(a),
-            b: Cow::Borrowed(b),
+            a: F32s::Borrowed(a),
+            b: F32s::Borrowed(b),
             bias: bias.map(|v| &v[desc.bias_offset.unwrap_or(0)..][..desc.n]),
-            c: c.map(Cow::Borrowed),
+            c: c.map(F32s::Borrowed),
             strips,
         };
         let init = vec![SENTINEL; out_len];
@@ -310,7 +310,7 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
                 }
             }
             let run = |b: &[f32], strips: bool| {
-                let ops = MatmulOperands { a: Cow::Borrowed(&a), b: Cow::Borrowed(b), bias: None, c: None, strips };
+                let ops = MatmulOperands { a: F32s::Borrowed(&a), b: F32s::Borrowed(b), bias: None, c: None, strips };
                 let mut o = vec![0.0f32; m * n];
                 ops.run(&desc, &mut o).expect("run");
                 o
