@@ -294,6 +294,44 @@ fn scratch_f32(len: usize) -> Result<AlignedBuf<f32>> {
         .ok_or(Error::OutOfMemory { backend: BackendKind::Cpu, bytes: (len as u64) * 4 })
 }
 
+/// A matmul's `B` left in half precision, for the skinny product to widen a block of rows at a
+/// time (`gemv.rs`'s `MatmulOperands::skinny`).
+#[derive(Clone, Copy)]
+pub(super) enum Halves<'a> {
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl Halves<'_> {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Halves::F16(v) => v.len(),
+            Halves::Bf16(v) => v.len(),
+        }
+    }
+
+    /// `dst = self[start ..][..dst.len()]` widened.
+    pub(super) fn widen_range(&self, start: usize, dst: &mut [f32]) {
+        match self {
+            Halves::F16(v) => f16::widen_into(&v[start..start + dst.len()], dst),
+            Halves::Bf16(v) => bf16::widen_into(&v[start..start + dst.len()], dst),
+        }
+    }
+
+    /// `dst[r·k ..][..k] = self[start + r·ld ..][..k]` widened, for the `dst.len() / k` rows.
+    pub(super) fn widen_rows(&self, start: usize, ld: usize, k: usize, dst: &mut [f32]) {
+        fn rows<E: Elem>(src: &[E], start: usize, ld: usize, k: usize, dst: &mut [f32]) {
+            for (r, d) in dst.chunks_exact_mut(k).enumerate() {
+                E::widen_into(&src[start + r * ld..][..k], d);
+            }
+        }
+        match self {
+            Halves::F16(v) => rows(v, start, ld, k, dst),
+            Halves::Bf16(v) => rows(v, start, ld, k, dst),
+        }
+    }
+}
+
 /// A buffer's elements as f32: borrowed where stored in f32, else widened into a scratch
 /// buffer that goes back onto the [`recycle`] shelf when this is dropped.
 pub(super) enum F32s<'a> {
@@ -823,9 +861,21 @@ fn matmul(
         }
         _ => None,
     };
+    // A half-precision `B` stored `N × K` in a skinny product stays as it is: the product
+    // widens each block of its rows as it reaches it (`MatmulOperands::skinny`), so `B` is
+    // read once, at 2 bytes an element, rather than widened whole and read again.
+    let b_data = ins.get(b)?;
+    let rounds = desc.precision == Precision::Bf16 && b_data.dtype() != DType::Bf16;
+    let stream = !strips && !rounds && desc.trans_b && desc.b.ld > 1 && desc.k > 0 && desc.m <= matmul::SKINNY_M;
+    let (b_f32, b_half) = match (stream, b_data) {
+        (true, CpuData::F16(v)) => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
+        (true, CpuData::Bf16(v)) => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),
+        _ => (operand(b_data, desc.precision)?, None),
+    };
     let ops = MatmulOperands {
         a: operand(ins.get(a)?, desc.precision)?,
-        b: operand(ins.get(b)?, desc.precision)?,
+        b: b_f32,
+        b_half,
         bias: bias_f32.as_ref().map(|(all, off)| &all[*off..*off + desc.n]),
         c: c.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?,
         strips,

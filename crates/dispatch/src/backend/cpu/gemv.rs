@@ -59,6 +59,25 @@ thread_local! {
     static ACC_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The most elements of a half-precision `B`'s rows widened at a time (1 MiB of f32, in L2).
+///
+/// A skinny product with `B` in f16 or bf16, stored `N × K`, does not widen `B` whole (read at
+/// 2 bytes an element, written at 4 and read again at 4): on AVX-512 each dot tile's chunk is
+/// widened into an L1 buffer just before the tile meets it ([`avx512::cols_dot_half`]);
+/// elsewhere each column block's rows go into the thread's [`HALF_BUF`] before the block's
+/// tiles read them. At 1 × 4096 × 4096, 1 × 11008 × 4096 and 1 × 4096 × 11008 in f16 (2
+/// threads, the 2-core AVX-512 Xeon, separate processes alternated twice): 0.82–0.84,
+/// 2.34–2.39 and 1.85–2.02 ms with the chunks, 1.53–1.55, 4.10–4.19 and 4.23–4.38 ms with the
+/// blocks' rows (f32 `B`: 1.18 and 3.6–3.9 ms); widened whole into a new buffer, 4096 × 4096
+/// took 32–40 ms, most of it the first touch of 64 MB of new pages.
+const HALF_B: usize = 1 << 18;
+
+thread_local! {
+    /// This thread's widened rows of a half-precision `B` (at most [`HALF_B`] floats, made on
+    /// its first such product).
+    static HALF_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Columns per block with `B` stored `N × K` (64 rows of B per task: at K = 4096, 1 MiB).
 const NB_COLS: usize = 64;
 
@@ -758,6 +777,7 @@ mod avx {
 /// 4096 × 4096 in 5.3–7.7 ms.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
+    use super::super::Halves;
     use super::{Block, STRIP, STRIP_KC};
     use std::arch::x86_64::*;
 
@@ -1132,6 +1152,70 @@ pub(super) mod avx512 {
                             kl,
                             part.as_mut_ptr().add(g0 * c),
                             g0 == 0,
+                        )
+                    };
+                    g0 += r;
+                }
+            }
+            for i in 0..m {
+                for j in 0..c {
+                    acc[i * nb + jj + j] = _mm512_reduce_add_ps(part[i * c + j]);
+                }
+            }
+            jj += c;
+        }
+    }
+
+    /// [`cols_dot`] with `B` in half precision (`h`, stored `N × K`, row `j` from `b0 + j ·
+    /// ldb`): each tile's chunk of `B` ([`DOT_B`] rows × [`DOT_KC`]) is widened into an L1
+    /// buffer just before the row groups of `A` meet it, so `B` is read from memory once, at
+    /// 2 bytes an element. The tiles, chunks and sums are [`cols_dot`]'s on the widened
+    /// values: the same bits as the product with `B` widened whole.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn cols_dot_half(p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+        const MAX_M: usize = super::super::matmul::SKINNY_M;
+        let (m, k, lda, ldb) = (p.m, p.k, p.lda, p.ldb);
+        assert!(
+            (1..=MAX_M).contains(&m)
+                && k > 0
+                && nb > 0
+                && b0 + (j0 + nb - 1) * ldb + k <= h.len()
+                && (m - 1) * lda + k <= p.a.len()
+                && acc.len() >= m * nb,
+            "dot tile past its operands"
+        );
+        let mut buf = [0.0f32; DOT_B * DOT_KC];
+        let mut part = [_mm512_setzero_ps(); MAX_M * DOT_B];
+        let mut jj = 0;
+        while jj < nb {
+            let c = DOT_B.min(nb - jj);
+            let part = &mut part[..m * c];
+            part.fill(_mm512_setzero_ps());
+            for q0 in (0..k).step_by(DOT_KC) {
+                let kl = DOT_KC.min(k - q0);
+                for (j, row) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
+                    h.widen_range(b0 + (j0 + jj + j) * ldb + q0, &mut row[..kl]);
+                }
+                let mut g0 = 0;
+                while g0 < m {
+                    let r = DOT_A.min(m - g0);
+                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
+                    // (inside `A`, asserted) and the buffer's c rows at columns 0..kl, and
+                    // writes `part`'s r · c vectors from g0 · c.
+                    unsafe {
+                        dot_tile_any(
+                            r,
+                            c,
+                            p.a.as_ptr().add(g0 * lda + q0),
+                            lda,
+                            buf.as_ptr(),
+                            DOT_KC,
+                            kl,
+                            part.as_mut_ptr().add(g0 * c),
+                            false,
                         )
                     };
                     g0 += r;
@@ -1587,10 +1671,13 @@ impl MatmulOperands<'_> {
         let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
         let ldb = if by_rows { g.b_rs } else { g.b_cs };
+        if self.b_half.is_some() && by_rows {
+            return Err(super::internal("a half-precision B reached the skinny product stored K × N".into()));
+        }
         let apack =
             if by_rows || nk_dot(isa, m) || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
-        let block =
-            Block { a: &a, lda, apack: &apack, b: &self.b[g.b0..], ldb, m, k, direct: by_rows && direct_kn(isa, m) };
+        let b = if self.b_half.is_some() { &[][..] } else { &self.b[g.b0..] };
+        let block = Block { a: &a, lda, apack: &apack, b, ldb, m, k, direct: by_rows && direct_kn(isa, m) };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
         // runs of each row of B for the prefetchers), in the fewest equal blocks that are a
         // multiple of the thread count (two per thread where one would do made the runs half
@@ -1604,6 +1691,9 @@ impl MatmulOperands<'_> {
             let widest = (ACC / m) / LANES * LANES;
             let blocks = threads * n.div_ceil(threads * widest.max(LANES));
             n.div_ceil(blocks).next_multiple_of(LANES).max(LANES)
+        } else if self.b_half.is_some() && !nk_dot(isa, m) {
+            // The block's rows widened into the thread's buffer: at most [`HALF_B`] floats.
+            (HALF_B / k).clamp(1, NB_COLS)
         } else {
             NB_COLS
         };
@@ -1616,7 +1706,22 @@ impl MatmulOperands<'_> {
                     buf.resize(m * nb, 0.0);
                 }
                 let acc = &mut buf[..m * nb];
-                skinny_block(isa, &block, by_rows, j0, nb, acc);
+                match &self.b_half {
+                    // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where
+                    // the CPU reported AVX-512F and F16C.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(h) if nk_dot(isa, m) => unsafe { avx512::cols_dot_half(&block, h, g.b0, j0, nb, acc) },
+                    // Rows j0 .. j0 + nb of B widened, then the block as from an f32 B.
+                    Some(h) => HALF_BUF.with_borrow_mut(|wide| {
+                        if wide.len() < nb * k {
+                            wide.resize(nb * k, 0.0);
+                        }
+                        let wide = &mut wide[..nb * k];
+                        h.widen_rows(g.b0 + j0 * ldb, ldb, k, wide);
+                        skinny_block(isa, &Block { b: wide, ldb: k, ..block }, false, 0, nb, acc);
+                    }),
+                    None => skinny_block(isa, &block, by_rows, j0, nb, acc),
+                }
                 epilogue_rows(isa, epi, 0, j0, nb, acc);
                 for (i, src) in acc.chunks(nb).enumerate() {
                     store(i, j0, src);

@@ -34,12 +34,12 @@
 //! f32 first (in parallel, with `half`'s SIMD slice conversions), because `gemm`'s own f16 path
 //! rounds its result to f16 before the epilogue could see the f32 sum.
 
-use super::F32s;
 use super::activation::apply_isa;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::simd::{Isa, madd, multiversion};
 use super::transpose;
 use super::{Elem, internal, scratch};
+use super::{F32s, Halves};
 use crate::Result;
 use crate::ops::MATMUL_STRIP as STRIP;
 use rayon::prelude::*;
@@ -143,7 +143,11 @@ const EPI_ROWS: usize = 16;
 /// A matmul's operands as f32 (borrowed where they are stored in f32).
 pub(super) struct MatmulOperands<'d> {
     pub(super) a: F32s<'d>,
+    /// `B` as f32 (empty where `b_half` holds it).
     pub(super) b: F32s<'d>,
+    /// `B` in half precision, stored `N × K`, for a skinny product (M ≤ [`SKINNY_M`]), which
+    /// widens it a block of rows at a time.
+    pub(super) b_half: Option<Halves<'d>>,
     /// The `N` bias values.
     pub(super) bias: Option<&'d [f32]>,
     /// `C`'s whole buffer.
@@ -342,7 +346,7 @@ impl MatmulOperands<'_> {
         };
         for (name, need, len) in [
             ("a", desc.a.required_len(desc.batch, desc.a_stored().0, desc.a_stored().1), self.a.len()),
-            ("b", b_need, self.b.len()),
+            ("b", b_need, self.b_half.map_or(self.b.len(), |h| h.len())),
         ] {
             if need.is_none_or(|need| need > len) {
                 return Err(internal(format!("{name}'s view is out of bounds")));

@@ -6,10 +6,11 @@
 //! multipliers, and every dtype.
 
 use super::Elem;
-use super::F32s;
 use super::depthwise::Conv;
 use super::matmul::MatmulOperands;
+use super::matmul::SKINNY_M;
 use super::simd::{Isa, in_each_isa};
+use super::{F32s, Halves};
 use half::{bf16, f16};
 use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
 
@@ -110,10 +111,39 @@ fn check_matmul_with(
     want: &[f64],
     out_len: usize,
 ) {
+    // Where the product is skinny with B stored N × K, also with B in f16 and bf16 (the
+    // integers are exact in both), which the product widens block by block.
+    let halves = (!strips && desc.trans_b && desc.b.ld > 1 && desc.k > 0 && desc.m <= SKINNY_M)
+        .then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
+    let mut sources = vec![None];
+    if let Some((h, bh)) = &halves {
+        sources.extend([Some(Halves::F16(h)), Some(Halves::Bf16(bh))]);
+    }
+    for b_half in sources {
+        check_matmul_from(desc, seed, a, b, b_half, strips, bias, c, want, out_len);
+    }
+}
+
+/// [`check_matmul_with`] with `B` from `b`, or from `b_half` where that is given.
+#[allow(clippy::too_many_arguments)]
+fn check_matmul_from(
+    desc: &MatmulDesc,
+    seed: u64,
+    a: &[f32],
+    b: &[f32],
+    b_half: Option<Halves>,
+    strips: bool,
+    bias: Option<&[f32]>,
+    c: Option<&[f32]>,
+    want: &[f64],
+    out_len: usize,
+) {
+    let half = b_half.map(|h| if matches!(h, Halves::F16(_)) { "f16" } else { "bf16" });
     each_dtype(|dtype, round| {
         let ops = MatmulOperands {
             a: F32s::Borrowed(a),
-            b: F32s::Borrowed(b),
+            b: F32s::Borrowed(if b_half.is_some() { &[] } else { b }),
+            b_half,
             bias: bias.map(|v| &v[desc.bias_offset.unwrap_or(0)..][..desc.n]),
             c: c.map(F32s::Borrowed),
             strips,
@@ -139,7 +169,7 @@ fn check_matmul_with(
         };
         let want32: Vec<f32> = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
         for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
-            assert!(g == x, "{dtype} {desc:?} seed {seed} strips {strips}: word {i} is {g}, expected {x}");
+            assert!(g == x, "{dtype} {desc:?} seed {seed} strips {strips} B {half:?}: word {i} is {g}, expected {x}");
         }
     });
 }
@@ -167,6 +197,50 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
         d.alpha = 0.5;
     }
     d
+}
+
+/// A skinny product with `B` in f16 or bf16, stored `N × K` (widened a block or a chunk at a
+/// time), gives the bits of the same product with `B` widened whole first, on data whose sums
+/// round, in every instruction set: M across the row groups, K across the 16-lane steps and
+/// the 256-element chunks, N across the 6-row tiles and the column blocks, `B` with a padded
+/// leading dimension and offset.
+#[test]
+fn half_b_skinny_products_match_b_widened_first() {
+    in_each_isa(|isa| {
+        let mut rng = Rng(77);
+        let mut float = || (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        for &(m, n, k) in
+            &[(1, 7, 33), (3, 13, 256), (5, 70, 300), (16, 64, 517), (2, 130, 1024), (9, 6, 16), (4, 67, 1)]
+        {
+            let mut d = MatmulDesc::new(m, n, k);
+            d.trans_b = true;
+            d.b = MatrixView::new(3, k + 5, n * (k + 5));
+            let a: Vec<f32> = (0..m * k).map(|_| float()).collect();
+            let b: Vec<f32> = (0..3 + n * (k + 5)).map(|_| float()).collect();
+            let (h, bh) = (store(&b, f16::ZERO), store(&b, bf16::ZERO));
+            for half in [Halves::F16(&h), Halves::Bf16(&bh)] {
+                let mut wide = vec![0.0f32; b.len()];
+                half.widen_range(0, &mut wide);
+                let run = |b_half: Option<Halves>| {
+                    let ops = MatmulOperands {
+                        a: F32s::Borrowed(&a),
+                        b: F32s::Borrowed(if b_half.is_some() { &[] } else { &wide }),
+                        b_half,
+                        bias: None,
+                        c: None,
+                        strips: false,
+                    };
+                    let mut out = vec![SENTINEL; m * n];
+                    ops.run(&d, &mut out).expect("run");
+                    out
+                };
+                let (got, want) = (run(Some(half)), run(None));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa:?} {m}x{n}x{k} word {i}: {g} against {w}");
+                }
+            }
+        }
+    });
 }
 
 /// The skinny path: M = 1…16, both B layouts (and A transposed or not), widths around the
@@ -310,7 +384,14 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
                 }
             }
             let run = |b: &[f32], strips: bool| {
-                let ops = MatmulOperands { a: F32s::Borrowed(&a), b: F32s::Borrowed(b), bias: None, c: None, strips };
+                let ops = MatmulOperands {
+                    a: F32s::Borrowed(&a),
+                    b: F32s::Borrowed(b),
+                    b_half: None,
+                    bias: None,
+                    c: None,
+                    strips,
+                };
                 let mut o = vec![0.0f32; m * n];
                 ops.run(&desc, &mut o).expect("run");
                 o
