@@ -317,19 +317,6 @@ impl Halves<'_> {
             Halves::Bf16(v) => bf16::widen_into(&v[start..start + dst.len()], dst),
         }
     }
-
-    /// `dst[r·k ..][..k] = self[start + r·ld ..][..k]` widened, for the `dst.len() / k` rows.
-    pub(super) fn widen_rows(&self, start: usize, ld: usize, k: usize, dst: &mut [f32]) {
-        fn rows<E: Elem>(src: &[E], start: usize, ld: usize, k: usize, dst: &mut [f32]) {
-            for (r, d) in dst.chunks_exact_mut(k).enumerate() {
-                E::widen_into(&src[start + r * ld..][..k], d);
-            }
-        }
-        match self {
-            Halves::F16(v) => rows(v, start, ld, k, dst),
-            Halves::Bf16(v) => rows(v, start, ld, k, dst),
-        }
-    }
 }
 
 /// A buffer's elements as f32: borrowed where stored in f32, else widened into a scratch

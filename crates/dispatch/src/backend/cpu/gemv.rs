@@ -39,7 +39,7 @@
 use super::matmul::{Epilogue, Geometry, MatmulOperands, epilogue_rows};
 use super::pool::for_each_index;
 use super::simd::{Isa, madd, multiversion};
-use super::{Elem, scratch};
+use super::{Elem, Halves, scratch};
 use crate::Result;
 /// Columns per register tile of the `K × N` kernels (two 8-lane vectors), and per strip of a
 /// packed weight (`crate::PackedMatmul`).
@@ -57,25 +57,6 @@ thread_local! {
     /// This thread's accumulators (made on its first skinny product with `B` stored `K × N`,
     /// at most [`ACC`] elements: a 256 KiB stack array would not fit every caller's stack).
     static ACC_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The most elements of a half-precision `B`'s rows widened at a time (1 MiB of f32, in L2).
-///
-/// A skinny product with `B` in f16 or bf16, stored `N × K`, does not widen `B` whole (read at
-/// 2 bytes an element, written at 4 and read again at 4): on AVX-512 each dot tile's chunk is
-/// widened into an L1 buffer just before the tile meets it ([`avx512::cols_dot_half`]);
-/// elsewhere each column block's rows go into the thread's [`HALF_BUF`] before the block's
-/// tiles read them. At 1 × 4096 × 4096, 1 × 11008 × 4096 and 1 × 4096 × 11008 in f16 (2
-/// threads, the 2-core AVX-512 Xeon, separate processes alternated twice): 0.82–0.84,
-/// 2.34–2.39 and 1.85–2.02 ms with the chunks, 1.53–1.55, 4.10–4.19 and 4.23–4.38 ms with the
-/// blocks' rows (f32 `B`: 1.18 and 3.6–3.9 ms); widened whole into a new buffer, 4096 × 4096
-/// took 32–40 ms, most of it the first touch of 64 MB of new pages.
-const HALF_B: usize = 1 << 18;
-
-thread_local! {
-    /// This thread's widened rows of a half-precision `B` (at most [`HALF_B`] floats, made on
-    /// its first such product).
-    static HALF_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Columns per block with `B` stored `N × K` (64 rows of B per task: at K = 4096, 1 MiB).
@@ -1172,6 +1153,12 @@ pub(super) mod avx512 {
     /// 2 bytes an element. The tiles, chunks and sums are [`cols_dot`]'s on the widened
     /// values: the same bits as the product with `B` widened whole.
     ///
+    /// In f16 (2 threads, the 2-core AVX-512 Xeon, separate processes alternated twice):
+    /// 1 × 4096 × 4096 in 0.82–0.85 ms, 1 × 11008 × 4096 in 2.2–2.4, 1 × 4096 × 11008 in
+    /// 1.8–2.0, 16 × 4096 × 4096 in 2.65–2.69, against 1.53–1.55, 4.1–4.2, 4.2–4.4 and 3.6 with
+    /// each column block's rows widened into a 1 MiB buffer first (f32 `B`: 1.18 ms at 4096²,
+    /// 3.6–3.9 at 11008 × 4096).
+    ///
     /// # Safety
     /// The CPU has AVX-512F and F16C.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -1466,7 +1453,6 @@ fn chunk_cols<const FMA: bool, const C: usize>(
     kl: usize,
     part: &mut [[f32; DOT_LANES]],
 ) {
-    let (m, full) = (p.m, p.k - p.k % DOT_LANES);
     let b = &p.b[(j0 + jj) * p.ldb + q0..];
     // The next tile's rows of B in this chunk, prefetched into L2 by the first row group (the
     // others read this tile's rows from L1): the tile's runs are one to four pages long, too
@@ -1475,6 +1461,26 @@ fn chunk_cols<const FMA: bool, const C: usize>(
     // 0.57–0.64 and 0.75 of the time without it; into L1, 0.67, 0.62 and 0.84; the same rows'
     // next chunk instead, 0.75–0.80.
     let next = b.as_ptr().wrapping_add(C * p.ldb);
+    tile_groups::<FMA, C>(p, b, p.ldb, next, jj, nb, q0, kl, part);
+}
+
+/// The tile of `C` rows of `B` whose chunk starts at `b` (rows `ldb` apart, `kl` long; the
+/// chunk at `q0` along `K`) against every row group of `A`, into the partial sums of columns
+/// `jj..jj + C`; the first group prefetches `next` (null: none).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile_groups<const FMA: bool, const C: usize>(
+    p: &Block,
+    b: &[f32],
+    ldb: usize,
+    next: *const f32,
+    jj: usize,
+    nb: usize,
+    q0: usize,
+    kl: usize,
+    part: &mut [[f32; DOT_LANES]],
+) {
+    let (m, full) = (p.m, p.k - p.k % DOT_LANES);
     for g0 in (0..m).step_by(GROUP) {
         let r = GROUP.min(m - g0);
         // The group's packed steps start at g0 · full; its chunk at q0 · r further on.
@@ -1482,12 +1488,78 @@ fn chunk_cols<const FMA: bool, const C: usize>(
         let part = &mut part[g0 * nb + jj..];
         let next = if g0 == 0 { next } else { std::ptr::null() };
         match r {
-            4 => chunk_tile::<FMA, 4, C>(ap, b, p.ldb, kl, part, nb, next),
-            3 => chunk_tile::<FMA, 3, C>(ap, b, p.ldb, kl, part, nb, next),
-            2 => chunk_tile::<FMA, 2, C>(ap, b, p.ldb, kl, part, nb, next),
-            _ => chunk_tile::<FMA, 1, C>(ap, b, p.ldb, kl, part, nb, next),
+            4 => chunk_tile::<FMA, 4, C>(ap, b, ldb, kl, part, nb, next),
+            3 => chunk_tile::<FMA, 3, C>(ap, b, ldb, kl, part, nb, next),
+            2 => chunk_tile::<FMA, 2, C>(ap, b, ldb, kl, part, nb, next),
+            _ => chunk_tile::<FMA, 1, C>(ap, b, ldb, kl, part, nb, next),
         }
     }
+}
+
+/// `K` per chunk of [`cols_half_inner`]: a tile's widened chunk (at most 4 rows, 16 KiB) stays
+/// in L1 while the row groups of `A` pass over it.
+const HALF_KC: usize = 1024;
+
+/// [`cols_inner`] with `B` in half precision (`h`, row `j` of the block from `b0 + (j0 + j) ·
+/// ldb`): each tile's chunk of `B` is widened into an L1 buffer just before the row groups of
+/// `A` meet it, and the tail along `K` from a widened copy. The same tiles and partial sums
+/// over the widened values (the chunks of [`HALF_KC`] only cut each lane's sum, in `K` order,
+/// into pieces): the same bits as [`cols_inner`] with `B` widened first.
+///
+/// In f16, the AVX2 copy forced on the 2-core AVX-512 Xeon (2 threads, separate processes
+/// alternated twice): 1 × 4096 × 4096 in 1.25 ms, 1 × 11008 × 4096 in 3.5–3.7, 16 × 4096 ×
+/// 4096 in 4.5–4.6, against 2.1–2.2, 5.7–6.0 and 6.2–6.3 with each column block's 64 rows
+/// widened whole into a 1 MiB buffer first (f32 `B`: 1.34 ms at 4096²).
+#[inline(always)]
+fn cols_half_inner<const FMA: bool>(p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    let (m, k, ldb) = (p.m, p.k, p.ldb);
+    let full = k - k % DOT_LANES;
+    let mut part = [[0.0f32; DOT_LANES]; 16 * NB_COLS];
+    let part = &mut part[..m * nb];
+    let mut buf = [0.0f32; 4 * HALF_KC];
+    let row = |j: usize| b0 + (j0 + j) * ldb;
+    let mut q0 = 0;
+    while q0 < full {
+        let kl = HALF_KC.min(full - q0);
+        let mut jj = 0;
+        while jj < nb {
+            let c = if m <= 2 && jj + 4 <= nb {
+                4
+            } else if jj + 3 <= nb {
+                3
+            } else {
+                1
+            };
+            for (j, dst) in buf.chunks_exact_mut(HALF_KC).take(c).enumerate() {
+                h.widen_range(row(jj + j) + q0, &mut dst[..kl]);
+            }
+            let null = std::ptr::null();
+            match c {
+                4 => tile_groups::<FMA, 4>(p, &buf, HALF_KC, null, jj, nb, q0, kl, part),
+                3 => tile_groups::<FMA, 3>(p, &buf, HALF_KC, null, jj, nb, q0, kl, part),
+                _ => tile_groups::<FMA, 1>(p, &buf, HALF_KC, null, jj, nb, q0, kl, part),
+            }
+            jj += c;
+        }
+        q0 += kl;
+    }
+    let mut tail = [0.0f32; DOT_LANES];
+    for j in 0..nb {
+        let tail = &mut tail[..k - full];
+        h.widen_range(row(j) + full, tail);
+        for i in 0..m {
+            let ar = &p.a[i * p.lda..];
+            let mut t = pairwise_sum(part[i * nb + j]);
+            for (q, &bq) in (full..k).zip(tail.iter()) {
+                t = madd::<FMA>(ar[q], bq, t);
+            }
+            acc[i * nb + j] = t;
+        }
+    }
+}
+
+multiversion! {
+    fn cols_block_half(p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) => cols_half_inner
 }
 
 /// `acc[i][0..nb] = A[i] · B[j0 + ..]` for `B` stored `N × K`, K chunk by K chunk. Within a
@@ -1691,9 +1763,6 @@ impl MatmulOperands<'_> {
             let widest = (ACC / m) / LANES * LANES;
             let blocks = threads * n.div_ceil(threads * widest.max(LANES));
             n.div_ceil(blocks).next_multiple_of(LANES).max(LANES)
-        } else if self.b_half.is_some() && !nk_dot(isa, m) {
-            // The block's rows widened into the thread's buffer: at most [`HALF_B`] floats.
-            (HALF_B / k).clamp(1, NB_COLS)
         } else {
             NB_COLS
         };
@@ -1706,20 +1775,17 @@ impl MatmulOperands<'_> {
                     buf.resize(m * nb, 0.0);
                 }
                 let acc = &mut buf[..m * nb];
+                // A half-precision B is widened chunk by chunk as the tiles reach it
+                // (`cols_dot_half`, `cols_block_half`): read once, at 2 bytes an element. Widened
+                // whole before the product it was read at 2 bytes, written at 4 and read again at
+                // 4; into a new buffer each call, 4096 × 4096 in f16 took 32–40 ms at M = 1,
+                // most of it the first touch of 64 MB of new pages.
                 match &self.b_half {
                     // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where
                     // the CPU reported AVX-512F and F16C.
                     #[cfg(target_arch = "x86_64")]
                     Some(h) if nk_dot(isa, m) => unsafe { avx512::cols_dot_half(&block, h, g.b0, j0, nb, acc) },
-                    // Rows j0 .. j0 + nb of B widened, then the block as from an f32 B.
-                    Some(h) => HALF_BUF.with_borrow_mut(|wide| {
-                        if wide.len() < nb * k {
-                            wide.resize(nb * k, 0.0);
-                        }
-                        let wide = &mut wide[..nb * k];
-                        h.widen_rows(g.b0 + j0 * ldb, ldb, k, wide);
-                        skinny_block(isa, &Block { b: wide, ldb: k, ..block }, false, 0, nb, acc);
-                    }),
+                    Some(h) => cols_block_half(isa, &block, h, g.b0, j0, nb, acc),
                     None => skinny_block(isa, &block, by_rows, j0, nb, acc),
                 }
                 epilogue_rows(isa, epi, 0, j0, nb, acc);

@@ -209,9 +209,17 @@ fn half_b_skinny_products_match_b_widened_first() {
     in_each_isa(|isa| {
         let mut rng = Rng(77);
         let mut float = || (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        for &(m, n, k) in
-            &[(1, 7, 33), (3, 13, 256), (5, 70, 300), (16, 64, 517), (2, 130, 1024), (9, 6, 16), (4, 67, 1)]
-        {
+        for &(m, n, k) in &[
+            (1, 7, 33),
+            (3, 13, 256),
+            (5, 70, 300),
+            (16, 64, 517),
+            (2, 130, 1024),
+            (9, 6, 16),
+            (4, 67, 1),
+            (2, 9, 1100),
+            (6, 11, 2077),
+        ] {
             let mut d = MatmulDesc::new(m, n, k);
             d.trans_b = true;
             d.b = MatrixView::new(3, k + 5, n * (k + 5));
