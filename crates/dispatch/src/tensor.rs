@@ -1,8 +1,8 @@
 //! [`Tensor`]: a typed buffer on a device, with a shape.
 
 use crate::backend::Storage;
+use crate::backend::cpu::convert;
 use crate::{Device, Error, Result};
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::fmt;
 use std::sync::Arc;
@@ -218,11 +218,18 @@ impl Tensor {
         let bytes = self.to_bytes()?;
         Ok(match self.dtype() {
             DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes).to_f32_vec(),
-            DType::Bf16 => bytemuck::pod_collect_to_vec::<u8, bf16>(&bytes).to_f32_vec(),
+            DType::F16 => widened(&bytemuck::pod_collect_to_vec::<u8, f16>(&bytes), convert::f16_to_f32),
+            DType::Bf16 => widened(&bytemuck::pod_collect_to_vec::<u8, bf16>(&bytes), convert::bf16_to_f32),
             other => return Err(no_f32_conversion("to_f32_vec", other)),
         })
     }
+}
+
+/// `src` widened to f32 by `f` (the CPU backend's vector conversions, `half`'s bits).
+fn widened<H: Copy>(src: &[H], f: fn(&[H], &mut [f32])) -> Vec<f32> {
+    let mut out = vec![0.0f32; src.len()];
+    f(src, &mut out);
+    out
 }
 
 impl Device {
@@ -254,12 +261,12 @@ impl Device {
             DType::F32 => self.tensor(shape, data),
             DType::F16 => {
                 let mut v = vec![f16::ZERO; data.len()];
-                v.convert_from_f32_slice(data);
+                convert::f32_to_f16(data, &mut v);
                 self.tensor(shape, &v)
             }
             DType::Bf16 => {
                 let mut v = vec![bf16::ZERO; data.len()];
-                v.convert_from_f32_slice(data);
+                convert::f32_to_bf16(data, &mut v);
                 self.tensor(shape, &v)
             }
             other => Err(no_f32_conversion("tensor_from_f32", other)),

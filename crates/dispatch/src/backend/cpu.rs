@@ -52,7 +52,7 @@ use tilekit_kernels::{ActivationDesc, Conv2dDesc, DType, GluDesc, InvertedResidu
 mod activation;
 mod aligned;
 mod block;
-mod convert;
+pub(crate) mod convert;
 mod dense_conv;
 mod depthwise;
 mod gemv;

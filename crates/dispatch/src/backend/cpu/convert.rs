@@ -22,7 +22,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// `dst = src` widened (same length).
-pub(super) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "conversion between slices of different lengths");
     #[cfg(target_arch = "x86_64")]
     match Isa::detect() {
@@ -36,7 +36,7 @@ pub(super) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
 }
 
 /// `dst = src` rounded to nearest even (same length).
-pub(super) fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
+pub(crate) fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     assert_eq!(src.len(), dst.len(), "conversion between slices of different lengths");
     #[cfg(target_arch = "x86_64")]
     match Isa::detect() {
@@ -51,14 +51,14 @@ pub(super) fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
 
 /// `dst = src` widened (same length): the bits shifted up 16, a NaN quieted (`half`'s
 /// `bf16::to_f32`).
-pub(super) fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
+pub(crate) fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "conversion between slices of different lengths");
     bf16_widen(Isa::detect(), src, dst);
 }
 
 /// `dst = src` rounded to nearest even (same length), a NaN quieted (`half`'s
 /// `bf16::from_f32`).
-pub(super) fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
+pub(crate) fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "conversion between slices of different lengths");
     bf16_narrow(Isa::detect(), src, dst);
 }
