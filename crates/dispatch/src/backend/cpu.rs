@@ -848,12 +848,14 @@ fn matmul(
         }
         _ => None,
     };
-    // A half-precision `B` stored `N × K` in a skinny product stays as it is: the product
-    // widens each block of its rows as it reaches it (`MatmulOperands::skinny`), so `B` is
-    // read once, at 2 bytes an element, rather than widened whole and read again.
+    // A half-precision `B` stored `N × K` in a skinny product, or packed in strips, stays as
+    // it is: the product widens each chunk of it as it reaches it (`MatmulOperands::skinny`,
+    // `strips_product`), so `B` is read once, at 2 bytes an element, rather than widened whole
+    // and read again.
     let b_data = ins.get(b)?;
     let rounds = desc.precision == Precision::Bf16 && b_data.dtype() != DType::Bf16;
-    let stream = !strips && !rounds && desc.trans_b && desc.b.ld > 1 && desc.k > 0 && desc.m <= matmul::SKINNY_M;
+    let skinny_nk = desc.trans_b && desc.b.ld > 1 && desc.m <= matmul::SKINNY_M;
+    let stream = !rounds && desc.k > 0 && (strips || skinny_nk);
     let (b_f32, b_half) = match (stream, b_data) {
         (true, CpuData::F16(v)) => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
         (true, CpuData::Bf16(v)) => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),

@@ -111,10 +111,10 @@ fn check_matmul_with(
     want: &[f64],
     out_len: usize,
 ) {
-    // Where the product is skinny with B stored N × K, also with B in f16 and bf16 (the
-    // integers are exact in both), which the product widens block by block.
-    let halves = (!strips && desc.trans_b && desc.b.ld > 1 && desc.k > 0 && desc.m <= SKINNY_M)
-        .then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
+    // Where the product is skinny with B stored N × K, or B is packed in strips, also with B
+    // in f16 and bf16 (the integers are exact in both), which the product widens chunk by chunk.
+    let skinny_nk = desc.trans_b && desc.b.ld > 1 && desc.m <= SKINNY_M;
+    let halves = ((strips || skinny_nk) && desc.k > 0).then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
     let mut sources = vec![None];
     if let Some((h, bh)) = &halves {
         sources.extend([Some(Halves::F16(h)), Some(Halves::Bf16(bh))]);
@@ -199,17 +199,18 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
     d
 }
 
-/// A skinny product with `B` in f16 or bf16, stored `N × K` (widened a block or a chunk at a
-/// time), gives the bits of the same product with `B` widened whole first, on data whose sums
-/// round, in every instruction set: M across the row groups, K across the 16-lane steps and
-/// the 256-element chunks, N across the 6-row tiles and the column blocks, `B` with a padded
+/// A skinny product with `B` in f16 or bf16, stored `N × K`, or any product with `B` packed
+/// in strips in f16 or bf16 (widened a chunk at a time), gives the bits of the same product
+/// with `B` widened whole first, on data whose sums round, in every instruction set: M across
+/// the row groups, K across the 16-lane steps and the 256- and 1024-element chunks, N across
+/// the 6-row tiles, the column blocks and the groups of strips, `B` `N × K` with a padded
 /// leading dimension and offset.
 #[test]
-fn half_b_skinny_products_match_b_widened_first() {
+fn half_b_products_match_b_widened_first() {
     in_each_isa(|isa| {
         let mut rng = Rng(77);
         let mut float = || (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        for &(m, n, k) in &[
+        let shapes = [
             (1, 7, 33),
             (3, 13, 256),
             (5, 70, 300),
@@ -219,12 +220,18 @@ fn half_b_skinny_products_match_b_widened_first() {
             (4, 67, 1),
             (2, 9, 1100),
             (6, 11, 2077),
-        ] {
+            (20, 100, 70),
+        ];
+        for ((m, n, k), strips) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            if !strips && m > SKINNY_M {
+                continue;
+            }
             let mut d = MatmulDesc::new(m, n, k);
             d.trans_b = true;
             d.b = MatrixView::new(3, k + 5, n * (k + 5));
             let a: Vec<f32> = (0..m * k).map(|_| float()).collect();
-            let b: Vec<f32> = (0..3 + n * (k + 5)).map(|_| float()).collect();
+            let len = if strips { n.div_ceil(16) * k * 16 } else { 3 + n * (k + 5) };
+            let b: Vec<f32> = (0..len).map(|_| float()).collect();
             let (h, bh) = (store(&b, f16::ZERO), store(&b, bf16::ZERO));
             for half in [Halves::F16(&h), Halves::Bf16(&bh)] {
                 let mut wide = vec![0.0f32; b.len()];
@@ -236,7 +243,7 @@ fn half_b_skinny_products_match_b_widened_first() {
                         b_half,
                         bias: None,
                         c: None,
-                        strips: false,
+                        strips,
                     };
                     let mut out = vec![SENTINEL; m * n];
                     ops.run(&d, &mut out).expect("run");
@@ -244,7 +251,8 @@ fn half_b_skinny_products_match_b_widened_first() {
                 };
                 let (got, want) = (run(Some(half)), run(None));
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.to_bits(), w.to_bits(), "{isa:?} {m}x{n}x{k} word {i}: {g} against {w}");
+                    let case = format!("{isa:?} {m}x{n}x{k} strips {strips} word {i}");
+                    assert_eq!(g.to_bits(), w.to_bits(), "{case}: {g} against {w}");
                 }
             }
         }
