@@ -1108,42 +1108,19 @@ pub(super) mod avx512 {
                 && acc.len() >= m * nb,
             "dot tile past its operands"
         );
-        let mut part = [_mm512_setzero_ps(); MAX_M * DOT_B];
-        let mut jj = 0;
-        while jj < nb {
-            let c = DOT_B.min(nb - jj);
-            let part = &mut part[..m * c];
-            part.fill(_mm512_setzero_ps());
-            for q0 in (0..k).step_by(DOT_KC) {
-                let kl = DOT_KC.min(k - q0);
-                let mut g0 = 0;
-                while g0 < m {
-                    let r = DOT_A.min(m - g0);
-                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
-                    // and B's rows j0 + jj..j0 + jj + c at columns q0..q0 + kl, inside both
-                    // (asserted above), and writes `part`'s r · c vectors from g0 · c.
-                    unsafe {
-                        dot_tile_any(
-                            r,
-                            c,
-                            p.a.as_ptr().add(g0 * lda + q0),
-                            lda,
-                            p.b.as_ptr().add((j0 + jj) * ldb + q0),
-                            ldb,
-                            kl,
-                            part.as_mut_ptr().add(g0 * c),
-                            g0 == 0,
-                        )
-                    };
-                    g0 += r;
-                }
-            }
-            for i in 0..m {
-                for j in 0..c {
-                    acc[i * nb + jj + j] = _mm512_reduce_add_ps(part[i * c + j]);
-                }
-            }
-            jj += c;
+        // SAFETY: the caller promises AVX-512F; A's m rows of k and B's rows j0..j0 + nb of k
+        // are inside their slices (asserted), so each chunk (rows jj..jj + c, columns
+        // q0..q0 + kl of those) is too; the outputs are inside `acc` (asserted).
+        unsafe {
+            dot_tiles(
+                m,
+                k,
+                p.a.as_ptr(),
+                lda,
+                nb,
+                |jj, _, q0, _| (p.b.as_ptr().add((j0 + jj) * ldb + q0), ldb, true),
+                |i, j, v| acc[i * nb + j] = v,
+            )
         }
     }
 
@@ -1175,6 +1152,44 @@ pub(super) mod avx512 {
             "dot tile past its operands"
         );
         let mut buf = [0.0f32; DOT_B * DOT_KC];
+        let widen = |jj: usize, c: usize, q0: usize, kl: usize| {
+            for (j, row) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
+                h.widen_range(b0 + (j0 + jj + j) * ldb + q0, &mut row[..kl]);
+            }
+            (buf.as_ptr(), DOT_KC, false)
+        };
+        // SAFETY: the caller promises AVX-512F; A's m rows of k are inside `A` (asserted), each
+        // chunk is the buffer's c rows of kl (c ≤ DOT_B, kl ≤ DOT_KC), valid until the next
+        // chunk is asked for; the outputs are inside `acc` (asserted).
+        unsafe { dot_tiles(m, k, p.a.as_ptr(), lda, nb, widen, |i, j, v| acc[i * nb + j] = v) }
+    }
+
+    /// The dot products of [`cols_dot`]: `m` rows of `A` (`a`, rows `lda` apart, `k` long) with
+    /// `nb` rows of `B`, tile by tile of [`DOT_B`] rows and chunk by chunk of [`DOT_KC`], every
+    /// group of up to [`DOT_A`] rows of `A` meeting the chunk with the sums in registers
+    /// ([`dot_tile_any`]), the sums carried across chunks and reduced once at the end of the
+    /// tile into `store(row of A, row of B, sum)`. `chunk(jj, c, q0, kl)` gives rows
+    /// `jj..jj + c` of `B` at columns `q0..q0 + kl`: a pointer to the first, their stride, and
+    /// whether the first row group prefetches ahead along them (only where they are `B` itself,
+    /// not a buffer).
+    ///
+    /// # Safety
+    /// AVX-512F; `1 ≤ m ≤` [`SKINNY_M`](super::super::matmul::SKINNY_M), `k ≥ 1`; `a` covers the
+    /// `m` rows of `k`; each chunk's pointer covers its `c` rows of `kl` at its stride until the
+    /// next call of `chunk`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::backend::cpu) unsafe fn dot_tiles(
+        m: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        nb: usize,
+        mut chunk: impl FnMut(usize, usize, usize, usize) -> (*const f32, usize, bool),
+        mut store: impl FnMut(usize, usize, f32),
+    ) {
+        const MAX_M: usize = super::super::matmul::SKINNY_M;
         let mut part = [_mm512_setzero_ps(); MAX_M * DOT_B];
         let mut jj = 0;
         while jj < nb {
@@ -1183,26 +1198,23 @@ pub(super) mod avx512 {
             part.fill(_mm512_setzero_ps());
             for q0 in (0..k).step_by(DOT_KC) {
                 let kl = DOT_KC.min(k - q0);
-                for (j, row) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
-                    h.widen_range(b0 + (j0 + jj + j) * ldb + q0, &mut row[..kl]);
-                }
+                let (b, ldb, ahead) = chunk(jj, c, q0, kl);
                 let mut g0 = 0;
                 while g0 < m {
                     let r = DOT_A.min(m - g0);
-                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
-                    // (inside `A`, asserted) and the buffer's c rows at columns 0..kl, and
-                    // writes `part`'s r · c vectors from g0 · c.
+                    // SAFETY: the caller's promises: A's rows g0..g0 + r at columns q0..q0 + kl,
+                    // the chunk's c rows of kl; `part` holds r · c vectors from g0 · c.
                     unsafe {
                         dot_tile_any(
                             r,
                             c,
-                            p.a.as_ptr().add(g0 * lda + q0),
+                            a.add(g0 * lda + q0),
                             lda,
-                            buf.as_ptr(),
-                            DOT_KC,
+                            b,
+                            ldb,
                             kl,
                             part.as_mut_ptr().add(g0 * c),
-                            false,
+                            ahead && g0 == 0,
                         )
                     };
                     g0 += r;
@@ -1210,7 +1222,7 @@ pub(super) mod avx512 {
             }
             for i in 0..m {
                 for j in 0..c {
-                    acc[i * nb + jj + j] = _mm512_reduce_add_ps(part[i * c + j]);
+                    store(i, jj + j, _mm512_reduce_add_ps(part[i * c + j]));
                 }
             }
             jj += c;

@@ -172,7 +172,7 @@ const PREFETCH: usize = 1024;
 /// is read from L1/L2 once per six weight rows, not once per row.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::super::gemv::avx512::{DOT_A, DOT_B, DOT_KC, dot_tile_any};
+    use super::super::gemv::avx512::{DOT_B, DOT_KC, dot_tiles};
     use super::super::qgroup::avx512::Group512;
     use super::super::qgroup::{Format, G, chunk_of, with_format};
     use super::{PREFETCH, QWeights, ROWS_MAX_M, SKINNY_M};
@@ -403,52 +403,22 @@ mod avx512 {
             "decode tile past its operands"
         );
         let mut buf = [0.0f32; DOT_B * DOT_KC];
-        let mut part = [_mm512_setzero_ps(); SKINNY_M * DOT_B];
-        let mut jj = 0;
-        while jj < cols {
-            let c = DOT_B.min(cols - jj);
-            let part = &mut part[..m * c];
-            part.fill(_mm512_setzero_ps());
-            for q0 in (0..k).step_by(DOT_KC) {
-                let kl = DOT_KC.min(k - q0);
-                for (j, dst) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
-                    if F::BS == G {
-                        chunk_of::<F>(w.scales, w.body, k, j0 + jj + j, q0, &mut dst[..kl]);
-                    } else {
-                        // SAFETY: AVX-512F and F16C (the caller's promise); the row's blocks
-                        // q0 / BS .. (q0 + kl) / BS are inside the planes (asserted).
-                        unsafe { chunk512::<F>(w, j0 + jj + j, q0, &mut dst[..kl]) };
-                    }
-                }
-                let mut g0 = 0;
-                while g0 < m {
-                    let r = DOT_A.min(m - g0);
-                    // SAFETY: the caller promises AVX-512F; the tile reads A's rows g0..g0 + r
-                    // (`m × k`, asserted) and the buffer's c rows at columns 0..kl, and writes
-                    // `part`'s r · c vectors from g0 · c.
-                    unsafe {
-                        dot_tile_any(
-                            r,
-                            c,
-                            a.as_ptr().add(g0 * k + q0),
-                            k,
-                            buf.as_ptr(),
-                            DOT_KC,
-                            kl,
-                            part.as_mut_ptr().add(g0 * c),
-                            false,
-                        )
-                    };
-                    g0 += r;
+        let dequantize = |jj: usize, c: usize, q0: usize, kl: usize| {
+            for (j, dst) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
+                if F::BS == G {
+                    chunk_of::<F>(w.scales, w.body, k, j0 + jj + j, q0, &mut dst[..kl]);
+                } else {
+                    // SAFETY: AVX-512F and F16C (the caller's promise); the row's blocks
+                    // q0 / BS .. (q0 + kl) / BS are inside the planes (asserted).
+                    unsafe { chunk512::<F>(w, j0 + jj + j, q0, &mut dst[..kl]) };
                 }
             }
-            for j in 0..c {
-                for i in 0..m {
-                    acc[(jj + j) * m + i] = _mm512_reduce_add_ps(part[i * c + j]);
-                }
-            }
-            jj += c;
-        }
+            (buf.as_ptr(), DOT_KC, false)
+        };
+        // SAFETY: the caller promises AVX-512F; A's m rows of k are inside `a` (asserted); each
+        // chunk is the buffer's c rows of kl (c ≤ DOT_B, kl ≤ DOT_KC), valid until the next is
+        // asked for; the outputs, column by column, are inside `acc` (cols · m of them).
+        unsafe { dot_tiles(m, k, a.as_ptr(), k, cols, dequantize, |i, j, v| acc[j * m + i] = v) }
     }
 }
 
