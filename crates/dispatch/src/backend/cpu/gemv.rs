@@ -1812,13 +1812,20 @@ impl MatmulOperands<'_> {
     }
 }
 
-/// Strips per widening of a half-precision weight packed in strips: four, the one-row tile's
-/// width (at K = 4096, 1 MiB of f32). Against the weight widened whole (into a recycled
+/// The most strips per widening of a half-precision weight packed in strips: four, the
+/// one-row tile's width, while they fit in [`HALF_STRIP_FLOATS`] (at K = 4096, 1 MiB of f32);
+/// fewer for a longer `K`. One strip of 11008 rows is 704 KiB; four, 2.8 MiB, outgrew L2: at
+/// 1 × 4096 × 11008 in f16 one strip at a time took 5.8–6.6 ms against 9.5–9.7 with four, and
+/// 10.5–10.9 against 13.0–13.3 at M = 16 (alternated twice; f32: 3.7 ms at M = 1, where the
+/// one-row tile takes four strips side by side). Against the weight widened whole (into a recycled
 /// buffer) first, in f16 (2 threads, the 2-core AVX-512 Xeon, separate processes alternated
 /// twice): 1 × 1000 × 1280 (MobileNetV2's classifier) 0.10–0.12 ms against 0.30, 1 × 4096 ×
 /// 4096 1.75–1.79 against 4.3–4.5, 16 × 4096 × 4096 3.2 against 5.8, 64 × 1024 × 1024 0.50
 /// against 0.64 (f32: 0.08, 1.26–1.32, 2.33–2.36, 0.46).
 const HALF_STRIPS: usize = 4;
+
+/// The most f32 of widened strips at a time (1 MiB: half of this machine's L2).
+const HALF_STRIP_FLOATS: usize = 1 << 18;
 
 thread_local! {
     /// This thread's widened strips of a half-precision packed weight ([`HALF_STRIPS`] · K · 16
@@ -1884,12 +1891,12 @@ impl MatmulOperands<'_> {
                     // thread's buffer (consecutive strips are one run of `B`), each group's
                     // columns computed from there.
                     Some(h) => HALF_STRIP_BUF.with_borrow_mut(|wide| {
-                        let run = HALF_STRIPS * k * STRIP;
-                        if wide.len() < run {
-                            wide.resize(run, 0.0);
+                        let per = (HALF_STRIP_FLOATS / (k * STRIP)).clamp(1, HALF_STRIPS);
+                        if wide.len() < per * k * STRIP {
+                            wide.resize(per * k * STRIP, 0.0);
                         }
-                        for g0 in (0..ns).step_by(HALF_STRIPS) {
-                            let g = HALF_STRIPS.min(ns - g0);
+                        for g0 in (0..ns).step_by(per) {
+                            let g = per.min(ns - g0);
                             let wide = &mut wide[..g * k * STRIP];
                             h.widen_range((s0 + g0) * k * STRIP, wide);
                             let group = Block { b: wide, ..block };
