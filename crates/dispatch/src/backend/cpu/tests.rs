@@ -203,7 +203,8 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
 /// in strips in f16 or bf16 (widened a chunk at a time), gives the bits of the same product
 /// with `B` widened whole first, on data whose sums round, in every instruction set: M across
 /// the row groups, K across the 16-lane steps and the 256- and 1024-element chunks, N across
-/// the 6-row tiles, the column blocks and the groups of strips, `B` `N × K` with a padded
+/// the 6-row tiles, the column blocks and the groups of strips (fewer than four at K = 5000),
+/// `B` `N × K` with a padded
 /// leading dimension and offset.
 #[test]
 fn half_b_products_match_b_widened_first() {
@@ -221,6 +222,7 @@ fn half_b_products_match_b_widened_first() {
             (2, 9, 1100),
             (6, 11, 2077),
             (20, 100, 70),
+            (1, 80, 5000),
         ];
         for ((m, n, k), strips) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
             if !strips && m > SKINNY_M {
