@@ -294,8 +294,9 @@ fn scratch_f32(len: usize) -> Result<AlignedBuf<f32>> {
         .ok_or(Error::OutOfMemory { backend: BackendKind::Cpu, bytes: (len as u64) * 4 })
 }
 
-/// A matmul's `B` left in half precision, for the skinny product to widen a block of rows at a
-/// time (`gemv.rs`'s `MatmulOperands::skinny`).
+/// A matmul's `B` left in half precision, for the product to widen a chunk at a time as it
+/// reaches it (`gemv.rs`: the skinny product with `B` stored `N × K`, and the product with a
+/// weight packed in strips).
 #[derive(Clone, Copy)]
 pub(super) enum Halves<'a> {
     F16(&'a [f16]),
