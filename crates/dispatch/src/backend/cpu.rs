@@ -295,8 +295,8 @@ fn scratch_f32(len: usize) -> Result<AlignedBuf<f32>> {
 }
 
 /// A matmul's `B` left in half precision, for the product to widen a chunk at a time as it
-/// reaches it (`gemv.rs`: the skinny product with `B` stored `N × K`, and the product with a
-/// weight packed in strips).
+/// reaches it (`gemv.rs`: the skinny product, `B` stored `N × K` or `K × N`, and the product
+/// with a weight packed in strips).
 #[derive(Clone, Copy)]
 pub(super) enum Halves<'a> {
     F16(&'a [f16]),
@@ -316,6 +316,14 @@ impl Halves<'_> {
         match self {
             Halves::F16(v) => f16::widen_into(&v[start..start + dst.len()], dst),
             Halves::Bf16(v) => bf16::widen_into(&v[start..start + dst.len()], dst),
+        }
+    }
+
+    /// `dst`'s rows of `width` = the rows `self[start + r · ld ..][..width]` widened.
+    pub(super) fn widen_rows(&self, start: usize, ld: usize, width: usize, dst: &mut [f32]) {
+        match self {
+            Halves::F16(v) => convert::f16_rows_to_f32(&v[start..], ld, width, dst),
+            Halves::Bf16(v) => convert::bf16_rows_to_f32(&v[start..], ld, width, dst),
         }
     }
 }
@@ -849,14 +857,14 @@ fn matmul(
         }
         _ => None,
     };
-    // A half-precision `B` stored `N × K` in a skinny product, or packed in strips, stays as
+    // A half-precision `B` in a skinny product (either layout), or packed in strips, stays as
     // it is: the product widens each chunk of it as it reaches it (`MatmulOperands::skinny`,
     // `strips_product`), so `B` is read once, at 2 bytes an element, rather than widened whole
     // and read again.
     let b_data = ins.get(b)?;
     let rounds = desc.precision == Precision::Bf16 && b_data.dtype() != DType::Bf16;
-    let skinny_nk = desc.trans_b && desc.b.ld > 1 && desc.m <= matmul::SKINNY_M;
-    let stream = !rounds && desc.k > 0 && (strips || skinny_nk);
+    let skinny = desc.m <= matmul::SKINNY_M;
+    let stream = !rounds && desc.k > 0 && (strips || skinny);
     let (b_f32, b_half) = match (stream, b_data) {
         (true, CpuData::F16(v)) => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
         (true, CpuData::Bf16(v)) => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),

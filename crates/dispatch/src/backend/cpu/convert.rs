@@ -35,6 +35,46 @@ pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     src.convert_to_f32_slice(dst);
 }
 
+/// Rows of a matrix widened: `dst`'s rows of `width` (`dst.len()` a multiple of it) from
+/// `src`'s rows `ld` apart, `src[r · ld ..][..width]` into `dst[r · width ..][..width]`. One
+/// dispatch for all the rows: the skinny product widens a column block of a half-precision
+/// `B` stored `K × N` this way, a few lines from each of thousands of rows.
+pub(crate) fn f16_rows_to_f32(src: &[f16], ld: usize, width: usize, dst: &mut [f32]) {
+    check_rows(src.len(), ld, width, dst.len());
+    if width == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    match Isa::detect() {
+        // SAFETY: `Isa::detect` reports AVX-512 and AVX2 only where the CPU has them, with F16C;
+        // `check_rows` bounds every row.
+        Isa::Avx512 => return unsafe { x86::f16_rows_avx512(src, ld, width, dst) },
+        // SAFETY: as above.
+        Isa::Avx2 => return unsafe { x86::f16_rows_avx2(src, ld, width, dst) },
+        Isa::Portable => {}
+    }
+    for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+        src[r * ld..][..width].convert_to_f32_slice(d);
+    }
+}
+
+/// [`f16_rows_to_f32`] for bf16.
+pub(crate) fn bf16_rows_to_f32(src: &[bf16], ld: usize, width: usize, dst: &mut [f32]) {
+    check_rows(src.len(), ld, width, dst.len());
+    if width > 0 {
+        bf16_rows(Isa::detect(), src, ld, width, dst);
+    }
+}
+
+/// Panics unless `dst.len()` is a whole number of rows of `width` and each row lies in `src`.
+fn check_rows(src: usize, ld: usize, width: usize, dst: usize) {
+    let rows = dst.checked_div(width).unwrap_or(0);
+    assert!(
+        (width == 0 && dst == 0) || (dst.is_multiple_of(width) && (rows == 0 || (rows - 1) * ld + width <= src)),
+        "rows of {width} every {ld} past a source of {src} (into {dst})"
+    );
+}
+
 /// `dst = src` rounded to nearest even (same length).
 pub(crate) fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     assert_eq!(src.len(), dst.len(), "conversion between slices of different lengths");
@@ -86,6 +126,17 @@ fn bf16_narrow_inner<const FMA: bool>(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
+#[inline(always)]
+fn bf16_rows_inner<const FMA: bool>(src: &[bf16], ld: usize, width: usize, dst: &mut [f32]) {
+    for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+        bf16_widen_inner::<FMA>(&src[r * ld..][..width], d);
+    }
+}
+
+multiversion! {
+    fn bf16_rows(src: &[bf16], ld: usize, width: usize, dst: &mut [f32]) => bf16_rows_inner
+}
+
 multiversion! {
     fn bf16_widen(src: &[bf16], dst: &mut [f32]) => bf16_widen_inner
 }
@@ -113,6 +164,31 @@ mod x86 {
         }
         // SAFETY: the caller's promise.
         unsafe { f16_to_f32_avx2(&src[full..], &mut dst[full..]) };
+    }
+
+    /// [`super::f16_rows_to_f32`] in 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C; `width > 0`, `dst` whole rows of `width`, each row of
+    /// `src` in bounds (`check_rows`).
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    pub(super) unsafe fn f16_rows_avx512(src: &[f16], ld: usize, width: usize, dst: &mut [f32]) {
+        for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+            // SAFETY: the caller's promises.
+            unsafe { f16_to_f32_avx512(&src[r * ld..][..width], d) };
+        }
+    }
+
+    /// [`super::f16_rows_to_f32`] in 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; as [`f16_rows_avx512`] otherwise.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn f16_rows_avx2(src: &[f16], ld: usize, width: usize, dst: &mut [f32]) {
+        for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+            // SAFETY: the caller's promises.
+            unsafe { f16_to_f32_avx2(&src[r * ld..][..width], d) };
+        }
     }
 
     /// # Safety

@@ -83,6 +83,10 @@ pub(super) struct Block<'a> {
     k: usize,
     /// `B` stored `K × N` goes through [`avx512::rows_direct`] ([`direct_kn`]).
     direct: bool,
+    /// `B` stored `K × N`: the sums go on from `acc` (the product of the `K` rows before this
+    /// block's) instead of from zero. Every `K × N` kernel sums in `K` order, one fused
+    /// multiply-add a step, so a product cut along `K` gives the bits of the whole.
+    carry: bool,
 }
 
 /// `acc[i][0..nb] = Σ_p a[i][p] · B[p][j0 + ..]` for `B` stored `K × N`: [`avx::rows_panels`]
@@ -120,6 +124,11 @@ fn rows_tail(p: &Block, j0: usize, full: usize, nb: usize, acc: &mut [f32]) {
     if full < nb {
         let (m, w) = (p.m, nb - full);
         let mut rest = [0.0f32; super::matmul::PANELS_KN_M * STRIP];
+        if p.carry {
+            for (i, r) in rest[..m * w].chunks_exact_mut(w).enumerate() {
+                r.copy_from_slice(&acc[i * nb + full..][..w]);
+            }
+        }
         rows_plain::<true>(p, j0 + full, w, &mut rest[..m * w]);
         for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
             acc[i * nb + full..][..w].copy_from_slice(r);
@@ -146,7 +155,9 @@ pub(super) fn pairwise_sum<const L: usize>(mut v: [f32; L]) -> f32 {
 #[inline(always)]
 fn rows_plain<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
     let (a, b, lda, ldb, m, k) = (p.a, p.b, p.lda, p.ldb, p.m, p.k);
-    acc[..m * nb].fill(0.0);
+    if !p.carry {
+        acc[..m * nb].fill(0.0);
+    }
     let mut q = 0;
     while q + 4 <= k {
         let b0 = &b[q * ldb + j0..][..nb];
@@ -425,7 +436,9 @@ mod avx {
         let (panel_k, panel_n) = if WIDE { WIDE_PANEL } else { (PANEL_K, PANEL_N) };
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
-        acc.fill(0.0);
+        if !p.carry {
+            acc.fill(0.0);
+        }
         // A's rows, packed for the AVX2 tiles (the AVX-512 tiles read them in place).
         let mut apk = Vec::new();
         if !WIDE {
@@ -870,7 +883,9 @@ pub(super) mod avx512 {
         let kbmax = direct_kb(m, p.ldb);
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
-        acc.fill(0.0);
+        if !p.carry {
+            acc.fill(0.0);
+        }
         // Equal groups of at most 16 rows (17 rows: 9 + 8, not 16 + 1).
         let rows = m.div_ceil(m.div_ceil(DIRECT_ROWS));
         // The pass's columns of A, group after group, each step's `r` values side by side (at
@@ -1755,13 +1770,11 @@ impl MatmulOperands<'_> {
         let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
         let ldb = if by_rows { g.b_rs } else { g.b_cs };
-        if self.b_half.is_some() && by_rows {
-            return Err(super::internal("a half-precision B reached the skinny product stored K × N".into()));
-        }
         let apack =
             if by_rows || nk_dot(isa, m) || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
         let b = if self.b_half.is_some() { &[][..] } else { &self.b[g.b0..] };
-        let block = Block { a: &a, lda, apack: &apack, b, ldb, m, k, direct: by_rows && direct_kn(isa, m) };
+        let block =
+            Block { a: &a, lda, apack: &apack, b, ldb, m, k, direct: by_rows && direct_kn(isa, m), carry: false };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
         // runs of each row of B for the prefetchers), in the fewest equal blocks that are a
         // multiple of the thread count (two per thread where one would do made the runs half
@@ -1788,11 +1801,29 @@ impl MatmulOperands<'_> {
                 }
                 let acc = &mut buf[..m * nb];
                 // A half-precision B is widened chunk by chunk as the tiles reach it
-                // (`cols_dot_half`, `cols_block_half`): read once, at 2 bytes an element. Widened
-                // whole before the product it was read at 2 bytes, written at 4 and read again at
-                // 4; into a new buffer each call, 4096 × 4096 in f16 took 32–40 ms at M = 1,
-                // most of it the first touch of 64 MB of new pages.
+                // (`cols_dot_half`, `cols_block_half`; stored K × N, a group of the block's rows
+                // at a time below): read once, at 2 bytes an element. Widened whole before the
+                // product it was read at 2 bytes, written at 4 and read again at 4; into a new
+                // buffer each call, 4096 × 4096 in f16 took 32–40 ms at M = 1, most of it the
+                // first touch of 64 MB of new pages.
                 match &self.b_half {
+                    // Stored K × N: the block's columns of `HALF_KN_FLOATS / nb` rows at a time
+                    // (long runs of each row), the sums carried from one group of rows to the next.
+                    Some(h) if by_rows => HALF_KN_BUF.with_borrow_mut(|wide| {
+                        let kc = (HALF_KN_FLOATS / nb / HALF_KN_STEP * HALF_KN_STEP).max(HALF_KN_STEP);
+                        if wide.len() < kc * nb {
+                            wide.resize(kc * nb, 0.0);
+                        }
+                        for q0 in (0..k).step_by(kc) {
+                            let kb = kc.min(k - q0);
+                            let wide = &mut wide[..kb * nb];
+                            h.widen_rows(g.b0 + q0 * ldb + j0, ldb, nb, wide);
+                            let wide: &[f32] = wide;
+                            let a = &block.a[q0..];
+                            let rows = Block { a, b: wide, ldb: nb, k: kb, carry: q0 > 0, ..block };
+                            skinny_block(isa, &rows, true, 0, nb, acc);
+                        }
+                    }),
                     // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where
                     // the CPU reported AVX-512F and F16C.
                     #[cfg(target_arch = "x86_64")]
@@ -1810,6 +1841,26 @@ impl MatmulOperands<'_> {
         run_tasks(blocks, may_split && m * n * k >= PARALLEL_MIN, row_step, dst, &run);
         Ok(())
     }
+}
+
+/// The most f32 of a half-precision `B` stored `K × N` widened at a time in the skinny product
+/// (256 KiB): a group of a column block's rows, a multiple of [`HALF_KN_STEP`] of them (at least
+/// one), whose sums the next group carries on. Against the whole of `B` widened first (into a
+/// new buffer: 180 MB at 4096 × 11008), in f16 (2 threads, the 2-core AVX-512 Xeon, separate
+/// processes alternated twice): 1 × 4096 × 4096 1.6–1.8 ms against 3.6–5.0, 1 × 11008 × 4096
+/// 4.4–4.8 against 27–34, 1 × 4096 × 11008 4.4–5.0 against 30–40, 16 × 4096 × 4096 4.0–4.8
+/// against 5.4–6.7, 16 × 4096 × 11008 10.5–12.6 against 29–44. 1 MiB was level with 256 KiB.
+/// Blocks of all of `K` and as few columns as fit were slower at `K` = 11008 than `B` widened
+/// whole (16 columns: 128 scattered bytes from each row of `B`).
+const HALF_KN_FLOATS: usize = 1 << 16;
+
+/// Rows of `B` per widening of a half-precision `B` stored `K × N` come in multiples of this:
+/// the direct kernel's passes.
+const HALF_KN_STEP: usize = 32;
+
+thread_local! {
+    /// This thread's widened column block of a half-precision `B` stored `K × N`.
+    static HALF_KN_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The most strips per widening of a half-precision weight packed in strips: four, the
@@ -1878,7 +1929,17 @@ impl MatmulOperands<'_> {
             let (r, nb) = (rows.min(m - i0), nb_max.min(n - j0));
             // The last block's last strip is zero-padded: its accumulators are 16 wide.
             let ldc = nb.next_multiple_of(STRIP);
-            let block = Block { a: &a[i0 * lda..], lda, apack: &[], b: &self.b, ldb: STRIP, m: r, k, direct: false };
+            let block = Block {
+                a: &a[i0 * lda..],
+                lda,
+                apack: &[],
+                b: &self.b,
+                ldb: STRIP,
+                m: r,
+                k,
+                direct: false,
+                carry: false,
+            };
             ACC_BUF.with_borrow_mut(|buf| {
                 if buf.len() < r * ldc {
                     buf.resize(r * ldc, 0.0);

@@ -145,8 +145,8 @@ pub(super) struct MatmulOperands<'d> {
     pub(super) a: F32s<'d>,
     /// `B` as f32 (empty where `b_half` holds it).
     pub(super) b: F32s<'d>,
-    /// `B` in half precision, stored `N × K` for a skinny product (M ≤ [`SKINNY_M`]) or packed
-    /// in strips, which the product widens a chunk at a time.
+    /// `B` in half precision for a skinny product (M ≤ [`SKINNY_M`], either layout) or packed in
+    /// strips, which the product widens a chunk at a time.
     pub(super) b_half: Option<Halves<'d>>,
     /// The `N` bias values.
     pub(super) bias: Option<&'d [f32]>,

@@ -111,10 +111,9 @@ fn check_matmul_with(
     want: &[f64],
     out_len: usize,
 ) {
-    // Where the product is skinny with B stored N × K, or B is packed in strips, also with B
-    // in f16 and bf16 (the integers are exact in both), which the product widens chunk by chunk.
-    let skinny_nk = desc.trans_b && desc.b.ld > 1 && desc.m <= SKINNY_M;
-    let halves = ((strips || skinny_nk) && desc.k > 0).then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
+    // Where the product is skinny, or B is packed in strips, also with B in f16 and bf16 (the
+    // integers are exact in both), which the product widens chunk by chunk.
+    let halves = ((strips || desc.m <= SKINNY_M) && desc.k > 0).then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
     let mut sources = vec![None];
     if let Some((h, bh)) = &halves {
         sources.extend([Some(Halves::F16(h)), Some(Halves::Bf16(bh))]);
@@ -199,15 +198,23 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
     d
 }
 
-/// A skinny product with `B` in f16 or bf16, stored `N × K`, or any product with `B` packed
-/// in strips in f16 or bf16 (widened a chunk at a time), gives the bits of the same product
-/// with `B` widened whole first, on data whose sums round, in every instruction set: M across
-/// the row groups, K across the 16-lane steps and the 256- and 1024-element chunks, N across
-/// the 6-row tiles, the column blocks and the groups of strips (fewer than four at K = 5000),
-/// `B` `N × K` with a padded
-/// leading dimension and offset.
+/// A skinny product with `B` in f16 or bf16, stored `N × K` or `K × N`, or any product with `B`
+/// packed in strips in f16 or bf16 (widened a chunk at a time), gives the bits of the same
+/// product with `B` widened whole first, on data whose sums round, in every instruction set: M
+/// across the row groups, K across the 16-lane steps and the 256- and 1024-element chunks, N
+/// across the 6-row tiles, the column blocks and the groups of strips (fewer than four at K =
+/// 5000), `B` with a padded leading dimension and offset. Stored `K × N`, K across the groups
+/// of rows widened at a time (32 rows of a block of 2048 or more columns; the sums carried
+/// from group to group), N leaving a tail of 4 columns, M through the row-streaming kernel (1,
+/// 2), the direct kernel's tiles (3–16) and, with it left out, the panels (14–16).
 #[test]
 fn half_b_products_match_b_widened_first() {
+    half_b_cases();
+    super::gemv::without_direct(half_b_cases);
+}
+
+/// [`half_b_products_match_b_widened_first`]'s cases, in every instruction set.
+fn half_b_cases() {
     in_each_isa(|isa| {
         let mut rng = Rng(77);
         let mut float = || (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
@@ -224,15 +231,19 @@ fn half_b_products_match_b_widened_first() {
             (20, 100, 70),
             (1, 80, 5000),
         ];
-        for ((m, n, k), strips) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        // (shape, B packed in strips, B stored N × K)
+        let kn_shapes = [(1, 4100, 100), (2, 4100, 70), (3, 2100, 97), (9, 4100, 65), (15, 4100, 40), (16, 2050, 99)];
+        let cases = shapes.into_iter().flat_map(|s| [(s, false, true), (s, true, true)]);
+        for ((m, n, k), strips, nk) in cases.chain(kn_shapes.into_iter().map(|s| (s, false, false))) {
             if !strips && m > SKINNY_M {
                 continue;
             }
             let mut d = MatmulDesc::new(m, n, k);
-            d.trans_b = true;
-            d.b = MatrixView::new(3, k + 5, n * (k + 5));
+            d.trans_b = nk;
+            let (rows, cols) = if nk { (n, k) } else { (k, n) };
+            d.b = MatrixView::new(3, cols + 5, rows * (cols + 5));
             let a: Vec<f32> = (0..m * k).map(|_| float()).collect();
-            let len = if strips { n.div_ceil(16) * k * 16 } else { 3 + n * (k + 5) };
+            let len = if strips { n.div_ceil(16) * k * 16 } else { 3 + rows * (cols + 5) };
             let b: Vec<f32> = (0..len).map(|_| float()).collect();
             let (h, bh) = (store(&b, f16::ZERO), store(&b, bf16::ZERO));
             for half in [Halves::F16(&h), Halves::Bf16(&bh)] {
@@ -253,7 +264,7 @@ fn half_b_products_match_b_widened_first() {
                 };
                 let (got, want) = (run(Some(half)), run(None));
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let case = format!("{isa:?} {m}x{n}x{k} strips {strips} word {i}");
+                    let case = format!("{isa:?} {m}x{n}x{k} strips {strips} N x K {nk} word {i}");
                     assert_eq!(g.to_bits(), w.to_bits(), "{case}: {g} against {w}");
                 }
             }
