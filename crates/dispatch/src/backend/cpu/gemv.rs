@@ -878,11 +878,93 @@ pub(super) mod avx512 {
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn rows_direct(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
-        let (m, k) = (p.m, p.k);
-        assert!(DIRECT_M.contains(&m), "{m} rows outside the direct kernel's range");
-        let kbmax = direct_kb(m, p.ldb);
         let full = nb - nb % STRIP;
-        let acc = &mut acc[..m * nb];
+        // SAFETY: the caller promises AVX-512F.
+        unsafe { direct_strips(p, p.b, j0, full, nb, acc) };
+        super::rows_tail(p, j0, full, nb, acc);
+    }
+
+    /// [`rows_direct`] on a half-precision `B` (its first element at `b0`), converted as the
+    /// tiles load it (16 lanes a load: F16C's `vcvtph2ps`, or bf16's bits shifted up 16, as
+    /// [`super::super::convert`] widens them): `B` is read once, at 2 bytes an element, with
+    /// nothing written. Any number of rows up to 32 (one and two as well: tiles of four strips).
+    /// Only the first `full` columns (whole strips); `acc`'s rows are `ldc` apart.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn rows_direct_half(
+        p: &Block,
+        h: &Halves,
+        b0: usize,
+        j0: usize,
+        full: usize,
+        ldc: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller promises AVX-512F and F16C.
+        unsafe {
+            match h {
+                Halves::F16(v) => direct_strips(p, &v[b0..], j0, full, ldc, acc),
+                Halves::Bf16(v) => direct_strips(p, &v[b0..], j0, full, ldc, acc),
+            }
+        }
+    }
+
+    /// A row of `B` as the direct kernel's tiles load it: 16 consecutive elements as f32.
+    pub(super) trait Lanes16: Copy {
+        /// # Safety
+        /// The CPU has AVX-512F and F16C; `p` covers 16 elements.
+        unsafe fn load16(p: *const Self) -> __m512;
+    }
+
+    impl Lanes16 for f32 {
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            // SAFETY: the caller's promises.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+    }
+
+    impl Lanes16 for half::f16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const half::f16) -> __m512 {
+            // SAFETY: the caller's promises (16 halves are 32 bytes).
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+    }
+
+    impl Lanes16 for half::bf16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const half::bf16) -> __m512 {
+            // The bits shifted up 16. A signalling NaN is not quieted here, as the widening does:
+            // the multiply-add that takes it quiets it, so the sums are the same.
+            // SAFETY: the caller's promises (16 halves are 32 bytes).
+            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
+        }
+    }
+
+    /// [`rows_direct`]'s passes over the first `full` columns (whole strips) of `b` (`B` from
+    /// this batch's first element, rows `p.ldb` apart), into `acc` (rows `ldc` apart). Up to 8
+    /// rows the tiles take several strips side by side (four for one or two rows, two for 3–8),
+    /// so that a tile has at least four independent chains of multiply-adds: one strip's `r`
+    /// sums are `r` chains, one step each per 4-cycle latency. Separate processes alternated
+    /// twice (2 threads, 2-core AVX-512 Xeon, `B` 4096 × 4096 f32): 3 rows 1.43–1.48
+    /// ms against 1.83–1.88, 4 rows 1.57–1.62 against 1.68–1.77, 8 rows 1.71 against 2.03–2.6;
+    /// with `B` in f16 ([`rows_direct_half`]), 1 row 0.71–0.77 against 1.13–1.15, 2 rows
+    /// 0.79–0.83 against 1.27–1.57, 4 rows 0.96 against 1.46–1.49, 1 × 11008 × 4096 1.75–1.80
+    /// against 2.25–2.32. (In f32 one and two rows take the row-streaming kernel, already at
+    /// the copy roof.)
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, and F16C for a half-precision `b`.
+    #[inline(always)]
+    unsafe fn direct_strips<T: Lanes16>(p: &Block, b: &[T], j0: usize, full: usize, ldc: usize, acc: &mut [f32]) {
+        let (m, k) = (p.m, p.k);
+        assert!((1..=*DIRECT_M.end()).contains(&m), "{m} rows outside the direct kernel's range");
+        assert!(full.is_multiple_of(STRIP) && full <= ldc, "direct kernel's columns past its sums");
+        let kbmax = direct_kb(m, p.ldb);
+        let acc = &mut acc[..m * ldc];
         if !p.carry {
             acc.fill(0.0);
         }
@@ -903,48 +985,77 @@ pub(super) mod avx512 {
                 }
                 g0 += r;
             }
-            for s in (0..full).step_by(STRIP) {
-                let b = &p.b[q0 * p.ldb + j0 + s..];
+            // One or two rows: four strips a tile, four chains of multiply-adds.
+            let ww = if m <= 2 { 4 } else { 2 };
+            let wide = if m <= 8 { full - full % (ww * STRIP) } else { 0 };
+            for s in (0..wide).step_by(ww * STRIP) {
+                let b = &b[q0 * p.ldb + j0 + s..];
+                let c = &mut acc[s..];
+                // SAFETY: the caller promises AVX-512F (and F16C for halves); `direct_tile`
+                // asserts its bounds.
+                unsafe {
+                    let a = &at[..m * kb];
+                    match m {
+                        1 => direct_tile::<1, 4, T>(a, b, p.ldb, kb, c, ldc),
+                        2 => direct_tile::<2, 4, T>(a, b, p.ldb, kb, c, ldc),
+                        3 => direct_tile::<3, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        4 => direct_tile::<4, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        5 => direct_tile::<5, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        6 => direct_tile::<6, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        7 => direct_tile::<7, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        _ => direct_tile::<8, 2, T>(a, b, p.ldb, kb, c, ldc),
+                    }
+                };
+            }
+            for s in (wide..full).step_by(STRIP) {
+                let b = &b[q0 * p.ldb + j0 + s..];
                 let mut g0 = 0;
                 while g0 < m {
                     let r = rows.min(m - g0);
                     let a = &at[g0 * kb..][..kb * r];
-                    let c = &mut acc[g0 * nb + s..];
-                    // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
-                    unsafe { direct_tile_any(r, a, b, p.ldb, kb, c, nb) };
+                    let c = &mut acc[g0 * ldc + s..];
+                    // SAFETY: the caller promises AVX-512F (and F16C for halves); `direct_tile`
+                    // asserts its bounds.
+                    unsafe { direct_tile_any(r, a, b, p.ldb, kb, c, ldc) };
                     g0 += r;
                 }
             }
         }
-        super::rows_tail(p, j0, full, nb, acc);
     }
 
     /// [`direct_tile`] for `r` rows (1..=[`DIRECT_ROWS`]).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn direct_tile_any(r: usize, a: &[f32], b: &[f32], ldb: usize, kb: usize, c: &mut [f32], ldc: usize) {
+    #[inline(always)]
+    unsafe fn direct_tile_any<T: Lanes16>(
+        r: usize,
+        a: &[f32],
+        b: &[T],
+        ldb: usize,
+        kb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
         // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
         unsafe {
             match r {
-                16 => direct_tile::<16>(a, b, ldb, kb, c, ldc),
-                15 => direct_tile::<15>(a, b, ldb, kb, c, ldc),
-                14 => direct_tile::<14>(a, b, ldb, kb, c, ldc),
-                13 => direct_tile::<13>(a, b, ldb, kb, c, ldc),
-                12 => direct_tile::<12>(a, b, ldb, kb, c, ldc),
-                11 => direct_tile::<11>(a, b, ldb, kb, c, ldc),
-                10 => direct_tile::<10>(a, b, ldb, kb, c, ldc),
-                9 => direct_tile::<9>(a, b, ldb, kb, c, ldc),
-                8 => direct_tile::<8>(a, b, ldb, kb, c, ldc),
-                7 => direct_tile::<7>(a, b, ldb, kb, c, ldc),
-                6 => direct_tile::<6>(a, b, ldb, kb, c, ldc),
-                5 => direct_tile::<5>(a, b, ldb, kb, c, ldc),
-                4 => direct_tile::<4>(a, b, ldb, kb, c, ldc),
-                3 => direct_tile::<3>(a, b, ldb, kb, c, ldc),
-                2 => direct_tile::<2>(a, b, ldb, kb, c, ldc),
-                _ => direct_tile::<1>(a, b, ldb, kb, c, ldc),
+                16 => direct_tile::<16, 1, T>(a, b, ldb, kb, c, ldc),
+                15 => direct_tile::<15, 1, T>(a, b, ldb, kb, c, ldc),
+                14 => direct_tile::<14, 1, T>(a, b, ldb, kb, c, ldc),
+                13 => direct_tile::<13, 1, T>(a, b, ldb, kb, c, ldc),
+                12 => direct_tile::<12, 1, T>(a, b, ldb, kb, c, ldc),
+                11 => direct_tile::<11, 1, T>(a, b, ldb, kb, c, ldc),
+                10 => direct_tile::<10, 1, T>(a, b, ldb, kb, c, ldc),
+                9 => direct_tile::<9, 1, T>(a, b, ldb, kb, c, ldc),
+                8 => direct_tile::<8, 1, T>(a, b, ldb, kb, c, ldc),
+                7 => direct_tile::<7, 1, T>(a, b, ldb, kb, c, ldc),
+                6 => direct_tile::<6, 1, T>(a, b, ldb, kb, c, ldc),
+                5 => direct_tile::<5, 1, T>(a, b, ldb, kb, c, ldc),
+                4 => direct_tile::<4, 1, T>(a, b, ldb, kb, c, ldc),
+                3 => direct_tile::<3, 1, T>(a, b, ldb, kb, c, ldc),
+                2 => direct_tile::<2, 1, T>(a, b, ldb, kb, c, ldc),
+                _ => direct_tile::<1, 1, T>(a, b, ldb, kb, c, ldc),
             }
         }
     }
@@ -955,11 +1066,20 @@ pub(super) mod avx512 {
     ///
     /// # Safety
     /// The CPU has AVX-512F.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn direct_tile<const R: usize>(a: &[f32], b: &[f32], ldb: usize, kb: usize, c: &mut [f32], ldc: usize) {
+    #[inline(always)]
+    unsafe fn direct_tile<const R: usize, const W: usize, T: Lanes16>(
+        a: &[f32],
+        b: &[T],
+        ldb: usize,
+        kb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
         assert!(
-            kb > 0 && kb * R <= a.len() && (kb - 1) * ldb + STRIP <= b.len() && (R - 1) * ldc + STRIP <= c.len(),
+            kb > 0
+                && kb * R <= a.len()
+                && (kb - 1) * ldb + W * STRIP <= b.len()
+                && (R - 1) * ldc + W * STRIP <= c.len(),
             "register tile past its operands"
         );
         // SAFETY (every intrinsic and pointer offset below): the caller promises AVX-512F; the
@@ -968,19 +1088,32 @@ pub(super) mod avx512 {
         // prefetched, which never faults.
         unsafe {
             let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-            let mut sum = [_mm512_setzero_ps(); R];
+            let mut sum = [[_mm512_setzero_ps(); W]; R];
             for (i, v) in sum.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(cp.add(i * ldc));
+                for (w, v) in v.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(cp.add(i * ldc + w * STRIP));
+                }
             }
             for q in 0..kb {
-                let bv = _mm512_loadu_ps(bp.add(q * ldb));
-                _mm_prefetch::<_MM_HINT_T1>(bp.wrapping_add(q * ldb + DIRECT_AHEAD * STRIP) as *const i8);
+                let mut bv = [_mm512_setzero_ps(); W];
+                for (w, v) in bv.iter_mut().enumerate() {
+                    *v = T::load16(bp.add(q * ldb + w * STRIP));
+                }
+                let line = bp.wrapping_add(q * ldb) as *const i8;
+                for w in 0..(W * STRIP * size_of::<T>()).div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(DIRECT_AHEAD * 64 + w * 64));
+                }
                 for (i, v) in sum.iter_mut().enumerate() {
-                    *v = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(q * R + i)), bv, *v);
+                    let av = _mm512_set1_ps(*ap.add(q * R + i));
+                    for (w, v) in v.iter_mut().enumerate() {
+                        *v = _mm512_fmadd_ps(av, bv[w], *v);
+                    }
                 }
             }
             for (i, v) in sum.iter().enumerate() {
-                _mm512_storeu_ps(cp.add(i * ldc), *v);
+                for (w, v) in v.iter().enumerate() {
+                    _mm512_storeu_ps(cp.add(i * ldc + w * STRIP), *v);
+                }
             }
         }
     }
@@ -1698,6 +1831,16 @@ fn direct_kn(isa: Isa, m: usize) -> bool {
     }
 }
 
+/// Whether a half-precision `B` stored `K × N` takes [`avx512::rows_direct_half`] in `isa`
+/// (AVX-512, any skinny `M`).
+fn direct_half(isa: Isa) -> bool {
+    #[cfg(test)]
+    if NO_DIRECT.get() {
+        return false;
+    }
+    cfg!(target_arch = "x86_64") && isa == Isa::Avx512
+}
+
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
 /// (on AVX-512 the direct kernel where [`Block::direct`], else from 14 rows the panels with
 /// AVX-512 register tiles), [`cols_block`] for `N × K`, or on AVX-512 its dot products
@@ -1807,23 +1950,7 @@ impl MatmulOperands<'_> {
                 // buffer each call, 4096 × 4096 in f16 took 32–40 ms at M = 1, most of it the
                 // first touch of 64 MB of new pages.
                 match &self.b_half {
-                    // Stored K × N: the block's columns of `HALF_KN_FLOATS / nb` rows at a time
-                    // (long runs of each row), the sums carried from one group of rows to the next.
-                    Some(h) if by_rows => HALF_KN_BUF.with_borrow_mut(|wide| {
-                        let kc = (HALF_KN_FLOATS / nb / HALF_KN_STEP * HALF_KN_STEP).max(HALF_KN_STEP);
-                        if wide.len() < kc * nb {
-                            wide.resize(kc * nb, 0.0);
-                        }
-                        for q0 in (0..k).step_by(kc) {
-                            let kb = kc.min(k - q0);
-                            let wide = &mut wide[..kb * nb];
-                            h.widen_rows(g.b0 + q0 * ldb + j0, ldb, nb, wide);
-                            let wide: &[f32] = wide;
-                            let a = &block.a[q0..];
-                            let rows = Block { a, b: wide, ldb: nb, k: kb, carry: q0 > 0, ..block };
-                            skinny_block(isa, &rows, true, 0, nb, acc);
-                        }
-                    }),
+                    Some(h) if by_rows => half_kn(isa, &block, h, g.b0, j0, nb, acc),
                     // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where
                     // the CPU reported AVX-512F and F16C.
                     #[cfg(target_arch = "x86_64")]
@@ -1841,6 +1968,55 @@ impl MatmulOperands<'_> {
         run_tasks(blocks, may_split && m * n * k >= PARALLEL_MIN, row_step, dst, &run);
         Ok(())
     }
+}
+
+/// `acc = A · B[.., j0..j0 + nb]` for a half-precision `B` stored `K × N` (its first element at
+/// `b0`): on AVX-512 the direct kernel converting `B` as it loads it
+/// ([`avx512::rows_direct_half`]), for whole strips; elsewhere, and for the last `nb mod 16`
+/// columns, [`half_kn_groups`]. On AVX-512, against [`half_kn_groups`] (f16, 2 threads,
+/// separate processes alternated twice): 1 × 4096 × 4096 0.71–0.77 ms against 1.6–1.8, 16 ×
+/// 4096 × 4096 3.0 against 4.2, 4 × 4096 × 4096 0.96 against 2.7, 16 × 4096 × 11008 8.0
+/// against 11.3–11.9.
+fn half_kn(isa: Isa, p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    let full = if direct_half(isa) { nb - nb % STRIP } else { 0 };
+    if full == 0 {
+        return half_kn_groups(isa, p, h, b0, j0, nb, acc);
+    }
+    // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        avx512::rows_direct_half(p, h, b0, j0, full, nb, acc)
+    };
+    if full < nb {
+        let (m, w) = (p.m, nb - full);
+        let mut rest = [0.0f32; super::matmul::SKINNY_M * STRIP];
+        half_kn_groups(isa, p, h, b0, j0 + full, w, &mut rest[..m * w]);
+        for (i, r) in rest[..m * w].chunks_exact(w).enumerate() {
+            acc[i * nb + full..][..w].copy_from_slice(r);
+        }
+    }
+}
+
+/// `acc = A · B[.., j0..j0 + nb]` for a half-precision `B` stored `K × N` (its first element at
+/// `b0`), by groups of rows: each group's columns widened into a per-thread buffer
+/// ([`HALF_KN_FLOATS`]), then the `K × N` kernel of `isa` on them, the sums carried from one
+/// group to the next ([`Block::carry`]).
+fn half_kn_groups(isa: Isa, p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    let k = p.k;
+    let kc = (HALF_KN_FLOATS / nb / HALF_KN_STEP * HALF_KN_STEP).max(HALF_KN_STEP);
+    HALF_KN_BUF.with_borrow_mut(|wide| {
+        if wide.len() < kc * nb {
+            wide.resize(kc * nb, 0.0);
+        }
+        for q0 in (0..k).step_by(kc) {
+            let kb = kc.min(k - q0);
+            let wide = &mut wide[..kb * nb];
+            h.widen_rows(b0 + q0 * p.ldb + j0, p.ldb, nb, wide);
+            let wide: &[f32] = wide;
+            let rows = Block { a: &p.a[q0..], b: wide, ldb: nb, k: kb, carry: q0 > 0, ..*p };
+            skinny_block(isa, &rows, true, 0, nb, acc);
+        }
+    });
 }
 
 /// The most f32 of a half-precision `B` stored `K × N` widened at a time in the skinny product

@@ -203,10 +203,12 @@ fn matmul_desc(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, varia
 /// product with `B` widened whole first, on data whose sums round, in every instruction set: M
 /// across the row groups, K across the 16-lane steps and the 256- and 1024-element chunks, N
 /// across the 6-row tiles, the column blocks and the groups of strips (fewer than four at K =
-/// 5000), `B` with a padded leading dimension and offset. Stored `K × N`, K across the groups
-/// of rows widened at a time (32 rows of a block of 2048 or more columns; the sums carried
-/// from group to group), N leaving a tail of 4 columns, M through the row-streaming kernel (1,
-/// 2), the direct kernel's tiles (3–16) and, with it left out, the panels (14–16).
+/// 5000), `B` with a padded leading dimension and offset. Stored `K × N`: on AVX-512 the direct
+/// kernel converting `B` as it loads it (tiles of four strips at 1–2 rows, two at 3–8, one
+/// beyond, with strips left over); elsewhere, and on AVX-512 with the direct kernel left out,
+/// the groups of rows widened at a time, K across them (32 rows of a block of 2048 or more
+/// columns; the sums carried from group to group) through the row-streaming kernel and the
+/// panels (14–16 rows); N leaving a tail of 4 columns.
 #[test]
 fn half_b_products_match_b_widened_first() {
     half_b_cases();
@@ -375,13 +377,23 @@ fn mid_m_panels_are_exact() {
 
 /// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
 /// passes (up to 16 rows, or rows of `B` over 6144 elements apart) and 64-row passes (17–32
-/// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15), widths leaving 1–15
-/// columns to the row-streaming kernel; from 17 rows `B` has 2^20 elements (smaller ones go to
-/// `gemm`). In every instruction set.
+/// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
+/// tiles of two strips (3–8 rows) with an odd strip left and none, widths leaving 1–15 columns
+/// to the row-streaming kernel; from 17 rows `B` has 2^20 elements (smaller ones go to `gemm`).
+/// In every instruction set.
 #[test]
 fn direct_kn_is_exact() {
     in_each_isa(|_| {
-        let shapes = [(3, 40, 97), (13, 33, 64), (14, 47, 129), (16, 6150, 70), (24, 1025, 1100), (31, 1040, 1030)];
+        let shapes = [
+            (3, 40, 97),
+            (5, 70, 65),
+            (8, 83, 40),
+            (13, 33, 64),
+            (14, 47, 129),
+            (16, 6150, 70),
+            (24, 1025, 1100),
+            (31, 1040, 1030),
+        ];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(&matmul_desc(m, n, k, m % 2 == 1, false, i), 1800 + i as u64);
         }
