@@ -786,11 +786,41 @@ pub(super) mod avx512 {
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn strips(p: &Block, s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
+        // SAFETY: the caller promises AVX-512F.
+        unsafe { strips_of(p, p.b, s0, ns, acc, ldc) }
+    }
+
+    /// [`strips`] on a half-precision weight, converted as the tiles load it (as
+    /// [`rows_direct_half`]): read once, at 2 bytes an element, with nothing written. Against
+    /// the strips widened into a per-thread buffer first ([`super::HALF_STRIPS`]; f16, 2
+    /// threads, separate processes alternated twice): 1 × 4096 × 4096 0.59–0.65 ms against
+    /// 1.80 (f32: 1.21–1.28), 1 × 4096 × 11008 1.6–1.75 against 4.9–5.0 (f32: 3.6–3.8), 16 ×
+    /// 4096 × 11008 5.9–6.1 against 9.5–10.3 (f32: 6.5–8.0).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn strips_half(p: &Block, h: &Halves, s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
+        // SAFETY: the caller promises AVX-512F and F16C.
+        unsafe {
+            match h {
+                Halves::F16(v) => strips_of(p, v, s0, ns, acc, ldc),
+                Halves::Bf16(v) => strips_of(p, v, s0, ns, acc, ldc),
+            }
+        }
+    }
+
+    /// [`strips`] on the weight `b` (f32 or half precision).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, and F16C for a half-precision `b`.
+    #[inline(always)]
+    unsafe fn strips_of<T: Lanes16>(p: &Block, b: &[T], s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
         let (m, k) = (p.m, p.k);
         let mut s = 0;
         while s < ns {
             let width = 2.min(ns - s);
-            let strips = &p.b[(s0 + s) * k * STRIP..][..width * k * STRIP];
+            let strips = &b[(s0 + s) * k * STRIP..][..width * k * STRIP];
             for q0 in (0..k).step_by(STRIP_KC) {
                 let kb = STRIP_KC.min(k - q0);
                 let mut g0 = 0;
@@ -1491,12 +1521,12 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile_any(
+    pub(super) unsafe fn tile_any<T: Lanes16>(
         r: usize,
         w: usize,
         a: &[f32],
         lda: usize,
-        strips: &[f32],
+        strips: &[T],
         k: usize,
         q0: usize,
         kb: usize,
@@ -1507,22 +1537,22 @@ pub(super) mod avx512 {
         // SAFETY: the caller promises AVX-512F; `tile` asserts its bounds.
         unsafe {
             match (r, w == 2) {
-                (8, true) => tile::<8, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (7, true) => tile::<7, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (6, true) => tile::<6, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (5, true) => tile::<5, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (4, true) => tile::<4, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (3, true) => tile::<3, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (2, true) => tile::<2, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (_, true) => tile::<1, 2>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (8, false) => tile::<8, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (7, false) => tile::<7, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (6, false) => tile::<6, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (5, false) => tile::<5, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (4, false) => tile::<4, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (3, false) => tile::<3, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (2, false) => tile::<2, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (_, false) => tile::<1, 1>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (8, true) => tile::<8, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (7, true) => tile::<7, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (6, true) => tile::<6, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (5, true) => tile::<5, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (4, true) => tile::<4, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (3, true) => tile::<3, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (2, true) => tile::<2, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (_, true) => tile::<1, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (8, false) => tile::<8, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (7, false) => tile::<7, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (6, false) => tile::<6, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (5, false) => tile::<5, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (4, false) => tile::<4, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (3, false) => tile::<3, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (2, false) => tile::<2, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                (_, false) => tile::<1, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
             }
         }
     }
@@ -1546,10 +1576,10 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const W: usize>(
+    unsafe fn tile<const R: usize, const W: usize, T: Lanes16>(
         a: &[f32],
         lda: usize,
-        strips: &[f32],
+        strips: &[T],
         k: usize,
         q0: usize,
         kb: usize,
@@ -1571,7 +1601,7 @@ pub(super) mod avx512 {
         // prefetched, which never faults.
         unsafe {
             let (ap, cp) = (a.as_ptr(), c.as_mut_ptr());
-            let bp: [*const f32; W] = std::array::from_fn(|w| strips.as_ptr().add((w * k + q0) * STRIP));
+            let bp: [*const T; W] = std::array::from_fn(|w| strips.as_ptr().add((w * k + q0) * STRIP));
             let mut sum = [[_mm512_setzero_ps(); W]; R];
             for (i, row) in sum.iter_mut().enumerate() {
                 for (w, v) in row.iter_mut().enumerate() {
@@ -1579,7 +1609,7 @@ pub(super) mod avx512 {
                 }
             }
             for q in 0..kb {
-                let bv: [__m512; W] = std::array::from_fn(|w| _mm512_loadu_ps(bp[w].add(q * STRIP)));
+                let bv: [__m512; W] = std::array::from_fn(|w| T::load16(bp[w].add(q * STRIP)));
                 if prefetch {
                     for b in bp {
                         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((q + STRIP_KC) * STRIP) as *const i8);
@@ -2039,7 +2069,8 @@ thread_local! {
     static HALF_KN_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The most strips per widening of a half-precision weight packed in strips: four, the
+/// The most strips per widening of a half-precision weight packed in strips (without AVX-512,
+/// which converts it as it loads it: [`avx512::strips_half`]): four, the
 /// one-row tile's width, while they fit in [`HALF_STRIP_FLOATS`] (at K = 4096, 1 MiB of f32);
 /// fewer for a longer `K`. One strip of 11008 rows is 704 KiB; four, 2.8 MiB, outgrew L2: at
 /// 1 × 4096 × 11008 in f16 one strip at a time took 5.8–6.6 ms against 9.5–9.7 with four, and
@@ -2124,9 +2155,13 @@ impl MatmulOperands<'_> {
                 acc.fill(0.0);
                 let (s0, ns) = (j0 / STRIP, ldc / STRIP);
                 match &self.b_half {
-                    // A half-precision weight: [`HALF_STRIPS`] strips at a time widened into the
-                    // thread's buffer (consecutive strips are one run of `B`), each group's
-                    // columns computed from there.
+                    // A half-precision weight on AVX-512: converted as the tiles load it.
+                    // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F and F16C.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(h) if isa == Isa::Avx512 => unsafe { avx512::strips_half(&block, h, s0, ns, acc, ldc) },
+                    // Elsewhere [`HALF_STRIPS`] strips at a time widened into the thread's buffer
+                    // (consecutive strips are one run of `B`), each group's columns computed from
+                    // there.
                     Some(h) => HALF_STRIP_BUF.with_borrow_mut(|wide| {
                         let per = (HALF_STRIP_FLOATS / (k * STRIP)).clamp(1, HALF_STRIPS);
                         if wide.len() < per * k * STRIP {
