@@ -365,6 +365,11 @@ impl Conv<'_> {
                 let dst_row = &mut dst[r * ow * occ..][..ow * occ];
                 match E::as_f32_mut(dst_row) {
                     Some(o) => nhwc_row(isa, &p, &mut o[cb0..], occ),
+                    // All the channels: the row is one run (one conversion, not one per pixel).
+                    None if nb == occ => {
+                        nhwc_row(isa, &p, &mut buf[..ow * nb], nb);
+                        E::narrow_into(&buf[..ow * nb], dst_row);
+                    }
                     None => {
                         nhwc_row(isa, &p, &mut buf[..ow * nb], nb);
                         for ox in 0..ow {

@@ -379,8 +379,9 @@ fn mid_m_panels_are_exact() {
 /// passes (up to 16 rows, or rows of `B` over 6144 elements apart) and 64-row passes (17–32
 /// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
 /// tiles of two strips (3–8 rows) with an odd strip left and none, widths leaving 1–15 columns
-/// to the row-streaming kernel; from 17 rows `B` has 2^20 elements (smaller ones go to `gemm`).
-/// In every instruction set.
+/// to the row-streaming kernel, column blocks of 1024 or 2048 (1–3 threads) whose sums go
+/// through rows one strip longer; from 17 rows `B` has 2^20 elements (smaller ones go to
+/// `gemm`). In every instruction set.
 #[test]
 fn direct_kn_is_exact() {
     in_each_isa(|_| {
@@ -388,6 +389,8 @@ fn direct_kn_is_exact() {
             (3, 40, 97),
             (5, 70, 65),
             (8, 83, 40),
+            (5, 4096, 33),
+            (16, 2048, 40),
             (13, 33, 64),
             (14, 47, 129),
             (16, 6150, 70),
