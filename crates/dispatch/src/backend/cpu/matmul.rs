@@ -140,6 +140,11 @@ const SHARED_B: usize = 1 << 20;
 /// Output rows per task of the epilogue after a one-call `gemm`.
 const EPI_ROWS: usize = 16;
 
+/// The most output elements of a half-precision product that [`MatmulOperands::half_out`]
+/// computes into one f32 buffer (64 MiB, the largest the recycle shelf keeps); larger ones go
+/// by panels.
+const HALF_OUT: usize = 1 << 24;
+
 /// A matmul's operands as f32 (borrowed where they are stored in f32).
 pub(super) struct MatmulOperands<'d> {
     pub(super) a: F32s<'d>,
@@ -420,6 +425,18 @@ impl MatmulOperands<'_> {
                 return Ok(());
             }
             let parallel = !small && m * n * k >= PARALLEL_MIN;
+            // A half-precision output, split as an f32 one would be: one panel of rows per
+            // thread where `B` is small enough for each to pack it, else one `gemm` call over
+            // every row into an f32 buffer.
+            if E::as_f32(&[]).is_none() && k > 0 && !small && m * n * k >= SMALL_GEMM {
+                if k * n <= SHARED_B {
+                    let per_thread = m.div_ceil(rayon::current_num_threads().max(1));
+                    return self.panels(isa, desc, g, &epi, true, per_thread, row_step, dst);
+                }
+                if m * n <= HALF_OUT {
+                    return self.half_out(isa, g, &epi, m, n, k, row_step, dst);
+                }
+            }
             self.panels(isa, desc, g, &epi, parallel, panel_rows(m, n, parallel), row_step, dst)
         };
         if desc.batch == 1 {
@@ -436,6 +453,43 @@ impl MatmulOperands<'_> {
                 .enumerate()
                 .try_for_each(|(bt, chunk)| batch_task(bt, &mut chunk[..region]))
         }
+    }
+
+    /// A product with a half-precision output whose `B` is too large to pack once per thread
+    /// (`K · N` over [`SHARED_B`]): one `gemm` call over all the rows, split across threads as
+    /// an f32 output's is, into an f32 buffer; then the epilogue and the rounding to `E`, rows
+    /// at a time in parallel. In panels of L2-sized row blocks (16 rows at N = 4096) each
+    /// single-threaded `gemm` call packed all of `B` again: 128 × 4096 × 4096 in f16 took
+    /// 51–59 ms against f32's 16.5 (2 threads, the 2-core AVX-512 Xeon).
+    #[allow(clippy::too_many_arguments)]
+    fn half_out<E: Elem>(
+        &self,
+        isa: Isa,
+        g: Geometry,
+        epi: &Epilogue,
+        m: usize,
+        n: usize,
+        k: usize,
+        row_step: usize,
+        dst: &mut [E],
+    ) -> Result<()> {
+        let mut acc = scratch(m * n)?;
+        // SAFETY: `acc` is a dense m × n buffer owned here.
+        unsafe { self.gemm_rows(g, 0, m, n, k, acc.as_mut_ptr(), n, gemm::Parallelism::Rayon(0)) };
+        if !epi.is_identity() {
+            for_each_chunk_mut(&mut acc, EPI_ROWS * n, |p, rows| {
+                for (r, row) in rows.chunks_mut(n).enumerate() {
+                    epilogue_rows(isa, epi, p * EPI_ROWS + r, 0, n, row);
+                }
+            });
+        }
+        let acc = &acc[..];
+        for_each_chunk_mut(dst, EPI_ROWS * row_step, |p, rows| {
+            for (r, row) in rows.chunks_mut(row_step).enumerate() {
+                E::narrow_into(&acc[(p * EPI_ROWS + r) * n..][..n], &mut row[..n]);
+            }
+        });
+        Ok(())
     }
 
     /// Row panels of `mr` rows (split across threads when `parallel`): `gemm` then the

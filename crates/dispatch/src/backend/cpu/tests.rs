@@ -375,6 +375,23 @@ fn mid_m_panels_are_exact() {
     });
 }
 
+/// Products past the skinny and mid-sized paths (M over 96) into f16 and bf16 outputs as well
+/// as f32: `B` too large for each thread to pack (`K · N` over 2^20: one `gemm` call into an
+/// f32 buffer, then the epilogue and the rounding in parallel) and small enough (one panel of
+/// rows per thread), both `B` layouts, every epilogue variant, padded views.
+#[test]
+fn large_products_into_half_outputs_are_exact() {
+    for (i, &(m, n, k)) in [(97, 1030, 1030), (130, 1100, 1000), (100, 300, 300)].iter().enumerate() {
+        let variants = if i == 0 { 0..4 } else { 1..3 };
+        for variant in variants {
+            check_matmul(
+                &matmul_desc(m, n, k, false, (i + variant) % 2 == 1, variant),
+                1950 + (4 * i + variant) as u64,
+            );
+        }
+    }
+}
+
 /// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
 /// passes (up to 16 rows, or rows of `B` over 6144 elements apart) and 64-row passes (17–32
 /// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
