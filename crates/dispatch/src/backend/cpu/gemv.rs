@@ -983,10 +983,15 @@ pub(super) mod avx512 {
     }
 
     /// A row of `B` as the direct kernel's tiles load it: 16 consecutive elements as f32.
-    pub(super) trait Lanes16: Copy {
+    pub(in crate::backend::cpu) trait Lanes16: Copy {
         /// # Safety
         /// The CPU has AVX-512F and F16C; `p` covers 16 elements.
         unsafe fn load16(p: *const Self) -> __m512;
+        /// The first `n` (below 16) elements at `p`, the other lanes 0; nothing past them is read.
+        ///
+        /// # Safety
+        /// As [`Self::load16`], with `p` covering `n` elements.
+        unsafe fn load_first(p: *const Self, n: usize) -> __m512;
     }
 
     impl Lanes16 for f32 {
@@ -995,6 +1000,27 @@ pub(super) mod avx512 {
             // SAFETY: the caller's promises.
             unsafe { _mm512_loadu_ps(p) }
         }
+        #[inline(always)]
+        unsafe fn load_first(p: *const f32, n: usize) -> __m512 {
+            // SAFETY: the caller's promises; masked-off lanes are not read.
+            unsafe { _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p) }
+        }
+    }
+
+    /// The first `n` (below 16) halves at `p` in a zero-padded copy, converted as
+    /// [`Lanes16::load16`] converts.
+    ///
+    /// # Safety
+    /// As [`Lanes16::load_first`].
+    #[inline(always)]
+    unsafe fn halves_first<T: Lanes16>(p: *const T, n: usize) -> __m512 {
+        // SAFETY: `p` covers `n` elements (the caller's promise), each 2 bytes like `u16`; the
+        // copy holds 16.
+        unsafe {
+            let mut pad = [0u16; 16];
+            std::ptr::copy_nonoverlapping(p.cast::<u16>(), pad.as_mut_ptr(), n);
+            T::load16(pad.as_ptr().cast())
+        }
     }
 
     impl Lanes16 for half::f16 {
@@ -1002,6 +1028,11 @@ pub(super) mod avx512 {
         unsafe fn load16(p: *const half::f16) -> __m512 {
             // SAFETY: the caller's promises (16 halves are 32 bytes).
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_first(p: *const half::f16, n: usize) -> __m512 {
+            // SAFETY: the caller's promises.
+            unsafe { halves_first(p, n) }
         }
     }
 
@@ -1012,6 +1043,11 @@ pub(super) mod avx512 {
             // the multiply-add that takes it quiets it, so the sums are the same.
             // SAFETY: the caller's promises (16 halves are 32 bytes).
             unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
+        }
+        #[inline(always)]
+        unsafe fn load_first(p: *const half::bf16, n: usize) -> __m512 {
+            // SAFETY: the caller's promises.
+            unsafe { halves_first(p, n) }
         }
     }
 
@@ -1289,6 +1325,8 @@ pub(super) mod avx512 {
     /// 512's time at 16 × 4096 × 4096, 16 × 4096 × 11008, 16 × 11008 × 4096 and 4 × 4096 ×
     /// 11008 (in-process, alternated per round); without it 1024 and 2048 were slower than 512.
     pub(in crate::backend::cpu) const DOT_KC: usize = 256;
+    /// The most rows of `A` for which [`cols_dot_half`] converts `B` in the tiles.
+    const DOT_HALF_FUSED: usize = 2 * DOT_A;
     /// Elements ahead along each row of `B` that the first row group's steps prefetch into L1
     /// (half a chunk: the next chunk's lines arrive while this one is computed). Against none,
     /// 128 took 0.92–0.94 of the time at the three 16-row shapes above; 64, 192 and 256 were
@@ -1344,16 +1382,20 @@ pub(super) mod avx512 {
     }
 
     /// [`cols_dot`] with `B` in half precision (`h`, stored `N × K`, row `j` from `b0 + j ·
-    /// ldb`): each tile's chunk of `B` ([`DOT_B`] rows × [`DOT_KC`]) is widened into an L1
-    /// buffer just before the row groups of `A` meet it, so `B` is read from memory once, at
-    /// 2 bytes an element. The tiles, chunks and sums are [`cols_dot`]'s on the widened
-    /// values: the same bits as the product with `B` widened whole.
+    /// ldb`), read from memory once, at 2 bytes an element: up to [`DOT_HALF_FUSED`] rows of
+    /// `A` (one or two row groups) the tiles convert `B` as they load it ([`Lanes16`]); from
+    /// there, where each of three or four row groups would convert it again, each tile's chunk
+    /// ([`DOT_B`] rows × [`DOT_KC`]) is widened into an L1 buffer just before the row groups
+    /// meet it. Either way the tiles, chunks and sums are [`cols_dot`]'s on the widened values:
+    /// the same bits as the product with `B` widened whole.
     ///
-    /// In f16 (2 threads, the 2-core AVX-512 Xeon, separate processes alternated twice):
-    /// 1 × 4096 × 4096 in 0.82–0.85 ms, 1 × 11008 × 4096 in 2.2–2.4, 1 × 4096 × 11008 in
-    /// 1.8–2.0, 16 × 4096 × 4096 in 2.65–2.69, against 1.53–1.55, 4.1–4.2, 4.2–4.4 and 3.6 with
-    /// each column block's rows widened into a 1 MiB buffer first (f32 `B`: 1.18 ms at 4096²,
-    /// 3.6–3.9 at 11008 × 4096).
+    /// In f16 (2 threads, the 2-core AVX-512 Xeon, separate processes alternated): converted
+    /// as loaded, 1 × 4096 × 4096 in 0.62–0.66 ms, 1 × 11008 × 4096 in 1.67–1.71, 1 × 4096 ×
+    /// 11008 in 1.62–1.65, 4 × 4096 × 4096 in 0.85, against 0.81–0.85, 2.2–3.8, 1.89–1.92 and
+    /// 1.05–1.12 widened chunk by chunk, but 16 × 4096 × 4096 in 2.75 against 2.62–2.64, 16 ×
+    /// 4096 × 11008 7.1–7.2 against 6.7–6.8. The chunks widened took 0.82–0.85 ms at 1 × 4096²
+    /// against 1.53–1.55 with each column block's rows widened into a 1 MiB buffer first (f32
+    /// `B`: 1.18 ms at 4096², 3.6–3.9 at 11008 × 4096).
     ///
     /// # Safety
     /// The CPU has AVX-512F and F16C.
@@ -1370,17 +1412,33 @@ pub(super) mod avx512 {
                 && acc.len() >= m * nb,
             "dot tile past its operands"
         );
-        let mut buf = [0.0f32; DOT_B * DOT_KC];
-        let widen = |jj: usize, c: usize, q0: usize, kl: usize| {
-            for (j, row) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
-                h.widen_range(b0 + (j0 + jj + j) * ldb + q0, &mut row[..kl]);
+        // SAFETY: the caller promises AVX-512F and F16C; A's m rows of k are inside `A` and
+        // B's rows j0..j0 + nb of k from b0 inside `h` (asserted), so each chunk (rows
+        // jj..jj + c, columns q0..q0 + kl of those) is too; the outputs are inside `acc`
+        // (asserted).
+        unsafe {
+            let (a, store) = (p.a.as_ptr(), |i: usize, j: usize, v: f32| acc[i * nb + j] = v);
+            if m > DOT_HALF_FUSED {
+                let mut buf = [0.0f32; DOT_B * DOT_KC];
+                let widen = |jj: usize, c: usize, q0: usize, kl: usize| {
+                    for (j, row) in buf.chunks_exact_mut(DOT_KC).take(c).enumerate() {
+                        h.widen_range(b0 + (j0 + jj + j) * ldb + q0, &mut row[..kl]);
+                    }
+                    (buf.as_ptr(), DOT_KC, false)
+                };
+                return dot_tiles(m, k, a, lda, nb, widen, store);
             }
-            (buf.as_ptr(), DOT_KC, false)
-        };
-        // SAFETY: the caller promises AVX-512F; A's m rows of k are inside `A` (asserted), each
-        // chunk is the buffer's c rows of kl (c ≤ DOT_B, kl ≤ DOT_KC), valid until the next
-        // chunk is asked for; the outputs are inside `acc` (asserted).
-        unsafe { dot_tiles(m, k, p.a.as_ptr(), lda, nb, widen, |i, j, v| acc[i * nb + j] = v) }
+            match h {
+                Halves::F16(v) => {
+                    let b = v.as_ptr().add(b0);
+                    dot_tiles(m, k, a, lda, nb, |jj, _, q0, _| (b.add((j0 + jj) * ldb + q0), ldb, true), store)
+                }
+                Halves::Bf16(v) => {
+                    let b = v.as_ptr().add(b0);
+                    dot_tiles(m, k, a, lda, nb, |jj, _, q0, _| (b.add((j0 + jj) * ldb + q0), ldb, true), store)
+                }
+            }
+        }
     }
 
     /// The dot products of [`cols_dot`]: `m` rows of `A` (`a`, rows `lda` apart, `k` long) with
@@ -1399,13 +1457,13 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::backend::cpu) unsafe fn dot_tiles(
+    pub(in crate::backend::cpu) unsafe fn dot_tiles<T: Lanes16>(
         m: usize,
         k: usize,
         a: *const f32,
         lda: usize,
         nb: usize,
-        mut chunk: impl FnMut(usize, usize, usize, usize) -> (*const f32, usize, bool),
+        mut chunk: impl FnMut(usize, usize, usize, usize) -> (*const T, usize, bool),
         mut store: impl FnMut(usize, usize, f32),
     ) {
         const MAX_M: usize = super::super::matmul::SKINNY_M;
@@ -1455,12 +1513,12 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::backend::cpu) unsafe fn dot_tile_any(
+    pub(in crate::backend::cpu) unsafe fn dot_tile_any<T: Lanes16>(
         r: usize,
         c: usize,
         a: *const f32,
         lda: usize,
-        b: *const f32,
+        b: *const T,
         ldb: usize,
         kl: usize,
         part: *mut __m512,
@@ -1469,10 +1527,10 @@ pub(super) mod avx512 {
         macro_rules! by_rows {
             ($c:literal) => {
                 match r {
-                    4 => dot_tile::<4, $c>(a, lda, b, ldb, kl, part, prefetch),
-                    3 => dot_tile::<3, $c>(a, lda, b, ldb, kl, part, prefetch),
-                    2 => dot_tile::<2, $c>(a, lda, b, ldb, kl, part, prefetch),
-                    _ => dot_tile::<1, $c>(a, lda, b, ldb, kl, part, prefetch),
+                    4 => dot_tile::<4, $c, T>(a, lda, b, ldb, kl, part, prefetch),
+                    3 => dot_tile::<3, $c, T>(a, lda, b, ldb, kl, part, prefetch),
+                    2 => dot_tile::<2, $c, T>(a, lda, b, ldb, kl, part, prefetch),
+                    _ => dot_tile::<1, $c, T>(a, lda, b, ldb, kl, part, prefetch),
                 }
             };
         }
@@ -1501,10 +1559,10 @@ pub(super) mod avx512 {
     /// `j < C`, elements `q < kl`, and `part` holds `R · C` vectors.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn dot_tile<const R: usize, const C: usize>(
+    unsafe fn dot_tile<const R: usize, const C: usize, T: Lanes16>(
         a: *const f32,
         lda: usize,
-        b: *const f32,
+        b: *const T,
         ldb: usize,
         kl: usize,
         part: *mut __m512,
@@ -1523,10 +1581,11 @@ pub(super) mod avx512 {
             }
             let mut q = 0;
             while q + 16 <= kl {
-                let bv: [__m512; C] = std::array::from_fn(|j| _mm512_loadu_ps(b.add(j * ldb + q)));
+                let bv: [__m512; C] = std::array::from_fn(|j| T::load16(b.add(j * ldb + q)));
                 if prefetch {
                     for j in 0..C {
-                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(j * ldb + q + DOT_AHEAD) as *const i8);
+                        let at = b.wrapping_add(j * ldb + q) as *const i8;
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(DOT_AHEAD * size_of::<f32>()));
                     }
                 }
                 for (i, row) in s.iter_mut().enumerate() {
@@ -1539,7 +1598,7 @@ pub(super) mod avx512 {
             }
             if q < kl {
                 let mask = ((1u32 << (kl - q)) - 1) as __mmask16;
-                let bv: [__m512; C] = std::array::from_fn(|j| _mm512_maskz_loadu_ps(mask, b.add(j * ldb + q)));
+                let bv: [__m512; C] = std::array::from_fn(|j| T::load_first(b.add(j * ldb + q), kl - q));
                 for (i, row) in s.iter_mut().enumerate() {
                     let av = _mm512_maskz_loadu_ps(mask, a.add(i * lda + q));
                     for (v, bv) in row.iter_mut().zip(&bv) {
