@@ -863,7 +863,8 @@ pub(super) mod avx512 {
     pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=32;
     /// Rows of `A` per register tile of [`rows_direct`]: 16 sums, one vector of `B`.
     const DIRECT_ROWS: usize = 16;
-    /// Strips ahead of the one being read that [`rows_direct`] prefetches, into L2.
+    /// Cache lines ahead of the one being read that [`rows_direct`] prefetches, into L2 (four f32
+    /// strips; eight of a half-precision `B`).
     const DIRECT_AHEAD: usize = 4;
 
     /// Rows of `B` per pass of [`rows_direct`] for `m` rows of `A` and rows of `B` `ldb` apart:
@@ -1167,9 +1168,10 @@ pub(super) mod avx512 {
         }
     }
 
-    /// One `R × 16` tile over `kb` rows of `B` (`b` from the strip's first, rows `ldb` apart):
-    /// `a` holds the rows' `A` values step by step (`kb × R`), the sums come from and go back
-    /// to `c` (rows `ldc` apart). Each step prefetches the line [`DIRECT_AHEAD`] strips on.
+    /// One `R × 16·W` tile (`W` strips side by side) over `kb` rows of `B` (`b` from the first
+    /// strip's first, rows `ldb` apart, f32 or half precision): `a` holds the rows' `A` values
+    /// step by step (`kb × R`), the sums come from and go back to `c` (rows `ldc` apart). Each
+    /// step prefetches, into L2, the lines [`DIRECT_AHEAD`] lines past the ones it reads.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1190,8 +1192,8 @@ pub(super) mod avx512 {
             "register tile past its operands"
         );
         // SAFETY (every intrinsic and pointer offset below): the caller promises AVX-512F; the
-        // assert bounds every access: a's kb steps of R, b's rows q < kb at 16 columns, c's
-        // rows i < R at 16 columns. The prefetch address is only computed (wrapping) and
+        // assert bounds every access: a's kb steps of R, b's rows q < kb at 16·W columns, c's
+        // rows i < R at 16·W columns. The prefetch address is only computed (wrapping) and
         // prefetched, which never faults.
         unsafe {
             let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
@@ -1636,24 +1638,21 @@ pub(super) mod avx512 {
     ) {
         // SAFETY: the caller promises AVX-512F; `tile` asserts its bounds.
         unsafe {
-            match (r, w == 2) {
-                (8, true) => tile::<8, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (7, true) => tile::<7, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (6, true) => tile::<6, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (5, true) => tile::<5, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (4, true) => tile::<4, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (3, true) => tile::<3, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (2, true) => tile::<2, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (_, true) => tile::<1, 2, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (8, false) => tile::<8, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (7, false) => tile::<7, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (6, false) => tile::<6, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (5, false) => tile::<5, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (4, false) => tile::<4, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (3, false) => tile::<3, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (2, false) => tile::<2, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                (_, false) => tile::<1, 1, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+            macro_rules! by_rows {
+                ($w:literal) => {
+                    match r {
+                        8 => tile::<8, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        7 => tile::<7, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        6 => tile::<6, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        5 => tile::<5, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        4 => tile::<4, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        3 => tile::<3, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        2 => tile::<2, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        _ => tile::<1, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                    }
+                };
             }
+            if w == 2 { by_rows!(2) } else { by_rows!(1) }
         }
     }
 
