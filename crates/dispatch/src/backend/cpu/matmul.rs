@@ -426,14 +426,14 @@ impl MatmulOperands<'_> {
             }
             let parallel = !small && m * n * k >= PARALLEL_MIN;
             // A half-precision output, split as an f32 one would be: one panel of rows per
-            // thread where `B` is small enough for each to pack it, else one `gemm` call over
-            // every row into an f32 buffer.
+            // thread where `B` is small enough for each to pack it (and the panel's f32 sums
+            // at most 4 MiB), else one `gemm` call over every row into an f32 buffer.
             if E::as_f32(&[]).is_none() && k > 0 && !small && m * n * k >= SMALL_GEMM {
-                if k * n <= SHARED_B {
-                    let per_thread = m.div_ceil(rayon::current_num_threads().max(1));
+                let per_thread = m.div_ceil(rayon::current_num_threads().max(1));
+                if k * n <= SHARED_B && per_thread * n <= 16 * PANEL {
                     return self.panels(isa, desc, g, &epi, true, per_thread, row_step, dst);
                 }
-                if m * n <= HALF_OUT {
+                if k * n > SHARED_B && m * n <= HALF_OUT {
                     return self.half_out(isa, g, &epi, m, n, k, row_step, dst);
                 }
             }
