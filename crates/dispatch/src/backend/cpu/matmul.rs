@@ -38,7 +38,7 @@ use super::activation::apply_isa;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut};
 use super::simd::{Isa, madd, multiversion};
 use super::transpose;
-use super::{Elem, internal, scratch};
+use super::{Elem, internal, scratch, scratch_f32};
 use super::{F32s, Halves};
 use crate::Result;
 use crate::ops::MATMUL_STRIP as STRIP;
@@ -473,7 +473,9 @@ impl MatmulOperands<'_> {
         row_step: usize,
         dst: &mut [E],
     ) -> Result<()> {
-        let mut acc = scratch(m * n)?;
+        // From the recycle shelf, and back onto it below: a new zeroed buffer each call would
+        // be first-touched every time.
+        let mut acc = scratch_f32(m * n)?;
         // SAFETY: `acc` is a dense m × n buffer owned here.
         unsafe { self.gemm_rows(g, 0, m, n, k, acc.as_mut_ptr(), n, gemm::Parallelism::Rayon(0)) };
         if !epi.is_identity() {
@@ -483,12 +485,13 @@ impl MatmulOperands<'_> {
                 }
             });
         }
-        let acc = &acc[..];
+        let sums = &acc[..];
         for_each_chunk_mut(dst, EPI_ROWS * row_step, |p, rows| {
             for (r, row) in rows.chunks_mut(row_step).enumerate() {
-                E::narrow_into(&acc[(p * EPI_ROWS + r) * n..][..n], &mut row[..n]);
+                E::narrow_into(&sums[(p * EPI_ROWS + r) * n..][..n], &mut row[..n]);
             }
         });
+        super::recycle::give(acc);
         Ok(())
     }
 
