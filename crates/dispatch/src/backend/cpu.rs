@@ -199,6 +199,26 @@ trait Elem: Copy + Send + Sync + 'static {
     fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
         None
     }
+    /// The slice itself when this type is f16 (kernels that convert as they load).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn as_f16(_s: &[Self]) -> Option<&[f16]> {
+        None
+    }
+    /// The slice itself, mutably, when this type is f16.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn as_f16_mut(_s: &mut [Self]) -> Option<&mut [f16]> {
+        None
+    }
+    /// The slice itself when this type is bf16.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn as_bf16(_s: &[Self]) -> Option<&[bf16]> {
+        None
+    }
+    /// The slice itself, mutably, when this type is bf16.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn as_bf16_mut(_s: &mut [Self]) -> Option<&mut [bf16]> {
+        None
+    }
 }
 
 impl Elem for f32 {
@@ -235,6 +255,12 @@ impl Elem for f16 {
     fn narrow_into(src: &[f32], dst: &mut [f16]) {
         convert::f32_to_f16(src, dst);
     }
+    fn as_f16(s: &[f16]) -> Option<&[f16]> {
+        Some(s)
+    }
+    fn as_f16_mut(s: &mut [f16]) -> Option<&mut [f16]> {
+        Some(s)
+    }
 }
 
 impl Elem for bf16 {
@@ -249,6 +275,12 @@ impl Elem for bf16 {
     }
     fn narrow_into(src: &[f32], dst: &mut [bf16]) {
         convert::f32_to_bf16(src, dst);
+    }
+    fn as_bf16(s: &[bf16]) -> Option<&[bf16]> {
+        Some(s)
+    }
+    fn as_bf16_mut(s: &mut [bf16]) -> Option<&mut [bf16]> {
+        Some(s)
     }
 }
 
