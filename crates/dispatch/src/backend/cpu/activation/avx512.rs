@@ -293,8 +293,22 @@ unsafe fn exp2(t: __m512) -> __m512 {
 #[allow(clippy::excessive_precision)]
 unsafe fn exp(x: __m512) -> __m512 {
     // SAFETY: the caller's promise.
+    unsafe { exp_of::<true>(x) }
+}
+
+/// [`exp`], with the upper clamp only where `UPPER` (an `x` known to be at most 88, or NaN,
+/// needs none: the same result).
+///
+/// # Safety
+/// AVX-512F.
+#[inline(always)]
+#[allow(clippy::excessive_precision)]
+unsafe fn exp_of<const UPPER: bool>(x: __m512) -> __m512 {
+    // SAFETY: the caller's promise.
     unsafe {
-        let x = _mm512_min_ps(_mm512_max_ps(x, splat(-87.33)), splat(88.0));
+        // `max` first, as the portable form: a NaN becomes −87.33.
+        let x = _mm512_max_ps(x, splat(-87.33));
+        let x = if UPPER { _mm512_min_ps(x, splat(88.0)) } else { x };
         // Round to nearest by adding 1.5·2^23 (the product rounded once, as the portable form).
         let n = _mm512_sub_ps(_mm512_fmadd_ps(x, splat(std::f32::consts::LOG2_E), splat(MAGIC)), splat(MAGIC));
         let r = _mm512_fmadd_ps(n, splat(-0.693_359_375), x);
@@ -479,8 +493,10 @@ unsafe fn silu_block<T: Io, const FULL: bool>(
         // SAFETY: as in `gelu_erf_block`.
         unsafe {
             let p = src.load(i, lanes::<FULL>(i, len));
-            // A NaN x gives a number here (the clamps in `exp` take their second operand).
-            e[j] = exp(_mm512_sub_ps(splat(0.0), _mm512_abs_ps(p)));
+            // −|x| as the sign bit set (at most 0, so `exp`'s upper clamp is left out). A NaN
+            // x gives a number here (the lower clamp takes its second operand).
+            let minus_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(p), _mm512_set1_epi32(i32::MIN)));
+            e[j] = exp_of::<false>(minus_abs);
             x[j] = p;
         }
     }
