@@ -308,6 +308,14 @@ fn scratch(len: usize) -> Result<Vec<f32>> {
     zeroed_vec(len, 0.0f32).ok_or(Error::OutOfMemory { backend: BackendKind::Cpu, bytes: (len as u64) * 4 })
 }
 
+/// A half-precision buffer widened as [`widen`] does.
+fn widen_halves(h: Halves<'_>) -> Result<F32s<'static>> {
+    match h {
+        Halves::F16(v) => widen(v),
+        Halves::Bf16(v) => widen(v),
+    }
+}
+
 /// `src` widened to f32, in parallel, into a [`scratch_f32`] buffer.
 fn widen<E: Elem>(src: &[E]) -> Result<F32s<'static>> {
     let mut out = scratch_f32(src.len())?;
@@ -928,10 +936,17 @@ fn depthwise(
 ) -> Result<()> {
     let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
     let (ins, out_data) = locks.split();
-    let x = ins.get(input)?.as_f32()?;
+    // A half-precision input of a layer the NHWC 3 × 3 rows take stays as it is: each task
+    // widens the rows it reads (`Conv::nhwc_rows`).
+    let keep = depthwise::keeps_half(desc, simd::Isa::detect());
+    let (x, xh) = match ins.get(input)? {
+        CpuData::F16(v) if keep => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
+        CpuData::Bf16(v) if keep => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),
+        data => (data.as_f32()?, None),
+    };
     let w = ins.get(weight)?.as_f32()?;
     let bias = bias.map(|s| ins.get(s).and_then(CpuData::as_f32)).transpose()?;
-    let conv = Conv { d: *desc, x: &x, w: &w, packed, bias: bias.as_deref() };
+    let conv = Conv { d: *desc, x: &x, xh, w: &w, packed, bias: bias.as_deref() };
     match out_data {
         CpuData::F32(o) => conv.run(o.slice_mut("depthwise_conv2d")?),
         CpuData::F16(o) => conv.run(o.slice_mut("depthwise_conv2d")?),

@@ -574,7 +574,7 @@ impl Block<'_> {
         let len = d.batch * d.hidden * pixels;
         let mut f_buf = Reused::take(&IMAGE_BUF, len)?;
         let f = f_buf.aligned(len);
-        Conv { d: dw, x: self.x, w: self.dw.0, packed: false, bias: self.dw.1 }.run(f)?;
+        Conv { d: dw, x: self.x, xh: None, w: self.dw.0, packed: false, bias: self.dw.1 }.run(f)?;
         let pd = PointwiseDesc {
             batch: d.batch,
             cin: d.hidden,

@@ -39,6 +39,13 @@
 //! - Pre-packed weights (`PackedDepthwise`, `[kh, kw, C·m]`) are read as they are by the NHWC
 //!   kernels (no transposition) and the NCHW tile; the NCHW band and row kernels get them
 //!   moved back to `[channel][tap]` once per call, into the same per-thread buffer.
+//! - A half-precision input of an NHWC layer the 3 × 3 rows take is not widened whole first:
+//!   each output row's task widens the (up to) three input rows it reads into its thread's
+//!   buffer ([`Conv::nhwc_rows`]). Widened whole, in a parallel pass before the layer, the
+//!   input came to each core from the other's cache, and the two passes' hand-offs cost as
+//!   much as a small layer: MobileNetV2's eight layers in f16 took 0.50–0.85 of the time
+//!   (32 × 112² 0.72, 96 × 112² stride 2 0.50, 960 × 7² 0.77; 2 threads, separate processes
+//!   alternated, the same sums). Every other path widens the input whole.
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
@@ -52,7 +59,7 @@ use super::activation::apply_isa;
 use super::aligned::AlignedBuf;
 use super::pool::for_each_chunk_mut;
 use super::simd::{Isa, madd, multiversion};
-use super::{Elem, internal};
+use super::{Elem, Halves, internal};
 use crate::Result;
 use tilekit_kernels::{Conv2dDesc, Layout};
 
@@ -85,6 +92,8 @@ thread_local! {
     /// use.
     static W_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A thread's widened input rows of a half-precision NHWC layer ([`Conv::nhwc_rows`]).
+    static NHWC_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A thread's buffers for one NCHW kernel (the band or the tile), and the layer whose padding
@@ -139,7 +148,12 @@ fn in_tasks<E: Send>(out: &mut [E], unit: usize, unit_work: usize, align: usize,
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
 pub(super) struct Conv<'d> {
     pub(super) d: Conv2dDesc,
+    /// The input, or nothing where `xh` holds it.
     pub(super) x: &'d [f32],
+    /// A half-precision input left as it is stored: the NHWC 3 × 3 rows widen the input rows
+    /// each output row reads on the thread that reads them ([`Conv::nhwc_rows`]); every other
+    /// path widens it whole first ([`Conv::run_kernel`]).
+    pub(super) xh: Option<Halves<'d>>,
     /// `[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed` (a `PackedDepthwise`'s layout).
     pub(super) w: &'d [f32],
     pub(super) packed: bool,
@@ -168,6 +182,18 @@ impl Conv<'_> {
     /// [`Conv::run_isa`] with the NCHW channel-vector tile allowed (where the layer suits it)
     /// or not (tests run the band and row paths on the layers the tile would take).
     pub(super) fn run_kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
+        if let Some(xh) = self.xh
+            && !keeps_half(&self.d, isa)
+        {
+            // Widened whole, for the paths that read the input in place.
+            let x = super::widen_halves(xh)?;
+            return Conv { x: &x, xh: None, ..*self }.kernel(isa, allow_tile, out);
+        }
+        self.kernel(isa, allow_tile, out)
+    }
+
+    /// [`Conv::run_kernel`] once a half-precision input is widened or kept.
+    fn kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
         let d = &self.d;
         let (oh, ow) = match (d.out_h(), d.out_w()) {
             (Some(h), Some(w)) => (h, w),
@@ -176,7 +202,7 @@ impl Conv<'_> {
         let occ = d.out_channels();
         let (h, w, c) = (d.height, d.width, d.channels);
         let total = d.batch * occ * oh * ow;
-        if self.x.len() < d.batch * c * h * w
+        if self.xh.map_or(self.x.len(), |xh| xh.len()) < d.batch * c * h * w
             || self.w.len() < occ * d.kernel_h * d.kernel_w
             || self.bias.is_some_and(|b| b.len() < occ)
             || out.len() < total
@@ -210,8 +236,8 @@ impl Conv<'_> {
                         *v = self.w[t * occ + oc];
                     }
                 }
-                let conv = Conv { d: *d, x: self.x, w: &wc, packed: false, bias: self.bias };
-                let done = conv.run_kernel(isa, allow_tile, out);
+                let conv = Conv { w: &wc, packed: false, ..*self };
+                let done = conv.kernel(isa, allow_tile, out);
                 W_BUF.set(wc);
                 return done;
             }
@@ -343,16 +369,32 @@ impl Conv<'_> {
             buf.resize(ow * cbw, 0.0);
         }
         let rows = dst.len() / (ow * occ);
+        // A half-precision input: the (up to) three input rows of each output row widened
+        // into this thread's buffer, kernel row `ky`'s at `ky · w · c`.
+        let (h, w, c) = (d.height, d.width, d.channels);
+        let mut xrows = if self.xh.is_some() { NHWC_IN.take() } else { Vec::new() };
+        if self.xh.is_some() && xrows.len() < 3 * w * c {
+            xrows.resize(3 * w * c, 0.0);
+        }
         for cb0 in (0..occ).step_by(cbw) {
             let cb1 = (cb0 + cbw).min(occ);
             let nb = cb1 - cb0;
             for r in 0..rows {
                 let row = first + r;
                 let (n, oy) = (row / oh, row % oh);
+                if let Some(xh) = self.xh {
+                    for ky in 0..3 {
+                        let py = oy * d.stride_h + ky * d.dilation_h;
+                        if py >= d.pad_top && py - d.pad_top < h {
+                            xh.widen_range((n * h + py - d.pad_top) * w * c, &mut xrows[ky * w * c..][..w * c]);
+                        }
+                    }
+                }
                 let p = PixArgs {
                     d,
                     isa,
-                    x: self.x,
+                    x: if self.xh.is_some() { &xrows } else { self.x },
+                    local: self.xh.is_some(),
                     wt: &wt[cb0..],
                     ws: occ,
                     bias: self.bias.map(|b| &b[cb0..cb1]),
@@ -381,6 +423,9 @@ impl Conv<'_> {
         }
         if half {
             NHWC_ROW.set(buf);
+        }
+        if self.xh.is_some() {
+            NHWC_IN.set(xrows);
         }
     }
 }
@@ -802,8 +847,10 @@ struct PixArgs<'a> {
     /// The instruction set the row runs in (its `multiversion!` copy's).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     isa: Isa,
-    /// The whole input.
+    /// The whole input, or where `local` the three input rows of this output row (kernel
+    /// row `ky`'s at `ky · width · channels`, those outside the image not written).
     x: &'a [f32],
+    local: bool,
     /// The weights from the block's first channel, `[tap][channel]`: tap `t`'s are at
     /// `t · ws`.
     wt: &'a [f32],
@@ -831,7 +878,8 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         let g = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow: p.ow };
         let rows = std::array::from_fn(|ky| {
             let py = p.oy * d.stride_h + ky * d.dilation_h;
-            (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
+            let at = if p.local { ky * w * c } else { (p.n * h + py - d.pad_top) * w * c };
+            (py >= d.pad_top && py - d.pad_top < h).then_some(at + p.cb0)
         });
         use nhwc3::avx::{NONE, RELU, RELU6, row_for};
         use tilekit_kernels::Activation;
@@ -861,6 +909,7 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         }
         return;
     }
+    assert!(!p.local, "a half-precision input's rows reached a path that reads the whole input");
     // Multiplier 1 with whole channel blocks: the pixels whose every tap is inside the row,
     // PX at a time ([`nhwc_pixels`]); the others (and the rest) one by one below.
     let (mut lo, mut hi) = (0, 0);
@@ -960,6 +1009,13 @@ fn rows_3x3(d: &Conv2dDesc) -> bool {
 #[cfg(target_arch = "x86_64")]
 fn nhwc3_fits(d: &Conv2dDesc, nb: usize) -> bool {
     d.multiplier == 1 && rows_3x3(d) && nb.is_multiple_of(nhwc3::LANES)
+}
+
+/// Whether a half-precision input can stay as it is stored ([`Conv::xh`]): an NHWC layer
+/// whose every channel block takes the 3 × 3 rows ([`nhwc3_fits`] with all the channels: the
+/// blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them) in `isa`.
+pub(super) fn keeps_half(d: &Conv2dDesc, isa: Isa) -> bool {
+    d.layout == Layout::Nhwc && isa != Isa::Portable && nhwc3_fits(d, d.out_channels())
 }
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).

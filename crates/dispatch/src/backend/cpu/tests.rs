@@ -569,11 +569,17 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     // The same weights pre-packed `[kh, kw, C·m]` (as `PackedDepthwise` holds them).
     let (occ, taps) = (d.out_channels(), d.kernel_h * d.kernel_w);
     let wp: Vec<f32> = (0..taps * occ).map(|i| w[(i % occ) * taps + i / occ]).collect();
-    for isa in Isa::available() {
+    // The input also in half precision (integers, exact), kept as stored: the NHWC 3 × 3 rows
+    // widen it row by row, every other path whole first.
+    let xf16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let xbf16: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let inputs = [None, Some(Halves::F16(&xf16)), Some(Halves::Bf16(&xbf16))];
+    for (isa, xh) in Isa::available().into_iter().flat_map(|isa| inputs.map(|xh| (isa, xh))) {
         for (&tile, packed) in tiles.iter().flat_map(|t| [(t, false), (t, true)]) {
             each_dtype(|dtype, round| {
                 let w = if packed { &wp } else { &w };
-                let conv = Conv { d: *d, x: &x, w, packed, bias: bias.as_deref() };
+                let x: &[f32] = if xh.is_some() { &[] } else { &x };
+                let conv = Conv { d: *d, x, xh, w, packed, bias: bias.as_deref() };
                 let got = match dtype {
                     DType::F32 => {
                         let mut o = vec![f32::NAN; out_len];
@@ -596,7 +602,8 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
                 for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
                     assert!(
                         g == x,
-                        "{isa:?} tile {tile} packed {packed} {dtype} {d:?} seed {seed}: output {i} is {g}, expected {x}"
+                        "{isa:?} tile {tile} packed {packed} {dtype} half input {} {d:?} seed {seed}: output {i} is {g}, expected {x}",
+                        xh.is_some()
                     );
                 }
             });
@@ -950,7 +957,7 @@ fn im2col_gather_is_the_one_hot_convolution() {
             let one_hot: Vec<f32> =
                 (0..c * taps * taps).map(|i| if i / taps % taps == i % taps { 1.0 } else { 0.0 }).collect();
             let mut want = vec![f32::NAN; total];
-            Conv { d, x: &x, w: &one_hot, packed: false, bias: None }.run(&mut want).expect("conv");
+            Conv { d, x: &x, xh: None, w: &one_hot, packed: false, bias: None }.run(&mut want).expect("conv");
             let guard = 7;
             each_dtype(|dtype, round| {
                 let want = round(&want);
