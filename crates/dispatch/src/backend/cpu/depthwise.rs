@@ -878,9 +878,10 @@ fn nhwc_row_inner<const FMA: bool>(p: &PixArgs, acc: &mut [f32], stride: usize) 
         let g = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow: p.ow };
         let rows = std::array::from_fn(|ky| {
             let py = p.oy * d.stride_h + ky * d.dilation_h;
-            let at = if p.local { ky * w * c } else { (p.n * h + py - d.pad_top) * w * c };
-            (py >= d.pad_top && py - d.pad_top < h).then_some(at + p.cb0)
+            (py >= d.pad_top && py - d.pad_top < h).then(|| (p.n * h + py - d.pad_top) * w * c + p.cb0)
         });
+        // Where `x` holds only this output row's input rows, kernel row `ky`'s is at `ky·w·c`.
+        let rows = if p.local { std::array::from_fn(|ky| rows[ky].map(|_| ky * w * c + p.cb0)) } else { rows };
         use nhwc3::avx::{NONE, RELU, RELU6, row_for};
         use tilekit_kernels::Activation;
         // ReLU and ReLU6 are applied in registers; the other activations after the row.
