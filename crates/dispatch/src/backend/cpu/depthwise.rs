@@ -45,7 +45,9 @@
 //!   input came to each core from the other's cache, and the two passes' hand-offs cost as
 //!   much as a small layer: MobileNetV2's eight layers in f16 took 0.50–0.85 of the time
 //!   (32 × 112² 0.72, 96 × 112² stride 2 0.50, 960 × 7² 0.77; 2 threads, separate processes
-//!   alternated, the same sums). Every other path widens the input whole.
+//!   alternated, the same sums). The NCHW tile likewise widens each group's planes
+//!   ([`tile::planes`]): the seven layers it takes in 0.65–0.96 of the time (96 × 112²
+//!   stride 2 0.66, 384 × 14² 0.81–0.83). Every other path widens the input whole.
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
@@ -183,13 +185,25 @@ impl Conv<'_> {
     /// or not (tests run the band and row paths on the layers the tile would take).
     pub(super) fn run_kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
         if let Some(xh) = self.xh
-            && !keeps_half(&self.d, isa)
+            && !self.reads_half::<E>(isa, allow_tile)
         {
             // Widened whole, for the paths that read the input in place.
             let x = super::widen_halves(xh)?;
             return Conv { x: &x, xh: None, ..*self }.kernel(isa, allow_tile, out);
         }
         self.kernel(isa, allow_tile, out)
+    }
+
+    /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored:
+    /// the NHWC 3 × 3 rows ([`keeps_half`]) and the NCHW tile (as `kernel` chooses it).
+    fn reads_half<E: Elem>(&self, isa: Isa, allow_tile: bool) -> bool {
+        match self.d.layout {
+            Layout::Nchw => {
+                allow_tile
+                    && tile::Tile::new(&self.d, isa).is_some_and(|t| E::as_f32(&[]).is_some() || t.whole_output())
+            }
+            _ => keeps_half(&self.d, isa),
+        }
     }
 
     /// [`Conv::run_kernel`] once a half-precision input is widened or kept.
@@ -1014,9 +1028,15 @@ fn nhwc3_fits(d: &Conv2dDesc, nb: usize) -> bool {
 
 /// Whether a half-precision input can stay as it is stored ([`Conv::xh`]): an NHWC layer
 /// whose every channel block takes the 3 × 3 rows ([`nhwc3_fits`] with all the channels: the
-/// blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them) in `isa`.
+/// blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them) in `isa`, or an NCHW
+/// layer the channel-vector tile takes (which widens each group's planes,
+/// [`tile::planes`]). Where the kernel then chosen reads the input in place after all
+/// ([`Conv::run_kernel`]: a half-precision output the tile leaves), it is widened whole.
 pub(super) fn keeps_half(d: &Conv2dDesc, isa: Isa) -> bool {
-    d.layout == Layout::Nhwc && isa != Isa::Portable && nhwc3_fits(d, d.out_channels())
+    match d.layout {
+        Layout::Nchw => tile::Tile::new(d, isa).is_some(),
+        _ => isa != Isa::Portable && nhwc3_fits(d, d.out_channels()),
+    }
 }
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).

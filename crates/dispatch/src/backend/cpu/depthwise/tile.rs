@@ -29,9 +29,9 @@
 //! band (half-precision outputs, which are narrowed from one buffer of the whole output,
 //! take the band kernel there).
 
-use super::super::Elem;
 use super::super::activation::apply_isa;
 use super::super::simd::{Isa, madd, multiversion};
+use super::super::{Elem, Halves};
 use super::{Conv, LayerBufs, MAX_TAPS, V};
 use tilekit_kernels::Conv2dDesc;
 
@@ -171,12 +171,18 @@ impl Tile {
 /// (whole planes), `G` at a time.
 pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst: &mut [E]) {
     let plane = t.oh * t.ow;
+    // A half-precision input: each group's planes widened into this thread's buffer first.
+    let mut xw = if conv.xh.is_some() { GROUP_IN.take() } else { Vec::new() };
+    if conv.xh.is_some() && xw.len() < G * t.d.height * t.d.width {
+        xw.resize(G * t.d.height * t.d.width, 0.0);
+    }
     TILE_BUFS.with_borrow_mut(|bufs| {
         let [tile, sums, narrow] = bufs.get::<{ TBUF + TPAD }, 3>(Some((&t.d, t.tile_len())));
         for (i, dst) in dst.chunks_mut(G * plane).enumerate() {
-            let a = GroupArgs {
+            let mut a = GroupArgs {
                 t,
                 x: conv.x,
+                xh: conv.xh.map(|xh| (xh, &mut xw[..])),
                 w: conv.w,
                 packed: conv.packed,
                 bias: conv.bias,
@@ -184,23 +190,33 @@ pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst
                 nl: dst.len() / plane,
             };
             match E::as_f32_mut(dst) {
-                Some(o) => group(isa, &a, tile, sums, o),
+                Some(o) => group(isa, &mut a, tile, sums, o),
                 None => {
                     let o = &mut narrow[..dst.len()];
-                    group(isa, &a, tile, sums, o);
+                    group(isa, &mut a, tile, sums, o);
                     E::narrow_into(o, dst);
                 }
             }
         }
-    })
+    });
+    if conv.xh.is_some() {
+        GROUP_IN.set(xw);
+    }
+}
+
+thread_local! {
+    /// A thread's widened input planes of one group, for a half-precision input ([`planes`]).
+    static GROUP_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// What one group of output planes needs.
 struct GroupArgs<'a> {
     t: &'a Tile,
     /// The whole input and weights (`[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed`),
-    /// and the bias.
+    /// and the bias. A half-precision input is in `xh` instead (`x` empty), with the buffer
+    /// its group's planes are widened into (`G` planes).
     x: &'a [f32],
+    xh: Option<(Halves<'a>, &'a mut [f32])>,
     w: &'a [f32],
     packed: bool,
     bias: Option<&'a [f32]>,
@@ -212,17 +228,27 @@ struct GroupArgs<'a> {
 
 /// One group: `out` holds its `nl` output planes one after another (bias and activation
 /// included). `tile` is the padded tile (its padding zero), `sums` the pixel-major sums.
-fn group(isa: Isa, a: &GroupArgs, tile: &mut [f32; TBUF + TPAD], sums: &mut [f32], out: &mut [f32]) {
+fn group(isa: Isa, a: &mut GroupArgs, tile: &mut [f32; TBUF + TPAD], sums: &mut [f32], out: &mut [f32]) {
     let t = a.t;
     let d = &t.d;
     let (hw, plane) = (d.height * d.width, t.oh * t.ow);
     let occ = d.out_channels();
     let nl = a.nl.clamp(1, G);
+    // Where output plane `p` reads its input plane.
+    let at = |p: usize| (p / occ * d.channels + p % occ / d.multiplier) * hw;
+    // A half-precision input: the group's planes widened, lane `l`'s at `l·hw`.
+    if let Some((xh, xw)) = &mut a.xh {
+        for (l, w) in xw[..nl * hw].chunks_exact_mut(hw).enumerate() {
+            xh.widen_range(at(a.p0 + l), w);
+        }
+    }
     // The group's input planes; lanes past `nl` repeat the first (their sums are not stored).
     let srcs: [&[f32]; G] = std::array::from_fn(|l| {
-        let p = a.p0 + if l < nl { l } else { 0 };
-        let (n, oc) = (p / occ, p % occ);
-        &a.x[(n * d.channels + oc / d.multiplier) * hw..][..hw]
+        let l = if l < nl { l } else { 0 };
+        match &a.xh {
+            Some((_, xw)) => &xw[l * hw..][..hw],
+            None => &a.x[at(a.p0 + l)..][..hw],
+        }
     });
     let sums = &mut sums[..if t.band_sums { t.band * t.ow } else { plane } * G];
     let out = &mut out[..nl * plane];
