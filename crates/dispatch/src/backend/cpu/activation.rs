@@ -410,17 +410,20 @@ fn chunk<E: Elem>(isa: Isa, act: Activation, x: Option<&[E]>, bias: Option<&[f32
     // On AVX-512 the transcendental forms convert as they load and store (one pass).
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && avx512::handles(act) {
+        /// The forms over `out`, split at the bias period.
+        fn forms<T: avx512::Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>, out: &mut [T], base: usize) {
+            // SAFETY: `Isa::Avx512` (checked by the caller) is only made after the CPU reported
+            // AVX-512F and F16C.
+            segments(out.len(), base, bias, |r, b| unsafe {
+                avx512::run(act, x.map(|x| &x[r.clone()]), b, &mut out[r])
+            });
+        }
+        const SAME: &str = "x and out are of one type";
         if let Some(o) = E::as_f16_mut(out) {
-            let x = x.map(|x| E::as_f16(x).expect("x and out are of one type"));
-            // SAFETY: `Isa::Avx512` is only made after the CPU reported AVX-512F and F16C.
-            segments(o.len(), base, bias, |r, b| unsafe { avx512::run(act, x.map(|x| &x[r.clone()]), b, &mut o[r]) });
-            return;
+            return forms(act, x.map(|x| E::as_f16(x).expect(SAME)), bias, o, base);
         }
         if let Some(o) = E::as_bf16_mut(out) {
-            let x = x.map(|x| E::as_bf16(x).expect("x and out are of one type"));
-            // SAFETY: as above.
-            segments(o.len(), base, bias, |r, b| unsafe { avx512::run(act, x.map(|x| &x[r.clone()]), b, &mut o[r]) });
-            return;
+            return forms(act, x.map(|x| E::as_bf16(x).expect(SAME)), bias, o, base);
         }
     }
     let mut buf = [0.0f32; HALF_CHUNK];

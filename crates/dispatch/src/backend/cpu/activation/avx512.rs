@@ -38,24 +38,42 @@ pub(super) fn handles(act: Activation) -> bool {
     matches!(act, Activation::Gelu | Activation::GeluTanh | Activation::Silu)
 }
 
+/// Runs `block::<true>(start)` over the full blocks of `len` elements and `block::<false>`
+/// over the last, partial one.
+macro_rules! blocks {
+    ($len:expr, $block:ident($($arg:expr),*)) => {{
+        let full = $len / STAGE * STAGE;
+        for start in (0..full).step_by(STAGE) {
+            $block::<_, true>($($arg,)* start, STAGE);
+        }
+        if full < $len {
+            $block::<_, false>($($arg,)* full, $len - full);
+        }
+    }};
+}
+
 /// `out = act(x + bias)` for an `act` that [`handles`] accepts; `x` is `None` in place (read
 /// from `out`). `x` and `bias`, where given, are as long as `out`.
 ///
 /// # Safety
 /// The CPU has AVX-512F and F16C (`Isa::Avx512`).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn run<T: Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>, out: &mut [T]) {
     assert!(x.is_none_or(|x| x.len() == out.len()) && bias.is_none_or(|b| b.len() == out.len()));
     let len = out.len();
     let dst = out.as_mut_ptr();
     let src = Src { x: x.map_or(dst as *const T, <[T]>::as_ptr), bias: bias.map(<[f32]>::as_ptr) };
+    // The stages' buffers (GELU's erf form uses three, the others two).
+    let mut stages = [[splat(0.0); VECS]; 3];
     // SAFETY: the caller's promise that the CPU has AVX-512F and F16C; `src` and `dst` cover
-    // `len` elements (asserted above), and each stage of a block reads its inputs before the
-    // last writes them, so an in-place `src` (equal to `dst`) is read before it is overwritten.
+    // `len` elements (asserted above) and each block lies inside them; each stage of a block
+    // reads its inputs before the last writes them, so an in-place `src` (equal to `dst`) is
+    // read before it is overwritten.
     unsafe {
         match act {
-            Activation::Gelu => gelu_erf(src, dst, len),
-            Activation::GeluTanh => gelu_tanh(src, dst, len),
-            Activation::Silu => silu(src, dst, len),
+            Activation::Gelu => blocks!(len, gelu_erf_block(src, dst, &mut stages)),
+            Activation::GeluTanh => blocks!(len, gelu_tanh_block(src, dst, &mut stages)),
+            Activation::Silu => blocks!(len, silu_block(src, dst, &mut stages)),
             other => unreachable!("{other:?} has no AVX-512 form"),
         }
     }
@@ -193,20 +211,6 @@ fn lanes<const FULL: bool>(i: usize, len: usize) -> __mmask16 {
     if FULL || n >= 16 { !0 } else { ((1u32 << n) - 1) as __mmask16 }
 }
 
-/// Runs `block::<true>(start)` over the full blocks of `len` elements and `block::<false>`
-/// over the last, partial one.
-macro_rules! blocks {
-    ($len:expr, $block:ident($($arg:expr),*)) => {{
-        let full = $len / STAGE * STAGE;
-        for start in (0..full).step_by(STAGE) {
-            $block::<_, true>($($arg,)* start, STAGE);
-        }
-        if full < $len {
-            $block::<_, false>($($arg,)* full, $len - full);
-        }
-    }};
-}
-
 impl<T: Io> Src<T> {
     /// `x + bias` at element `i`, lanes `m` (the others 0; nothing outside them is read).
     ///
@@ -326,21 +330,11 @@ unsafe fn exp_of<const UPPER: bool>(x: __m512) -> __m512 {
 
 /// GELU, erf form: `x·Φ(x)` with `log2 Φ(−a)` from the (5, 3) rational fit (the parent's
 /// `gelu_erf_first` / `gelu_erf_last`). Stage one keeps `a = min(|x|, 13.3)`, `max(x, 0)` and
-/// `t = log2 Φ(−a)`; stage two gives `max(x, 0) − a·2^t`.
+/// `t = log2 Φ(−a)`; stage two gives `max(x, 0) − a·2^t`. Over the `n` (at most [`STAGE`];
+/// all of it when `FULL`) elements from `start`; `stages` are the stages' buffers.
 ///
 /// # Safety
-/// AVX-512F; `src` readable and `dst` writable for `len` elements.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn gelu_erf<T: Io>(src: Src<T>, dst: *mut T, len: usize) {
-    let mut stages = [[splat(0.0); VECS]; 3];
-    // SAFETY: the caller's promises; each block lies inside `len`.
-    unsafe { blocks!(len, gelu_erf_block(src, dst, &mut stages)) }
-}
-
-/// [`gelu_erf`] over `n` (at most [`STAGE`]; all of it when `FULL`) elements from `start`.
-///
-/// # Safety
-/// As [`gelu_erf`], for elements `start..start + n`.
+/// AVX-512F and F16C; `src` readable and `dst` writable for elements `start..start + n`.
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
 unsafe fn gelu_erf_block<T: Io, const FULL: bool>(
@@ -386,17 +380,7 @@ unsafe fn gelu_erf_block<T: Io, const FULL: bool>(
 
 /// GELU, tanh form: `x / (1 + e^−2u)` with `u = √(2/π)·(x + 0.044715x³)` for `x` clamped to
 /// [−20, 20] and `−2u` to [−88, 88] (the parent's `gelu_tanh_first`, `exp`, `gelu_tanh_last`).
-///
-/// # Safety
-/// As [`gelu_erf`].
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn gelu_tanh<T: Io>(src: Src<T>, dst: *mut T, len: usize) {
-    let mut stages = [[splat(0.0); VECS]; 2];
-    // SAFETY: the caller's promises; each block lies inside `len`.
-    unsafe { blocks!(len, gelu_tanh_block(src, dst, &mut stages)) }
-}
-
-/// [`gelu_tanh`] over `n` elements from `start`, as [`gelu_erf_block`].
+/// Over `n` elements from `start`, as [`gelu_erf_block`] (two of the three buffers).
 ///
 /// # Safety
 /// As [`gelu_erf_block`].
@@ -404,11 +388,11 @@ unsafe fn gelu_tanh<T: Io>(src: Src<T>, dst: *mut T, len: usize) {
 unsafe fn gelu_tanh_block<T: Io, const FULL: bool>(
     src: Src<T>,
     dst: *mut T,
-    stages: &mut [[__m512; VECS]; 2],
+    stages: &mut [[__m512; VECS]; 3],
     start: usize,
     n: usize,
 ) {
-    let [x, e] = stages;
+    let [x, e, _] = stages;
     let (len, vecs) = (start + n, if FULL { VECS } else { n.div_ceil(16) });
     for j in 0..vecs {
         let i = start + 16 * j;
@@ -464,17 +448,7 @@ unsafe fn tanh_quotient(x: __m512, e: __m512) -> __m512 {
 
 /// SiLU, `x·σ(x)` (the parent's `silu_first` / `silu_last`): `e = e^−|x|`, `v = e / (1 + e)`,
 /// then `x − min(x, 88)·v` for x ≥ 0, `x·v` for x < 0, and −0 below the cutoff.
-///
-/// # Safety
-/// As [`gelu_erf`].
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn silu<T: Io>(src: Src<T>, dst: *mut T, len: usize) {
-    let mut stages = [[splat(0.0); VECS]; 2];
-    // SAFETY: the caller's promises; each block lies inside `len`.
-    unsafe { blocks!(len, silu_block(src, dst, &mut stages)) }
-}
-
-/// [`silu`] over `n` elements from `start`, as [`gelu_erf_block`].
+/// Over `n` elements from `start`, as [`gelu_erf_block`] (two of the three buffers).
 ///
 /// # Safety
 /// As [`gelu_erf_block`].
@@ -482,11 +456,11 @@ unsafe fn silu<T: Io>(src: Src<T>, dst: *mut T, len: usize) {
 unsafe fn silu_block<T: Io, const FULL: bool>(
     src: Src<T>,
     dst: *mut T,
-    stages: &mut [[__m512; VECS]; 2],
+    stages: &mut [[__m512; VECS]; 3],
     start: usize,
     n: usize,
 ) {
-    let [x, e] = stages;
+    let [x, e, _] = stages;
     let (len, vecs) = (start + n, if FULL { VECS } else { n.div_ceil(16) });
     for j in 0..vecs {
         let i = start + 16 * j;
