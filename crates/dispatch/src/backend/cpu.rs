@@ -936,12 +936,11 @@ fn depthwise(
 ) -> Result<()> {
     let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
     let (ins, out_data) = locks.split();
-    // A half-precision input of a layer the NHWC 3 × 3 rows take stays as it is: each task
-    // widens the rows it reads (`Conv::nhwc_rows`).
-    let keep = depthwise::keeps_half(desc, simd::Isa::detect());
+    // A half-precision input stays as it is stored: the NHWC 3 × 3 rows and the NCHW tile widen
+    // what each task reads, and `Conv::run_kernel` widens it whole for the other kernels.
     let (x, xh) = match ins.get(input)? {
-        CpuData::F16(v) if keep => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
-        CpuData::Bf16(v) if keep => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),
+        CpuData::F16(v) => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
+        CpuData::Bf16(v) => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),
         data => (data.as_f32()?, None),
     };
     let w = ins.get(weight)?.as_f32()?;

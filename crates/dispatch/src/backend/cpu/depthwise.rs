@@ -153,8 +153,9 @@ pub(super) struct Conv<'d> {
     /// The input, or nothing where `xh` holds it.
     pub(super) x: &'d [f32],
     /// A half-precision input left as it is stored: the NHWC 3 × 3 rows widen the input rows
-    /// each output row reads on the thread that reads them ([`Conv::nhwc_rows`]); every other
-    /// path widens it whole first ([`Conv::run_kernel`]).
+    /// each output row reads on the thread that reads them ([`Conv::nhwc_rows`]), the NCHW
+    /// tile each group's planes ([`tile::planes`]); for every other kernel
+    /// [`Conv::run_kernel`] widens it whole first.
     pub(super) xh: Option<Halves<'d>>,
     /// `[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed` (a `PackedDepthwise`'s layout).
     pub(super) w: &'d [f32],
@@ -194,15 +195,17 @@ impl Conv<'_> {
         self.kernel(isa, allow_tile, out)
     }
 
-    /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored:
-    /// the NHWC 3 × 3 rows ([`keeps_half`]) and the NCHW tile (as `kernel` chooses it).
+    /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored: the
+    /// NHWC 3 × 3 rows where every channel block takes them ([`nhwc3_fits`] with all the
+    /// channels: the blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them), and
+    /// the NCHW tile (as `kernel` chooses it).
     fn reads_half<E: Elem>(&self, isa: Isa, allow_tile: bool) -> bool {
         match self.d.layout {
             Layout::Nchw => {
                 allow_tile
                     && tile::Tile::new(&self.d, isa).is_some_and(|t| E::as_f32(&[]).is_some() || t.whole_output())
             }
-            _ => keeps_half(&self.d, isa),
+            _ => isa != Isa::Portable && nhwc3_fits(&self.d, self.d.out_channels()),
         }
     }
 
@@ -1024,19 +1027,6 @@ fn rows_3x3(d: &Conv2dDesc) -> bool {
 #[cfg(target_arch = "x86_64")]
 fn nhwc3_fits(d: &Conv2dDesc, nb: usize) -> bool {
     d.multiplier == 1 && rows_3x3(d) && nb.is_multiple_of(nhwc3::LANES)
-}
-
-/// Whether a half-precision input can stay as it is stored ([`Conv::xh`]): an NHWC layer
-/// whose every channel block takes the 3 × 3 rows ([`nhwc3_fits`] with all the channels: the
-/// blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them) in `isa`, or an NCHW
-/// layer the channel-vector tile takes (which widens each group's planes,
-/// [`tile::planes`]). Where the kernel then chosen reads the input in place after all
-/// ([`Conv::run_kernel`]: a half-precision output the tile leaves), it is widened whole.
-pub(super) fn keeps_half(d: &Conv2dDesc, isa: Isa) -> bool {
-    match d.layout {
-        Layout::Nchw => tile::Tile::new(d, isa).is_some(),
-        _ => isa != Isa::Portable && nhwc3_fits(d, d.out_channels()),
-    }
 }
 
 /// Channels of one register block of [`nhwc_pixel`] (two AVX2 vectors, one AVX-512 vector).
