@@ -6,7 +6,8 @@
 //!   write it (`shaders/wgsl/common.wgsl`). The CPU backend runs it with a vectorisable `exp`
 //!   (`backend/cpu/activation.rs`), except for the erf GELU, where it runs the CUDA kernels'
 //!   form with an exact division and a vectorisable `2^x` (half the instructions of the erfc
-//!   fit); the CUDA kernels run both GELUs and SiLU on the GPU's
+//!   fit), and on AVX-512 all three from tables of polynomial pieces of their gates
+//!   (`backend/cpu/activation/avx512.rs`); the CUDA kernels run both GELUs and SiLU on the GPU's
 //!   approximate `ex2`/`rcp` instructions (`shaders/cuda/common.cuh`; the erf form there is a
 //!   rational fit of log2 Φ(−|x|), not this module's erfc fit). Those forms are not
 //!   bit-identical to this one; each is proven inside the same bound (the CPU's by a sweep test,

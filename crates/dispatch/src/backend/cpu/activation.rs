@@ -14,14 +14,14 @@
 //! The three transcendental forms run in stages over blocks of 256 elements ([`Staged`]), so
 //! that each loop's dependency chain is short enough for the core to overlap its iterations.
 //!
-//! On AVX-512 the three are written in intrinsics instead ([`avx512`]): the same formulas
-//! with each quotient a refined reciprocal estimate and fewer instructions on the two ports
-//! that run 512-bit arithmetic, and half-precision storage converted as it is loaded and
-//! stored. They are what [`map`], [`map_in_place`] and the fused epilogues ([`apply_isa`])
-//! run there; the results are not bit for bit those of the other instruction sets, and are
-//! held to the same bound by the same sweep. 512 × 3072 GELU took 0.30–0.34 ms against
-//! 0.38–0.39 autovectorised, GELU-tanh 0.32–0.36 against 0.40–0.41, and in f16 storage
-//! 0.34 against 0.49 (2 threads, separate processes alternated).
+//! On AVX-512 the three are written in intrinsics instead ([`avx512`]): each from a table of
+//! polynomial pieces of its gate (`Φ`, `σ(2u)`, `σ`), with these formulas (each quotient a
+//! refined reciprocal estimate) for the lanes far in the negative tail, and half-precision
+//! storage converted as it is loaded and stored. They are what [`map`], [`map_in_place`] and
+//! the fused epilogues ([`apply_isa`]) run there; the results are not bit for bit those of the
+//! other instruction sets, and are held to the same bound by the same sweep. 512 × 3072 GELU
+//! took 0.25 ms against 0.38–0.39 autovectorised (2 threads, separate processes alternated;
+//! the module records the rest).
 //!
 //! NaN and ±Inf give what `apply_f32` gives (tested against it on the special values): every
 //! clamp below either keeps a NaN or feeds a NaN `x` into the final product or quotient.
@@ -486,6 +486,13 @@ mod tests {
             let v = 1e-30f32 * 1.5f32.powi(i);
             [v, -v]
         }));
+        // Every multiple of 1/8 over [−32, 32] and its two neighbours: the AVX-512 tables'
+        // interval edges (width ¼ for the GELUs, 1 for SiLU, out to ±31.5) and the inputs
+        // where their lanes go over to the formula forms (−7.75, −6, −31).
+        xs.extend((-256..=256).flat_map(|i| {
+            let v = i as f32 / 8.0;
+            [v.next_down(), v, v.next_up()]
+        }));
         for isa in Isa::available() {
             for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
                 let mut out = vec![0.0f32; xs.len()];
@@ -609,16 +616,16 @@ mod tests {
 
     /// The staged forms equal their stages composed element by element, bit for bit, at
     /// lengths around the block edges, with and without a bias, in place and not. The
-    /// AVX-512 forms (intrinsics, whose reciprocal estimate has no scalar model) are held to
-    /// themselves one element at a time instead: each element alone in a masked tail gives
-    /// the bits it gets in a full vector, a full block, a partial block, with a bias added
-    /// before or in place.
+    /// AVX-512 forms (intrinsics: tables, and a reciprocal estimate with no scalar model) are
+    /// held to themselves one element at a time instead: each element alone in a masked tail
+    /// gives the bits it gets in a full vector, a full block, a partial block, with a bias
+    /// added before or in place, next to lanes that take the table or the formula form.
     #[test]
     fn staged_forms_match_their_stages_at_every_block_edge() {
         for isa in Isa::available() {
             for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
                 for len in [0, 1, 7, 8, 9, STAGE - 1, STAGE, STAGE + 1, 2 * STAGE + 5, 5 * STAGE - 3] {
-                    let x: Vec<f32> = (0..len).map(|i| (i as f32 * 0.731).sin() * 9.0).collect();
+                    let x: Vec<f32> = (0..len).map(spread).collect();
                     let b: Vec<f32> = (0..len).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
                     for bias in [None, Some(&b[..])] {
                         let pre: Vec<f32> =
@@ -646,6 +653,12 @@ mod tests {
         }
     }
 
+    /// Test input `i`: within ±9 (every form's table and the GELUs' negative tails), and
+    /// every eleventh within ±36 (SiLU's tail).
+    fn spread(i: usize) -> f32 {
+        (i as f32 * 0.731).sin() * if i % 11 == 3 { 36.0 } else { 9.0 }
+    }
+
     /// Whether `map` computes `act` in `isa` with the AVX-512 intrinsics.
     fn intrinsics(isa: Isa, act: Activation) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -669,7 +682,7 @@ mod tests {
             let isa = Isa::detect();
             for act in [Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
                 for len in [1, 5, 16, 17, STAGE - 1, STAGE, STAGE + 3, 3 * STAGE + 21] {
-                    let mut x: Vec<E> = (0..len).map(|i| from((i as f32 * 0.731).sin() * 9.0)).collect();
+                    let mut x: Vec<E> = (0..len).map(|i| from(spread(i))).collect();
                     for (i, &v) in specials.iter().enumerate() {
                         if i * 7 < len {
                             x[i * 7] = v;
