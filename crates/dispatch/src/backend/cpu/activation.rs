@@ -423,7 +423,14 @@ fn chunk<E: Elem>(isa: Isa, act: Activation, x: Option<&[E]>, bias: Option<&[f32
             return forms(act, x.map(|x| E::as_f16(x).expect(SAME)), bias, o, base);
         }
         if let Some(o) = E::as_bf16_mut(out) {
-            return forms(act, x.map(|x| E::as_bf16(x).expect(SAME)), bias, o, base);
+            let x = x.map(|x| E::as_bf16(x).expect(SAME));
+            if avx512::native_bf16() {
+                // SAFETY: as above, and the CPU reported AVX512_BF16.
+                return segments(o.len(), base, bias, |r, b| unsafe {
+                    avx512::run_native_bf16(act, x.map(|x| &x[r.clone()]), b, &mut o[r])
+                });
+            }
+            return forms(act, x, bias, o, base);
         }
     }
     let mut buf = [0.0f32; HALF_CHUNK];
