@@ -94,8 +94,47 @@ thread_local! {
     /// use.
     static W_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// A thread's widened input rows of a half-precision NHWC layer ([`Conv::nhwc_rows`]).
+    /// A thread's widened input of a half-precision layer: NHWC rows ([`Conv::nhwc_rows`]) or
+    /// an NCHW plane ([`PlaneIn`]).
     static NHWC_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The input planes one NCHW task of the band and row kernels reads: `Conv::x`'s, or for a
+/// half-precision input each one widened into this thread's buffer when the task reaches it
+/// (kept while the next output plane reads the same one, as with a channel multiplier above
+/// 1). Widened whole before the call instead, in a parallel pass, the input came from the
+/// other core's cache, after one more hand-off.
+struct PlaneIn {
+    buf: Vec<f32>,
+    /// The input plane (image · channels + channel) `buf` holds.
+    held: Option<usize>,
+}
+
+impl PlaneIn {
+    fn new(conv: &Conv) -> PlaneIn {
+        PlaneIn { buf: if conv.xh.is_some() { NHWC_IN.take() } else { Vec::new() }, held: None }
+    }
+
+    /// Input plane `index` of `hw` elements.
+    fn plane<'a>(&'a mut self, conv: &'a Conv, index: usize, hw: usize) -> &'a [f32] {
+        let Some(xh) = conv.xh else { return &conv.x[index * hw..][..hw] };
+        if self.buf.len() < hw {
+            self.buf.resize(hw, 0.0);
+        }
+        if self.held != Some(index) {
+            xh.widen_range(index * hw, &mut self.buf[..hw]);
+            self.held = Some(index);
+        }
+        &self.buf[..hw]
+    }
+}
+
+impl Drop for PlaneIn {
+    fn drop(&mut self) {
+        if self.buf.capacity() > 0 {
+            NHWC_IN.set(std::mem::take(&mut self.buf));
+        }
+    }
 }
 
 /// A thread's buffers for one NCHW kernel (the band or the tile), and the layer whose padding
@@ -154,8 +193,8 @@ pub(super) struct Conv<'d> {
     pub(super) x: &'d [f32],
     /// A half-precision input left as it is stored: the NHWC 3 × 3 rows widen the input rows
     /// each output row reads on the thread that reads them ([`Conv::nhwc_rows`]), the NCHW
-    /// tile each group's planes ([`tile::planes`]); for every other kernel
-    /// [`Conv::run_kernel`] widens it whole first.
+    /// tile each group's planes ([`tile::planes`]), the NCHW bands and rows each input plane
+    /// ([`PlaneIn`]); for the other NHWC kernels [`Conv::run_kernel`] widens it whole first.
     pub(super) xh: Option<Halves<'d>>,
     /// `[C·m, 1, kh, kw]`, or `[kh, kw, C·m]` where `packed` (a `PackedDepthwise`'s layout).
     pub(super) w: &'d [f32],
@@ -186,7 +225,7 @@ impl Conv<'_> {
     /// or not (tests run the band and row paths on the layers the tile would take).
     pub(super) fn run_kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
         if let Some(xh) = self.xh
-            && !self.reads_half::<E>(isa, allow_tile)
+            && !self.reads_half(isa)
         {
             // Widened whole, for the paths that read the input in place.
             let x = super::widen_halves(xh)?;
@@ -195,16 +234,13 @@ impl Conv<'_> {
         self.kernel(isa, allow_tile, out)
     }
 
-    /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored: the
-    /// NHWC 3 × 3 rows where every channel block takes them ([`nhwc3_fits`] with all the
-    /// channels: the blocks [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them), and
-    /// the NCHW tile (as `kernel` chooses it).
-    fn reads_half<E: Elem>(&self, isa: Isa, allow_tile: bool) -> bool {
+    /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored: every
+    /// NCHW one (the tile, the bands, the rows), and the NHWC 3 × 3 rows where every channel
+    /// block takes them ([`nhwc3_fits`] with all the channels: the blocks
+    /// [`Conv::nhwc_rows`] cuts are multiples of 16, or all of them).
+    fn reads_half(&self, isa: Isa) -> bool {
         match self.d.layout {
-            Layout::Nchw => {
-                allow_tile
-                    && tile::Tile::new(&self.d, isa).is_some_and(|t| E::as_f32(&[]).is_some() || t.whole_output())
-            }
+            Layout::Nchw => true,
             _ => isa != Isa::Portable && nhwc3_fits(&self.d, self.d.out_channels()),
         }
     }
@@ -262,6 +298,7 @@ impl Conv<'_> {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
+                    let mut xin = PlaneIn::new(self);
                     BAND_BUFS.with_borrow_mut(|bb| {
                         // The band buffer's rows, zeroed for the layer (not per plane, not per
                         // call: see `LayerBufs`), which is what keeps the band's padding
@@ -270,7 +307,7 @@ impl Conv<'_> {
                         // layer's copies. The row path uses the buffer as scratch.
                         let bufs = bb.get::<{ BUF + V }, 2>(band.as_ref().map(|g| (d, g.in_rows * g.rs)));
                         for (i, p) in dst.chunks_mut(plane).enumerate() {
-                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs);
+                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs, &mut xin);
                         }
                     })
                 };
@@ -314,12 +351,13 @@ impl Conv<'_> {
         ow: usize,
         dst: &mut [E],
         bufs: &mut [[f32; BUF + V]; 2],
+        xin: &mut PlaneIn,
     ) {
         let d = &self.d;
         let occ = d.out_channels();
         let (n, oc) = (plane / occ, plane % occ);
         let hw = d.height * d.width;
-        let xp = &self.x[(n * d.channels + oc / d.multiplier) * hw..][..hw];
+        let xp = xin.plane(self, n * d.channels + oc / d.multiplier, hw);
         let taps = d.kernel_h * d.kernel_w;
         let wk = &self.w[oc * taps..][..taps];
         let bias = self.bias.map_or(0.0, |b| b[oc]);
