@@ -110,6 +110,13 @@ struct PlaneIn {
     held: Option<usize>,
 }
 
+/// What one NCHW task of the band and row kernels works in: the band buffers and the input
+/// planes.
+struct PlaneScratch<'b> {
+    bufs: &'b mut [[f32; BUF + V]; 2],
+    xin: PlaneIn,
+}
+
 impl PlaneIn {
     fn new(conv: &Conv) -> PlaneIn {
         PlaneIn { buf: if conv.xh.is_some() { NHWC_IN.take() } else { Vec::new() }, held: None }
@@ -298,7 +305,6 @@ impl Conv<'_> {
                 let plane = oh * ow;
                 let band = Band::new(d);
                 let run = |first: usize, dst: &mut [E]| {
-                    let mut xin = PlaneIn::new(self);
                     BAND_BUFS.with_borrow_mut(|bb| {
                         // The band buffer's rows, zeroed for the layer (not per plane, not per
                         // call: see `LayerBufs`), which is what keeps the band's padding
@@ -306,8 +312,9 @@ impl Conv<'_> {
                         // uses: zeroing the whole 32 KiB per task cost as much as a small
                         // layer's copies. The row path uses the buffer as scratch.
                         let bufs = bb.get::<{ BUF + V }, 2>(band.as_ref().map(|g| (d, g.in_rows * g.rs)));
+                        let mut scratch = PlaneScratch { bufs, xin: PlaneIn::new(self) };
                         for (i, p) in dst.chunks_mut(plane).enumerate() {
-                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, bufs, &mut xin);
+                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut scratch);
                         }
                     })
                 };
@@ -350,14 +357,14 @@ impl Conv<'_> {
         plane: usize,
         ow: usize,
         dst: &mut [E],
-        bufs: &mut [[f32; BUF + V]; 2],
-        xin: &mut PlaneIn,
+        scratch: &mut PlaneScratch,
     ) {
         let d = &self.d;
         let occ = d.out_channels();
         let (n, oc) = (plane / occ, plane % occ);
         let hw = d.height * d.width;
-        let xp = xin.plane(self, n * d.channels + oc / d.multiplier, hw);
+        let bufs = &mut *scratch.bufs;
+        let xp = scratch.xin.plane(self, n * d.channels + oc / d.multiplier, hw);
         let taps = d.kernel_h * d.kernel_w;
         let wk = &self.w[oc * taps..][..taps];
         let bias = self.bias.map_or(0.0, |b| b[oc]);
