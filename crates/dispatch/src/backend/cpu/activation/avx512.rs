@@ -8,9 +8,9 @@
 //! interpolating the f64 reference at Chebyshev nodes; it is built on first use. Per 16 lanes:
 //! the interval from the low bits of `a/w + 1.5·2^23` (no conversion), the offset in it
 //! (exact), seven `vpermt2ps` (each picks a coefficient out of 32 held in two registers) and
-//! six multiply-adds — about 20 instructions on the two ports that run 512-bit arithmetic
-//! (0 and 5), where a formula form (a rational fit or an `exp`, then a quotient) takes about
-//! 30. At 512 × 3072 (2 threads, separate processes alternated) GELU took 0.25 ms against
+//! six multiply-adds: 20 instructions on the two ports that run 512-bit arithmetic (0 and 5)
+//! in the compiled loop, besides register copies (`vpermt2ps` overwrites a table register),
+//! where a formula form (a rational fit or an `exp`, then a quotient) takes about 30. At 512 × 3072 (2 threads, separate processes alternated) GELU took 0.25 ms against
 //! 0.32–0.33 with the formula form, GELU-tanh 0.25 against 0.36–0.39, SiLU (512 × 4096) 0.33
 //! against 0.41–0.43, f16 GELU 0.25 against 0.34; in L2 (512 × 768) GELU 0.057 against 0.079.
 //!
