@@ -21,7 +21,7 @@
 //! that low are rare in a network; where nearly every vector has one (inputs spread over
 //! [−20, 20]) GELU takes about 1.8× the formula form's time (0.59 against 0.32 ms).
 //!
-//! The formula forms ([`gelu_erf_formula`], [`gelu_tanh_formula`], [`silu_formula`]) are the
+//! The formula forms (`GeluErf::formula`, `GeluTanh::formula`, `Silu::formula`) are the
 //! portable forms of the parent module, with three changes that take work off the vector
 //! ports:
 //!
@@ -492,10 +492,31 @@ impl Form for GeluErf {
         static TABLE: OnceLock<Table> = OnceLock::new();
         TABLE.get_or_init(|| Table::new(Activation::Gelu, Self::WIDTH as f64))
     }
+    /// GELU, erf form, without the table: `x·Φ(x)` with `log2 Φ(−a)` from the (5, 3) rational
+    /// fit (the parent's `gelu_erf_first` / `gelu_erf_last`): `a = min(|x|, 13.3)`,
+    /// `t = log2 Φ(−a)`, then `max(x, 0) − a·2^t`.
+    ///
+    /// # Safety
+    /// AVX-512F.
     #[inline(always)]
-    unsafe fn formula(x: __m512) -> __m512 {
+    #[allow(clippy::excessive_precision)]
+    unsafe fn formula(p: __m512) -> __m512 {
         // SAFETY: the caller's promise.
-        unsafe { gelu_erf_formula(x) }
+        unsafe {
+            // A NaN x gives a = 13.3 here (the second operand) and NaN from `pos`.
+            let a = _mm512_min_ps(_mm512_abs_ps(p), splat(13.3));
+            let mut n = _mm512_fmadd_ps(splat(-0.009_080_849_59), a, splat(-0.099_625_259_6));
+            n = _mm512_fmadd_ps(n, a, splat(-0.464_242_965));
+            n = _mm512_fmadd_ps(n, a, splat(-1.095_756_53));
+            n = _mm512_fmadd_ps(n, a, splat(-1.151_103_38));
+            n = _mm512_mul_ps(n, a);
+            let mut d = _mm512_fmadd_ps(splat(0.012_598_881_5), a, splat(0.137_181_506));
+            d = _mm512_fmadd_ps(d, a, splat(0.552_969_098));
+            d = _mm512_fmadd_ps(d, a, splat(1.0));
+            // n / d lies in [−178, 0], so t ≤ −1, inside `exp2`'s range.
+            let t = _mm512_sub_ps(quotient(n, d), splat(1.0));
+            _mm512_fnmadd_ps(a, exp2(t), positive_part(p))
+        }
     }
 }
 
@@ -509,10 +530,23 @@ impl Form for GeluTanh {
         static TABLE: OnceLock<Table> = OnceLock::new();
         TABLE.get_or_init(|| Table::new(Activation::GeluTanh, Self::WIDTH as f64))
     }
+    /// GELU, tanh form, without the table: `x / (1 + e^−2u)` with `u = √(2/π)·(x + 0.044715x³)`
+    /// for `x` clamped to [−20, 20] and `−2u` to [−88, 88] (the parent's `gelu_tanh_first`,
+    /// `exp`, `gelu_tanh_last`).
+    ///
+    /// # Safety
+    /// AVX-512F.
     #[inline(always)]
-    unsafe fn formula(x: __m512) -> __m512 {
+    unsafe fn formula(p: __m512) -> __m512 {
         // SAFETY: the caller's promise.
-        unsafe { gelu_tanh_formula(x) }
+        unsafe {
+            // A NaN x is clamped to a number here; the final quotient is NaN.
+            let xc = _mm512_min_ps(_mm512_max_ps(p, splat(-20.0)), splat(20.0));
+            let c = _mm512_fmadd_ps(_mm512_mul_ps(splat(0.044_715), xc), xc, splat(1.0));
+            let u = _mm512_mul_ps(_mm512_mul_ps(splat(0.797_884_6), xc), c);
+            let e = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(splat(-2.0), u), splat(-88.0)), splat(88.0));
+            tanh_quotient(p, exp(e))
+        }
     }
 }
 
@@ -525,10 +559,28 @@ impl Form for Silu {
         static TABLE: OnceLock<Table> = OnceLock::new();
         TABLE.get_or_init(|| Table::new(Activation::Silu, Self::WIDTH as f64))
     }
+    /// SiLU without the table, `x·σ(x)` (the parent's `silu_first` / `silu_last`):
+    /// `e = e^−|x|`, `v = e / (1 + e)`, then `x − min(x, 88)·v` for x ≥ 0, `x·v` for x < 0, and −0
+    /// below the cutoff.
+    ///
+    /// # Safety
+    /// AVX-512F.
     #[inline(always)]
-    unsafe fn formula(x: __m512) -> __m512 {
-        // SAFETY: the caller's promise.
-        unsafe { silu_formula(x) }
+    unsafe fn formula(p: __m512) -> __m512 {
+        // SAFETY: the caller's promise; `e` lies in (0, 1], so `v` is in (0, 1/2] and normal.
+        unsafe {
+            // −|x| as the sign bit set (at most 0, so `exp`'s upper clamp is left out). A NaN x
+            // gives a number here (the lower clamp takes its second operand).
+            let minus_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(p), _mm512_set1_epi32(i32::MIN)));
+            let e = exp_of::<false>(minus_abs);
+            let v = quotient(e, _mm512_add_ps(splat(1.0), e));
+            let pos = _mm512_fnmadd_ps(_mm512_min_ps(p, splat(88.0)), v, p);
+            // x·v, or −0 below the cutoff (NaN is not below it: NaN).
+            let above = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(p, splat(tilekit_kernels::activation::SILU_CUTOFF));
+            let neg = _mm512_mask_mul_ps(splat(-0.0), above, p, v);
+            // x ≥ 0 takes `pos`; NaN (unordered) takes the negative side.
+            _mm512_mask_mov_ps(neg, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(p, splat(0.0)), pos)
+        }
     }
 }
 
@@ -652,52 +704,6 @@ unsafe fn run_form<T: Io, F: Form>(src: Src<T>, dst: *mut T, len: usize) {
     }
 }
 
-/// GELU, erf form, without the table: `x·Φ(x)` with `log2 Φ(−a)` from the (5, 3) rational
-/// fit (the parent's `gelu_erf_first` / `gelu_erf_last`): `a = min(|x|, 13.3)`,
-/// `t = log2 Φ(−a)`, then `max(x, 0) − a·2^t`.
-///
-/// # Safety
-/// AVX-512F.
-#[inline(always)]
-#[allow(clippy::excessive_precision)]
-unsafe fn gelu_erf_formula(p: __m512) -> __m512 {
-    // SAFETY: the caller's promise.
-    unsafe {
-        // A NaN x gives a = 13.3 here (the second operand) and NaN from `pos`.
-        let a = _mm512_min_ps(_mm512_abs_ps(p), splat(13.3));
-        let mut n = _mm512_fmadd_ps(splat(-0.009_080_849_59), a, splat(-0.099_625_259_6));
-        n = _mm512_fmadd_ps(n, a, splat(-0.464_242_965));
-        n = _mm512_fmadd_ps(n, a, splat(-1.095_756_53));
-        n = _mm512_fmadd_ps(n, a, splat(-1.151_103_38));
-        n = _mm512_mul_ps(n, a);
-        let mut d = _mm512_fmadd_ps(splat(0.012_598_881_5), a, splat(0.137_181_506));
-        d = _mm512_fmadd_ps(d, a, splat(0.552_969_098));
-        d = _mm512_fmadd_ps(d, a, splat(1.0));
-        // n / d lies in [−178, 0], so t ≤ −1, inside `exp2`'s range.
-        let t = _mm512_sub_ps(quotient(n, d), splat(1.0));
-        _mm512_fnmadd_ps(a, exp2(t), positive_part(p))
-    }
-}
-
-/// GELU, tanh form, without the table: `x / (1 + e^−2u)` with `u = √(2/π)·(x + 0.044715x³)`
-/// for `x` clamped to [−20, 20] and `−2u` to [−88, 88] (the parent's `gelu_tanh_first`,
-/// `exp`, `gelu_tanh_last`).
-///
-/// # Safety
-/// AVX-512F.
-#[inline(always)]
-unsafe fn gelu_tanh_formula(p: __m512) -> __m512 {
-    // SAFETY: the caller's promise.
-    unsafe {
-        // A NaN x is clamped to a number here; the final quotient is NaN.
-        let xc = _mm512_min_ps(_mm512_max_ps(p, splat(-20.0)), splat(20.0));
-        let c = _mm512_fmadd_ps(_mm512_mul_ps(splat(0.044_715), xc), xc, splat(1.0));
-        let u = _mm512_mul_ps(_mm512_mul_ps(splat(0.797_884_6), xc), c);
-        let e = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(splat(-2.0), u), splat(-88.0)), splat(88.0));
-        tanh_quotient(p, exp(e))
-    }
-}
-
 /// `x / (1 + e)` for `e` in [0, e^88] and any `x`: [`quotient`] of the halves `x/2` and
 /// `1/2 + e/2`, except where `x` is ±∞ or NaN (the refinement would make ∞ − ∞), where it is
 /// the estimate `x/2 · r`: ±∞ and NaN, as the quotient gives.
@@ -723,30 +729,6 @@ unsafe fn tanh_quotient(x: __m512, e: __m512) -> __m512 {
         // |x| < ∞ is false for ±∞ and NaN: they keep q0.
         let finite = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(x), splat(f32::INFINITY));
         _mm512_mask_mov_ps(q0, finite, q)
-    }
-}
-
-/// SiLU without the table, `x·σ(x)` (the parent's `silu_first` / `silu_last`):
-/// `e = e^−|x|`, `v = e / (1 + e)`, then `x − min(x, 88)·v` for x ≥ 0, `x·v` for x < 0, and −0
-/// below the cutoff.
-///
-/// # Safety
-/// AVX-512F.
-#[inline(always)]
-unsafe fn silu_formula(p: __m512) -> __m512 {
-    // SAFETY: the caller's promise; `e` lies in (0, 1], so `v` is in (0, 1/2] and normal.
-    unsafe {
-        // −|x| as the sign bit set (at most 0, so `exp`'s upper clamp is left out). A NaN x
-        // gives a number here (the lower clamp takes its second operand).
-        let minus_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(p), _mm512_set1_epi32(i32::MIN)));
-        let e = exp_of::<false>(minus_abs);
-        let v = quotient(e, _mm512_add_ps(splat(1.0), e));
-        let pos = _mm512_fnmadd_ps(_mm512_min_ps(p, splat(88.0)), v, p);
-        // x·v, or −0 below the cutoff (NaN is not below it: NaN).
-        let above = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(p, splat(tilekit_kernels::activation::SILU_CUTOFF));
-        let neg = _mm512_mask_mul_ps(splat(-0.0), above, p, v);
-        // x ≥ 0 takes `pos`; NaN (unordered) takes the negative side.
-        _mm512_mask_mov_ps(neg, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(p, splat(0.0)), pos)
     }
 }
 
