@@ -936,8 +936,8 @@ fn depthwise(
 ) -> Result<()> {
     let mut locks = Locks::take(&[Some(input), Some(weight), bias], out)?;
     let (ins, out_data) = locks.split();
-    // A half-precision input stays as it is stored: the NHWC 3 × 3 rows and the NCHW tile widen
-    // what each task reads, and `Conv::run_kernel` widens it whole for the other kernels.
+    // A half-precision input stays as it is stored: the NHWC 3 × 3 rows and every NCHW kernel
+    // widen what each task reads, and `Conv::run_kernel` widens it whole for the other kernels.
     let (x, xh) = match ins.get(input)? {
         CpuData::F16(v) => (F32s::Borrowed(&[]), Some(Halves::F16(&v[..]))),
         CpuData::Bf16(v) => (F32s::Borrowed(&[]), Some(Halves::Bf16(&v[..]))),

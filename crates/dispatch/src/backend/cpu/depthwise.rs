@@ -47,7 +47,8 @@
 //!   (32 × 112² 0.72, 96 × 112² stride 2 0.50, 960 × 7² 0.77; 2 threads, separate processes
 //!   alternated, the same sums). The NCHW tile likewise widens each group's planes
 //!   ([`tile::planes`]): the seven layers it takes in 0.65–0.96 of the time (96 × 112²
-//!   stride 2 0.66, 384 × 14² 0.81–0.83). Every other path widens the input whole.
+//!   stride 2 0.66, 384 × 14² 0.81–0.83), and the NCHW band and row kernels each input plane
+//!   ([`PlaneIn`]: 32 × 112² in 0.75–0.85). The other NHWC kernels widen the input whole.
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
@@ -94,9 +95,9 @@ thread_local! {
     /// use.
     static W_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     static NHWC_ROW: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// A thread's widened input of a half-precision layer: NHWC rows ([`Conv::nhwc_rows`]) or
-    /// an NCHW plane ([`PlaneIn`]).
-    static NHWC_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A thread's widened input of a half-precision layer: NHWC rows ([`Conv::nhwc_rows`]), an
+    /// NCHW plane ([`PlaneIn`]) or the NCHW tile's group of planes ([`tile::planes`]).
+    pub(super) static HALF_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The input planes one NCHW task of the band and row kernels reads: `Conv::x`'s, or for a
@@ -119,7 +120,7 @@ struct PlaneScratch<'b> {
 
 impl PlaneIn {
     fn new(conv: &Conv) -> PlaneIn {
-        PlaneIn { buf: if conv.xh.is_some() { NHWC_IN.take() } else { Vec::new() }, held: None }
+        PlaneIn { buf: if conv.xh.is_some() { HALF_IN.take() } else { Vec::new() }, held: None }
     }
 
     /// Input plane `index` of `hw` elements.
@@ -139,7 +140,7 @@ impl PlaneIn {
 impl Drop for PlaneIn {
     fn drop(&mut self) {
         if self.buf.capacity() > 0 {
-            NHWC_IN.set(std::mem::take(&mut self.buf));
+            HALF_IN.set(std::mem::take(&mut self.buf));
         }
     }
 }
@@ -434,7 +435,7 @@ impl Conv<'_> {
         // A half-precision input: the (up to) three input rows of each output row widened
         // into this thread's buffer, kernel row `ky`'s at `ky · w · c`.
         let (h, w, c) = (d.height, d.width, d.channels);
-        let mut xrows = if self.xh.is_some() { NHWC_IN.take() } else { Vec::new() };
+        let mut xrows = if self.xh.is_some() { HALF_IN.take() } else { Vec::new() };
         if self.xh.is_some() && xrows.len() < 3 * w * c {
             xrows.resize(3 * w * c, 0.0);
         }
@@ -487,7 +488,7 @@ impl Conv<'_> {
             NHWC_ROW.set(buf);
         }
         if self.xh.is_some() {
-            NHWC_IN.set(xrows);
+            HALF_IN.set(xrows);
         }
     }
 }

@@ -32,7 +32,7 @@
 use super::super::activation::apply_isa;
 use super::super::simd::{Isa, madd, multiversion};
 use super::super::{Elem, Halves};
-use super::{Conv, LayerBufs, MAX_TAPS, V};
+use super::{Conv, HALF_IN, LayerBufs, MAX_TAPS, V};
 use tilekit_kernels::Conv2dDesc;
 
 /// Output planes per group: the lanes of one AVX2 vector.
@@ -172,7 +172,7 @@ impl Tile {
 pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst: &mut [E]) {
     let plane = t.oh * t.ow;
     // A half-precision input: each group's planes widened into this thread's buffer first.
-    let mut xw = if conv.xh.is_some() { GROUP_IN.take() } else { Vec::new() };
+    let mut xw = if conv.xh.is_some() { HALF_IN.take() } else { Vec::new() };
     if conv.xh.is_some() && xw.len() < G * t.d.height * t.d.width {
         xw.resize(G * t.d.height * t.d.width, 0.0);
     }
@@ -200,13 +200,8 @@ pub(super) fn planes<E: Elem>(isa: Isa, t: &Tile, conv: &Conv, first: usize, dst
         }
     });
     if conv.xh.is_some() {
-        GROUP_IN.set(xw);
+        HALF_IN.set(xw);
     }
-}
-
-thread_local! {
-    /// A thread's widened input planes of one group, for a half-precision input ([`planes`]).
-    static GROUP_IN: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// What one group of output planes needs.
