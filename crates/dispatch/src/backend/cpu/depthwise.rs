@@ -1,9 +1,16 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1, stride 1
-//!   or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64 outputs
-//!   ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
+//! - NCHW 3 × 3 layers with stride and dilation 1 and rows of 8 to 256 outputs, on AVX-512
+//!   ([`rows512`]): each output row as 16-lane vectors, every tap one masked load from the
+//!   input where it lies and one masked multiply-add, 4 output rows at a time so each input
+//!   row's three shifted vectors are loaded once for all of them. MobileNetV2's 14² to 112²
+//!   layers took 0.49–0.68 of the tile kernel's time below (f32, f16 and packed weights
+//!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits); its 7² layer, 7
+//!   lanes of 16, stays on the tile.
+//! - Other NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1,
+//!   stride 1 or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64
+//!   outputs ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
 //!   as the vector lanes (in bands of rows where the whole padded plane does not fit), each
 //!   tap is one vector load at a fixed offset times the tap's weight vector, 8 output pixels
 //!   at a time, and the sums are transposed back. On MobileNet's 7² and 14² planes this is
@@ -22,7 +29,14 @@
 //!   64 taps, rows too wide) take the row path: one output row as the vector, each tap's
 //!   valid range computed once per plane ([`tap_range`]), 3-wide kernels' three taps fused
 //!   where all are valid.
-//! - NHWC: channels are the SIMD axis. Weights are transposed once per call, on the calling
+//! - NHWC f32 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
+//!   input planes of at most 64² pixels and whole 8-channel blocks, on AVX2 and AVX-512
+//!   ([`Conv::nhwc_blocks`]): one channel block of one image at a time, its nine weight
+//!   vectors loaded once for the whole plane (gathered from the stored `[channel][tap]`
+//!   weights, so no transposition), the block's input, three rows at a time, in L1 from one
+//!   output row to the next; one run of blocks per thread. MobileNetV2's layers up to 56²
+//!   took 0.46–0.66 of the time of the rows below.
+//! - Other NHWC layers: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
 //!   layer's time). 3 × 3 kernels with multiplier 1, horizontal dilation 1, stride 1 or 2 and
 //!   whole 8-channel blocks take [`nhwc3`] where the CPU has AVX2 and FMA: the block's nine
@@ -37,8 +51,9 @@
 //!   output channels that read it (im2col's 3 × 9 channels through this path took 3.3 ms at
 //!   224² with a division per element, 1.9 ms so; `im2col` is now a gather of its own).
 //! - Pre-packed weights (`PackedDepthwise`, `[kh, kw, C·m]`) are read as they are by the NHWC
-//!   kernels (no transposition) and the NCHW tile; the NCHW band and row kernels get them
-//!   moved back to `[channel][tap]` once per call, into the same per-thread buffer.
+//!   kernels (no transposition), the NCHW tile and the 16-lane rows; the NCHW band and row
+//!   kernels get them moved back to `[channel][tap]` once per call, into the same per-thread
+//!   buffer.
 //! - A half-precision input of an NHWC layer the 3 × 3 rows take is not widened whole first:
 //!   each output row's task widens the (up to) three input rows it reads into its thread's
 //!   buffer ([`Conv::nhwc_rows`]). Widened whole, in a parallel pass before the layer, the
@@ -47,20 +62,22 @@
 //!   (32 × 112² 0.72, 96 × 112² stride 2 0.50, 960 × 7² 0.77; 2 threads, separate processes
 //!   alternated, the same sums). The NCHW tile likewise widens each group's planes
 //!   ([`tile::planes`]): the seven layers it takes in 0.65–0.96 of the time (96 × 112²
-//!   stride 2 0.66, 384 × 14² 0.81–0.83), and the NCHW band and row kernels each input plane
-//!   ([`PlaneIn`]: 32 × 112² in 0.75–0.85). The other NHWC kernels widen the input whole.
+//!   stride 2 0.66, 384 × 14² 0.81–0.83), and the NCHW band, row and 16-lane row kernels
+//!   each input plane ([`PlaneIn`]: 32 × 112² in 0.75–0.85). The other NHWC kernels widen
+//!   the input whole (the NHWC channel blocks take f32 inputs only).
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
 //!   (NCHW), made once per thread. No call allocates after a thread's first.
 //! - Work is split over (image, channel plane) blocks for NCHW and (image, output row) blocks
-//!   for NHWC, and only when the layer has enough multiply-adds to pay for the hand-off; the
+//!   for NHWC (the NHWC channel blocks: one run of (image, channel block) per thread), and
+//!   only when the layer has enough multiply-adds to pay for the hand-off; the
 //!   calling thread works on the blocks from the start, with the pool's threads joining as
 //!   they wake ([`for_each_chunk_mut`]).
 
 use super::activation::apply_isa;
 use super::aligned::AlignedBuf;
-use super::pool::for_each_chunk_mut;
+use super::pool::{for_each_chunk_mut, for_each_index};
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, Halves, internal};
 use crate::Result;
@@ -68,10 +85,25 @@ use tilekit_kernels::{Conv2dDesc, Layout};
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod nhwc3;
+#[cfg(target_arch = "x86_64")]
+mod rows512;
 mod tile;
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).
 const PARALLEL_MIN: usize = 1 << 17;
+
+/// The most input pixels per plane of an NHWC 3 × 3 layer that runs one channel block at a
+/// time ([`Conv::nhwc_blocks`]). MobileNetV2's layers up to 56² took 0.46–0.66 of the row
+/// kernel's time that way, its 112² ones 1.3–1.4× (2-core AVX-512 Xeon, in-process A/B): their
+/// inputs (1.6–4.8 MB) come from memory, and a block reads one cache line per pixel.
+const BLOCK_PLANE: usize = 32 * 32;
+
+/// A raw pointer to a layer's output, for tasks that write interleaved but disjoint elements
+/// (see the SAFETY note at its use).
+struct Out(*mut f32);
+// SAFETY: each task writes only its own channel blocks' elements, and the caller waits for
+// every task (`for_each_index`).
+unsafe impl Sync for Out {}
 
 /// Multiply-adds per parallel task (enough to amortise a task's ~1 µs many times over).
 const TASK_WORK: usize = 1 << 16;
@@ -229,8 +261,9 @@ impl Conv<'_> {
         self.run_kernel(isa, true, out)
     }
 
-    /// [`Conv::run_isa`] with the NCHW channel-vector tile allowed (where the layer suits it)
-    /// or not (tests run the band and row paths on the layers the tile would take).
+    /// [`Conv::run_isa`] with the small-plane kernels allowed (where the layer suits them) or
+    /// not: the NCHW channel-vector tile and the NHWC channel blocks ([`Conv::nhwc_blocks`]).
+    /// Tests run the band, row and NHWC row paths on the layers these would take.
     pub(super) fn run_kernel<E: Elem>(&self, isa: Isa, allow_tile: bool, out: &mut [E]) -> Result<()> {
         if let Some(xh) = self.xh
             && !self.reads_half(isa)
@@ -276,8 +309,28 @@ impl Conv<'_> {
         }
         let out = &mut out[..total];
         let taps = d.kernel_h * d.kernel_w;
+        // Small NHWC f32 planes go one channel block at a time.
+        #[cfg(target_arch = "x86_64")]
+        if allow_tile
+            && let Some(lanes) = self.block_lanes(isa)
+            && let Some(out) = E::as_f32_mut(out)
+        {
+            self.nhwc_blocks(lanes, oh, ow, out);
+            return Ok(());
+        }
+        // NCHW 3 × 3 layers at stride 1 go through 16-lane rows on AVX-512 (half-precision
+        // outputs through the band buffer, so planes of at most BUF outputs).
+        #[cfg(target_arch = "x86_64")]
+        let rows16 = if d.layout == Layout::Nchw && allow_tile && isa == Isa::Avx512 {
+            rows512::Rows512::new(d).filter(|g| E::as_f32(&[]).is_some() || g.outputs() <= BUF)
+        } else {
+            None
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let rows16: Option<()> = None;
         // Small NCHW planes, and strided ones, go through the channel-vector tile.
-        let tile = if d.layout == Layout::Nchw && allow_tile { tile::Tile::new(d, isa) } else { None };
+        let tile =
+            if d.layout == Layout::Nchw && allow_tile && rows16.is_none() { tile::Tile::new(d, isa) } else { None };
         // Half-precision outputs go through a narrowing buffer of one group's whole output.
         let tile = tile.filter(|t| E::as_f32(&[]).is_some() || t.whole_output());
         match (d.layout, tile) {
@@ -286,7 +339,7 @@ impl Conv<'_> {
                 let run = |first: usize, dst: &mut [E]| tile::planes(isa, &t, self, first, dst);
                 in_tasks(out, plane, plane * taps.max(1), tile::G, run);
             }
-            (Layout::Nchw, None) if self.packed => {
+            (Layout::Nchw, None) if self.packed && rows16.is_none() => {
                 // The band and row kernels read each plane's taps together: packed weights are
                 // moved back to `[out channel][tap]` once per call, in the calling thread's
                 // weights buffer (as NHWC's transposition below), and the layer runs on that.
@@ -304,7 +357,15 @@ impl Conv<'_> {
             }
             (Layout::Nchw, None) => {
                 let plane = oh * ow;
-                let band = Band::new(d);
+                let band = if rows16.is_some() { None } else { Band::new(d) };
+                #[cfg(target_arch = "x86_64")]
+                let kernel = match (&rows16, &band) {
+                    (Some(f), _) => PlaneKernel::Rows512(f),
+                    (None, Some(g)) => PlaneKernel::Band(g),
+                    (None, None) => PlaneKernel::Rows,
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let kernel = band.as_ref().map_or(PlaneKernel::Rows, PlaneKernel::Band);
                 let run = |first: usize, dst: &mut [E]| {
                     BAND_BUFS.with_borrow_mut(|bb| {
                         // The band buffer's rows, zeroed for the layer (not per plane, not per
@@ -315,7 +376,7 @@ impl Conv<'_> {
                         let bufs = bb.get::<{ BUF + V }, 2>(band.as_ref().map(|g| (d, g.in_rows * g.rs)));
                         let mut scratch = PlaneScratch { bufs, xin: PlaneIn::new(self) };
                         for (i, p) in dst.chunks_mut(plane).enumerate() {
-                            self.nchw_plane(isa, band.as_ref(), first + i, ow, p, &mut scratch);
+                            self.nchw_plane(isa, kernel, first + i, ow, p, &mut scratch);
                         }
                     })
                 };
@@ -350,11 +411,89 @@ impl Conv<'_> {
         Ok(())
     }
 
+    /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: an NHWC
+    /// f32 input, 3 × 3 rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes
+    /// of at most [`BLOCK_PLANE`] pixels, and whole 16-channel blocks (on AVX-512) or 8-channel
+    /// ones. (The output must be f32 too.)
+    #[cfg(target_arch = "x86_64")]
+    fn block_lanes(&self, isa: Isa) -> Option<usize> {
+        use tilekit_kernels::Activation;
+        let d = &self.d;
+        let c = d.out_channels();
+        let act = matches!(d.activation, Activation::None | Activation::Relu | Activation::Relu6);
+        let fits = d.layout == Layout::Nhwc && self.xh.is_none() && act && isa != Isa::Portable && nhwc3_fits(d, c);
+        (fits && (1..=BLOCK_PLANE).contains(&(d.height * d.width)))
+            .then_some(if isa == Isa::Avx512 && c.is_multiple_of(16) { 16 } else { 8 })
+    }
+
+    /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
+    /// block's nine weight vectors and bias are loaded once for the whole plane (packed
+    /// weights one vector a tap, stored `[channel][tap]` ones gathered: no transposition on
+    /// the calling thread), and its input, three rows at a time, stays in L1 from one output
+    /// row to the next ([`nhwc3::avx::plane_for`]). Where each output row ran every channel,
+    /// its input rows came from L2 once per output row that reads them.
+    ///
+    /// The tasks are one run of whole images' blocks per thread: the tasks' outputs interleave
+    /// (each pixel's channels are split between them), and every boundary inside a pixel is a
+    /// cache line both cores write near. Cut in runs of about [`TASK_WORK`] (4–10 per thread,
+    /// taken in turn), MobileNetV2's 14² layer took 1.4–1.6× the time of the row kernel; in
+    /// one run per thread, 0.5–0.6× (2-core AVX-512 Xeon, in-process A/B, the same bits).
+    #[cfg(target_arch = "x86_64")]
+    fn nhwc_blocks(&self, lanes: usize, oh: usize, ow: usize, out: &mut [f32]) {
+        use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
+        use tilekit_kernels::Activation;
+        let d = &self.d;
+        let (h, w, c) = (d.height, d.width, d.channels);
+        let nblocks = c / lanes;
+        let units = d.batch * nblocks;
+        let per = if units * oh * ow * 9 * lanes < PARALLEL_MIN {
+            units
+        } else {
+            units.div_ceil(rayon::current_num_threads().max(1))
+        };
+        let (lo, hi) = interior(d, ow);
+        let row = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow };
+        let g = PlaneGeometry {
+            row,
+            stride_w: d.stride_w,
+            height: h,
+            oh,
+            stride_h: d.stride_h,
+            dilation_h: d.dilation_h,
+            pad_top: d.pad_top,
+        };
+        let act = match d.activation {
+            Activation::Relu => RELU,
+            Activation::Relu6 => RELU6,
+            _ => NONE,
+        };
+        // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
+        let wl = if self.packed { (c, 1) } else { (1, 9) };
+        let plane_out = oh * ow * c;
+        assert!(out.len() >= d.batch * plane_out, "NHWC output shorter than the layer");
+        let base = Out(out.as_mut_ptr());
+        let run = |t: usize| {
+            let base = &base;
+            for u in t * per..((t + 1) * per).min(units) {
+                let (n, c0) = (u / nblocks, u % nblocks * lanes);
+                let x = &self.x[n * h * w * c + c0..][..(h * w - 1) * c + lanes];
+                let wts = if self.packed { &self.w[c0..] } else { &self.w[c0 * 9..] };
+                let bias = self.bias.map(|b| &b[c0..c0 + lanes]);
+                // SAFETY: `isa` is AVX2 or AVX-512 (`block_lanes`), with FMA, and AVX-512F where
+                // the lanes are 16 (`Isa::Avx512` only); the block's output pixels (`oh·ow` of
+                // `lanes` channels, `c` apart, from the image's block start) lie inside `out`
+                // (asserted above), and no other block writes them.
+                unsafe { plane_for(lanes == 16, act, x, &g, wts, wl, bias, base.0.add(n * plane_out + c0), c) };
+            }
+        };
+        for_each_index(units.div_ceil(per), &run);
+    }
+
     /// One NCHW output plane (`plane` = image · out channels + out channel).
     fn nchw_plane<E: Elem>(
         &self,
         isa: Isa,
-        band: Option<&Band>,
+        kernel: PlaneKernel,
         plane: usize,
         ow: usize,
         dst: &mut [E],
@@ -367,9 +506,23 @@ impl Conv<'_> {
         let bufs = &mut *scratch.bufs;
         let xp = scratch.xin.plane(self, n * d.channels + oc / d.multiplier, hw);
         let taps = d.kernel_h * d.kernel_w;
-        let wk = &self.w[oc * taps..][..taps];
+        let wk = if self.packed { &[][..] } else { &self.w[oc * taps..][..taps] };
         let bias = self.bias.map_or(0.0, |b| b[oc]);
-        if let Some(g) = band {
+        #[cfg(target_arch = "x86_64")]
+        if let PlaneKernel::Rows512(f) = kernel {
+            // Packed weights (`[tap][out channel]`) are read as they are.
+            let wk: [f32; 9] = std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { wk[t] });
+            match E::as_f32_mut(dst) {
+                Some(dst) => rows512_plane(f, d.activation, xp, &wk, bias, dst),
+                None => {
+                    let o = &mut bufs[1][..f.outputs()];
+                    rows512_plane(f, d.activation, xp, &wk, bias, o);
+                    E::narrow_into(o, dst);
+                }
+            }
+            return;
+        }
+        if let PlaneKernel::Band(g) = kernel {
             let oh = dst.len() / ow;
             let [buf, obuf] = bufs;
             match E::as_f32_mut(dst) {
@@ -490,6 +643,43 @@ impl Conv<'_> {
         if self.xh.is_some() {
             HALF_IN.set(xrows);
         }
+    }
+}
+
+/// The kernel [`Conv::nchw_plane`] runs a plane with.
+#[derive(Clone, Copy)]
+enum PlaneKernel<'g> {
+    Band(&'g Band),
+    #[cfg(target_arch = "x86_64")]
+    Rows512(&'g rows512::Rows512),
+    Rows,
+}
+
+/// One NCHW plane through the 16-lane rows ([`rows512::plane`]: 3 × 3, stride 1, AVX-512),
+/// `dst` all its outputs: ReLU and ReLU6 applied in registers, other activations over the
+/// plane after it (in L1).
+#[cfg(target_arch = "x86_64")]
+fn rows512_plane(
+    f: &rows512::Rows512,
+    act: tilekit_kernels::Activation,
+    x: &[f32],
+    wk: &[f32; 9],
+    bias: f32,
+    dst: &mut [f32],
+) {
+    use nhwc3::avx::{NONE, RELU, RELU6};
+    use tilekit_kernels::Activation;
+    // SAFETY: the 16-lane rows are chosen only where `isa` is `Isa::Avx512` (`Conv::kernel`),
+    // which `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
+    unsafe {
+        match act {
+            Activation::Relu => rows512::plane::<RELU>(f, x, wk, bias, dst),
+            Activation::Relu6 => rows512::plane::<RELU6>(f, x, wk, bias, dst),
+            _ => rows512::plane::<NONE>(f, x, wk, bias, dst),
+        }
+    }
+    if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
+        super::activation::map_in_place(Isa::Avx512, act, dst, None);
     }
 }
 

@@ -553,6 +553,9 @@ fn general_matmul_is_exact() {
     }
 }
 
+/// Elements past a depthwise layer's output that [`check_conv`] checks are left alone.
+const GUARD: usize = 19;
+
 fn check_conv(d: &Conv2dDesc, seed: u64) {
     let mut rng = Rng(seed);
     let [a, b, c, e] = d.input_shape();
@@ -563,9 +566,10 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     let mut want = vec![0.0f64; out_len];
     let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     reference::depthwise_conv2d(d, &f(&x), &f(&w), bias.as_deref().map(f).as_deref(), &mut want);
-    // NCHW layers also run with the channel-vector tile turned off, so the band and row
-    // paths stay checked on the small planes the tile takes.
-    let tiles: &[bool] = if d.layout == Layout::Nchw { &[true, false] } else { &[true] };
+    // Layers also run with the small-plane kernels turned off (NCHW's channel-vector tile,
+    // NHWC's channel blocks), so the band, row and NHWC row paths stay checked on the planes
+    // those take.
+    let tiles = [true, false];
     // The same weights pre-packed `[kh, kw, C·m]` (as `PackedDepthwise` holds them).
     let (occ, taps) = (d.out_channels(), d.kernel_h * d.kernel_w);
     let wp: Vec<f32> = (0..taps * occ).map(|i| w[(i % occ) * taps + i / occ]).collect();
@@ -580,24 +584,30 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
                 let w = if packed { &wp } else { &w };
                 let x: &[f32] = if xh.is_some() { &[] } else { &x };
                 let conv = Conv { d: *d, x, xh, w, packed, bias: bias.as_deref() };
-                let got = match dtype {
+                // NaN where the output goes, the sentinel in a guard band past it.
+                let fill = |i: usize| if i < out_len { f32::NAN } else { SENTINEL };
+                let mut got = match dtype {
                     DType::F32 => {
-                        let mut o = vec![f32::NAN; out_len];
+                        let mut o: Vec<f32> = (0..out_len + GUARD).map(fill).collect();
                         conv.run_kernel(isa, tile, &mut o).expect("run");
                         o
                     }
                     DType::F16 => {
-                        let mut o = vec![f16::NAN; out_len];
+                        let mut o: Vec<f16> = (0..out_len + GUARD).map(|i| f16::from_f32(fill(i))).collect();
                         conv.run_kernel(isa, tile, &mut o).expect("run");
                         load(&o)
                     }
                     DType::Bf16 => {
-                        let mut o = vec![bf16::NAN; out_len];
+                        let mut o: Vec<bf16> = (0..out_len + GUARD).map(|i| bf16::from_f32(fill(i))).collect();
                         conv.run_kernel(isa, tile, &mut o).expect("run");
                         load(&o)
                     }
                     other => unimplemented!("{other:?}"),
                 };
+                assert!(
+                    got.drain(out_len..).all(|v| v == SENTINEL),
+                    "{isa:?} tile {tile} packed {packed} {dtype} {d:?} seed {seed}: wrote past the output"
+                );
                 let want32 = round(&want.iter().map(|&x| x as f32).collect::<Vec<_>>());
                 for (i, (&g, &x)) in got.iter().zip(&want32).enumerate() {
                     assert!(
@@ -912,6 +922,56 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
     }
 }
 
+/// The NCHW 16-lane rows (`depthwise::rows512`: 3 × 3, stride and dilation 1, AVX-512): rows
+/// of 8 outputs (the fewest it takes) to 256 (the most) and one past, around one and two
+/// vectors; plane heights that leave every remainder of the 4-row groups; paddings from none
+/// (the output narrower than the input) to 2 on one side only, top and bottom unequal; a
+/// multiplier; and a plane of more outputs than the band buffer (f32 outputs only take the
+/// rows there).
+#[test]
+fn depthwise_nchw_rows512_are_exact() {
+    let mut seed = 8700;
+    for &(h, w) in &[(1, 8), (2, 15), (3, 16), (5, 17), (6, 31), (7, 33), (9, 10), (4, 256), (3, 257), (40, 240)] {
+        for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 1, 1]] {
+            let g = conv_geometry(
+                Layout::Nchw,
+                [1 + seed as usize % 2, 1 + seed as usize % 3, h, w],
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                pads,
+            );
+            if let Some(d) = varied_layer(g, &[1, 1, 2], seed) {
+                check_conv(&d, seed);
+            }
+            seed += 1;
+        }
+    }
+}
+
+/// The NHWC channel blocks (`Conv::nhwc_blocks`: f32 3 × 3 layers with planes of up to 64²
+/// pixels): 8- and 16-channel blocks (24 and 40 channels take 8-lane vectors on AVX-512 too),
+/// planes from one pixel to the limit and one past it, both strides, vertical dilation,
+/// paddings from none to past the kernel, one to three images; `check_conv` also runs them
+/// through the row kernels and checks the words past the output.
+#[test]
+fn depthwise_nhwc_channel_blocks_are_exact() {
+    let mut seed = 8800;
+    for &(c, h, w) in
+        &[(8, 1, 1), (16, 2, 3), (24, 7, 7), (32, 14, 5), (40, 3, 17), (16, 64, 64), (16, 65, 63), (160, 9, 4)]
+    {
+        for &(s, dh, pads) in &[(1, 1, [1, 1, 1, 1]), (2, 1, [1, 1, 1, 1]), (1, 2, [0, 2, 2, 0]), (2, 1, [3, 0, 0, 3])]
+        {
+            let batch = if h * w > 1000 { 1 } else { 1 + seed as usize % 3 };
+            let g = conv_geometry(Layout::Nhwc, [batch, c, h, w], [3, 3], [s, s], [dh, 1], pads);
+            if let Some(d) = varied_layer(g, &[1], seed) {
+                check_conv(&d, seed);
+            }
+            seed += 1;
+        }
+    }
+}
+
 /// NHWC layers with a channel multiplier, wide enough that half-precision rows go through
 /// the row buffer in several channel blocks, one starting inside a run of channels that share
 /// an input channel (48 = 16 × 3 channels in blocks of 32 and 16; 27 = 3 × 9 in blocks of 16
@@ -1149,7 +1209,7 @@ fn pointwise_activations_keep_signed_zeros_and_nan() {
 fn depthwise_parallel_is_exact() {
     let mut seed = 5000;
     for layout in [Layout::Nchw, Layout::Nhwc] {
-        for &(c, s, stride) in &[(32, 40, 1), (96, 41, 2), (200, 9, 1), (8, 130, 1)] {
+        for &(c, s, stride) in &[(32, 40, 1), (96, 41, 2), (200, 9, 1), (8, 130, 1), (960, 7, 1), (144, 28, 2)] {
             let d = Conv2dDesc::mobilenet_v2_block(2, c, s, stride, layout);
             check_conv(&d, seed);
             seed += 1;

@@ -100,6 +100,12 @@ pub(in crate::backend::cpu) mod avx {
         /// # Safety
         /// The CPU has the vector's instructions.
         unsafe fn finish<const A: u8>(s: Self) -> Self;
+        /// Lane `i` = `p[i·stride]` (a gather).
+        ///
+        /// # Safety
+        /// The CPU has the vector's instructions; `p` covers `(LANES − 1)·stride + 1` floats,
+        /// and `LANES·stride` fits an `i32`.
+        unsafe fn gather(p: *const f32, stride: usize) -> Self;
     }
 
     impl Vector for __m256 {
@@ -128,6 +134,12 @@ pub(in crate::backend::cpu) mod avx {
         unsafe fn finish<const A: u8>(s: Self) -> Self {
             // SAFETY: the caller's promises.
             unsafe { finish::<A>(s) }
+        }
+        #[inline(always)]
+        unsafe fn gather(p: *const f32, stride: usize) -> Self {
+            let s = stride as i32;
+            // SAFETY: the caller's promises.
+            unsafe { _mm256_i32gather_ps::<4>(p, _mm256_setr_epi32(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s)) }
         }
     }
 
@@ -158,6 +170,17 @@ pub(in crate::backend::cpu) mod avx {
             // SAFETY: the caller's promises.
             unsafe { finish512::<A>(s) }
         }
+        #[inline(always)]
+        unsafe fn gather(p: *const f32, stride: usize) -> Self {
+            // SAFETY: the caller's promises.
+            unsafe {
+                let idx = _mm512_mullo_epi32(
+                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                    _mm512_set1_epi32(stride as i32),
+                );
+                _mm512_i32gather_ps::<4>(idx, p)
+            }
+        }
     }
 
     /// The activation `A` on eight sums.
@@ -183,7 +206,7 @@ pub(in crate::backend::cpu) mod avx {
     /// # Safety
     /// The CPU has AVX-512F.
     #[inline(always)]
-    pub(super) unsafe fn finish512<const A: u8>(s: __m512) -> __m512 {
+    pub(in crate::backend::cpu) unsafe fn finish512<const A: u8>(s: __m512) -> __m512 {
         // SAFETY: the caller promises AVX-512F.
         unsafe {
             let zero = _mm512_setzero_ps();
@@ -346,6 +369,188 @@ pub(in crate::backend::cpu) mod avx {
                     break;
                 }
                 j0 = j1;
+            }
+        }
+    }
+
+    /// The vertical geometry of a layer, with [`RowGeometry`] for the rows: what
+    /// [`plane_for`] needs to run every output row of one channel block.
+    #[derive(Clone, Copy)]
+    pub(in crate::backend::cpu) struct PlaneGeometry {
+        pub(in crate::backend::cpu) row: RowGeometry,
+        /// Horizontal stride: 1, or 2 for any other value.
+        pub(in crate::backend::cpu) stride_w: usize,
+        /// Input rows.
+        pub(in crate::backend::cpu) height: usize,
+        /// Output rows.
+        pub(in crate::backend::cpu) oh: usize,
+        pub(in crate::backend::cpu) stride_h: usize,
+        pub(in crate::backend::cpu) dilation_h: usize,
+        pub(in crate::backend::cpu) pad_top: usize,
+    }
+
+    /// One channel block of one image, every output row ([`plane`]), with its vector width,
+    /// stride and activation chosen at run time as [`row_for`] does. `x` is the image's input
+    /// from the block's first channel (pixels `g.row.c` apart); the block's weight for tap
+    /// `t`, lane `i` is `w[t·ts + i·cs]` (`cs` 1: a `[tap][channel]` layout, one load per tap;
+    /// else, as stored `[channel][tap]`, one gather per tap); `bias` holds the block's
+    /// channels. The sums are [`row`]'s: the same bits.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA, and AVX-512F where `wide`; `out` covers `g.oh·g.row.ow`
+    /// pixels `stride` elements apart, each the block's lanes, and nothing else accesses them
+    /// meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(in crate::backend::cpu) unsafe fn plane_for(
+        wide: bool,
+        act: u8,
+        x: &[f32],
+        g: &PlaneGeometry,
+        w: &[f32],
+        (ts, cs): (usize, usize),
+        bias: Option<&[f32]>,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let RowGeometry { c, width, pad_left, lo, hi, .. } = g.row;
+        let lanes = if wide { 16 } else { LANES };
+        let s = if g.stride_w == 1 { 1 } else { 2 };
+        assert!(
+            width > 0
+                && c >= lanes
+                && g.height > 0
+                && (g.height * width - 1) * c + lanes <= x.len()
+                && lo <= hi
+                && hi <= g.row.ow
+                && (lo == hi || (lo * s >= pad_left && s * (hi - 1) + 2 < width + pad_left))
+                && 8 * ts + (lanes - 1) * cs < w.len()
+                && cs * lanes <= i32::MAX as usize
+                && bias.is_none_or(|b| b.len() >= lanes)
+                && stride >= lanes,
+            "NHWC 3 x 3 channel block past its operands"
+        );
+        let (x, w, b) = (x.as_ptr(), w.as_ptr(), bias.map_or(std::ptr::null(), |b| b.as_ptr()));
+        macro_rules! by_act {
+            ($f:ident, $s:literal) => {
+                match act {
+                    RELU => $f::<$s, RELU>(x, g, w, (ts, cs), b, out, stride),
+                    RELU6 => $f::<$s, RELU6>(x, g, w, (ts, cs), b, out, stride),
+                    _ => $f::<$s, NONE>(x, g, w, (ts, cs), b, out, stride),
+                }
+            };
+        }
+        // SAFETY: the caller's promises, and the assert: every input pixel of the block lies
+        // in `x`, every interior pixel's taps inside its row, every weight in `w`.
+        unsafe {
+            match (wide, s) {
+                (true, 1) => by_act!(plane512, 1),
+                (true, _) => by_act!(plane512, 2),
+                (false, 1) => by_act!(plane256, 1),
+                (false, _) => by_act!(plane256, 2),
+            }
+        }
+    }
+
+    /// [`plane`] in 16-channel blocks, compiled for AVX-512.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX2 and FMA; [`plane_for`]'s operands (its assert passed);
+    /// `bias` null or the block's 16 channels.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn plane512<const S: usize, const A: u8>(
+        x: *const f32,
+        g: &PlaneGeometry,
+        w: *const f32,
+        wl: (usize, usize),
+        bias: *const f32,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe { plane::<__m512, S, A>(x, g, &weights(w, wl), bias_or_zero(bias), out, stride) }
+    }
+
+    /// [`plane`] in 8-channel blocks, compiled for AVX2 and FMA.
+    ///
+    /// # Safety
+    /// As [`plane512`], with AVX2 and FMA and 8 channels.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn plane256<const S: usize, const A: u8>(
+        x: *const f32,
+        g: &PlaneGeometry,
+        w: *const f32,
+        wl: (usize, usize),
+        bias: *const f32,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe { plane::<__m256, S, A>(x, g, &weights(w, wl), bias_or_zero(bias), out, stride) }
+    }
+
+    /// The nine weight vectors of a block: tap `t`'s lane `i` at `w[t·ts + i·cs]`.
+    ///
+    /// # Safety
+    /// The CPU has the vector's instructions; those weights lie in `w`'s allocation.
+    #[inline(always)]
+    unsafe fn weights<V: Vector>(w: *const f32, (ts, cs): (usize, usize)) -> [V; 9] {
+        // SAFETY: the caller's promises.
+        std::array::from_fn(|t| unsafe { if cs == 1 { V::load(w.add(t * ts)) } else { V::gather(w.add(t * ts), cs) } })
+    }
+
+    /// The bias vector at `b`, or zeros where `b` is null.
+    ///
+    /// # Safety
+    /// The CPU has the vector's instructions; `b` null or covering one vector.
+    #[inline(always)]
+    unsafe fn bias_or_zero<V: Vector>(b: *const f32) -> V {
+        // SAFETY: the caller's promises.
+        unsafe { if b.is_null() { V::zero() } else { V::load(b) } }
+    }
+
+    /// Every output row of one channel block of one image, from its weights `w` and bias `b`
+    /// in registers: per row, the border pixels one at a time ([`edge`]) and the others in
+    /// tiles ([`tiles`]), as [`row`] computes them. The block's input, three rows of it at a
+    /// time, stays in L1 from one output row to the next (read from L2 once, not once per
+    /// output row as where each row runs every channel).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA and the vector's instructions; `x` and `out` as
+    /// [`plane_for`]'s (its assert passed).
+    #[inline(always)]
+    unsafe fn plane<V: Vector, const S: usize, const A: u8>(
+        x: *const f32,
+        g: &PlaneGeometry,
+        w: &[V; 9],
+        b: V,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let r = &g.row;
+        // SAFETY (the pointer offsets): input rows `py − pad_top < height` only, pixels as
+        // `row`'s; output pixels below `oh·ow`.
+        unsafe {
+            for oy in 0..g.oh {
+                let rp: [*const f32; 3] = std::array::from_fn(|ky| {
+                    let py = oy * g.stride_h + ky * g.dilation_h;
+                    if py >= g.pad_top && py - g.pad_top < g.height {
+                        x.add((py - g.pad_top) * r.width * r.c)
+                    } else {
+                        std::ptr::null()
+                    }
+                });
+                let o = out.add(oy * r.ow * stride);
+                for ox in 0..r.lo {
+                    edge::<V, A>(rp, ox * S, r, w, b, o.add(ox * stride));
+                }
+                tiles::<V, S, A>(r.hi - r.lo, r.c, w, b, stride, |j| {
+                    let px = r.lo + j;
+                    (rp.map(|p| if p.is_null() { p } else { p.add((px * S - r.pad_left) * r.c) }), o.add(px * stride))
+                });
+                for ox in r.hi..r.ow {
+                    edge::<V, A>(rp, ox * S, r, w, b, o.add(ox * stride));
+                }
             }
         }
     }
