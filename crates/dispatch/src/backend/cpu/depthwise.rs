@@ -77,7 +77,9 @@
 
 use super::activation::apply_isa;
 use super::aligned::AlignedBuf;
-use super::pool::{for_each_chunk_mut, for_each_index};
+use super::pool::for_each_chunk_mut;
+#[cfg(target_arch = "x86_64")]
+use super::pool::for_each_index;
 use super::simd::{Isa, madd, multiversion};
 use super::{Elem, Halves, internal};
 use crate::Result;
@@ -96,13 +98,16 @@ const PARALLEL_MIN: usize = 1 << 17;
 /// time ([`Conv::nhwc_blocks`]). MobileNetV2's layers up to 56² took 0.46–0.66 of the row
 /// kernel's time that way, its 112² ones 1.3–1.4× (2-core AVX-512 Xeon, in-process A/B): their
 /// inputs (1.6–4.8 MB) come from memory, and a block reads one cache line per pixel.
+#[cfg(target_arch = "x86_64")]
 const BLOCK_PLANE: usize = 32 * 32;
 
 /// A raw pointer to a layer's output, for tasks that write interleaved but disjoint elements
 /// (see the SAFETY note at its use).
+#[cfg(target_arch = "x86_64")]
 struct Out(*mut f32);
 // SAFETY: each task writes only its own channel blocks' elements, and the caller waits for
 // every task (`for_each_index`).
+#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for Out {}
 
 /// Multiply-adds per parallel task (enough to amortise a task's ~1 µs many times over).
