@@ -27,7 +27,7 @@
 //! clamp below either keeps a NaN or feeds a NaN `x` into the final product or quotient.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(super) mod avx512;
 
 use super::pool::for_each_chunk_mut;
 use super::simd::{Isa, fmax, fmin, madd, multiversion};

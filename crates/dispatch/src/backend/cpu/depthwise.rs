@@ -29,13 +29,15 @@
 //!   64 taps, rows too wide) take the row path: one output row as the vector, each tap's
 //!   valid range computed once per plane ([`tap_range`]), 3-wide kernels' three taps fused
 //!   where all are valid.
-//! - NHWC f32 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
+//! - NHWC 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
 //!   input planes of at most 64² pixels and whole 8-channel blocks, on AVX2 and AVX-512
-//!   ([`Conv::nhwc_blocks`]): one channel block of one image at a time, its nine weight
-//!   vectors loaded once for the whole plane (gathered from the stored `[channel][tap]`
-//!   weights, so no transposition), the block's input, three rows at a time, in L1 from one
-//!   output row to the next; one run of blocks per thread. MobileNetV2's layers up to 56²
-//!   took 0.46–0.66 of the time of the rows below.
+//!   ([`Conv::nhwc_blocks`]; f16 and bf16 on AVX-512 with whole 16-channel blocks): one
+//!   channel block of one image at a time, its nine weight vectors loaded once for the whole
+//!   plane (gathered from the stored `[channel][tap]` weights, so no transposition), the
+//!   block's input, three rows at a time, in L1 from one output row to the next; one run of
+//!   blocks per thread. MobileNetV2's layers up to 56² took 0.46–0.66 of the time of the rows
+//!   below in f32; in f16 (each block's input widened into a buffer and its output rounded
+//!   from one, 16 lanes an instruction) 0.57 at 7², 0.64–0.67 at 14² and 28², level at 56².
 //! - Other NHWC layers: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
 //!   layer's time). 3 × 3 kernels with multiplier 1, horizontal dilation 1, stride 1 or 2 and
@@ -63,8 +65,8 @@
 //!   alternated, the same sums). The NCHW tile likewise widens each group's planes
 //!   ([`tile::planes`]): the seven layers it takes in 0.65–0.96 of the time (96 × 112²
 //!   stride 2 0.66, 384 × 14² 0.81–0.83), and the NCHW band, row and 16-lane row kernels
-//!   each input plane ([`PlaneIn`]: 32 × 112² in 0.75–0.85). The other NHWC kernels widen
-//!   the input whole (the NHWC channel blocks take f32 inputs only).
+//!   each input plane ([`PlaneIn`]: 32 × 112² in 0.75–0.85), and the NHWC channel blocks
+//!   each block. The other NHWC kernels widen the input whole.
 //! - The bias and the activation are applied to the row while it is in L1, and half-precision
 //!   outputs are rounded once when the row is stored. f32 outputs are accumulated where they
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
@@ -104,11 +106,84 @@ const BLOCK_PLANE: usize = 32 * 32;
 /// A raw pointer to a layer's output, for tasks that write interleaved but disjoint elements
 /// (see the SAFETY note at its use).
 #[cfg(target_arch = "x86_64")]
-struct Out(*mut f32);
+struct Out<E>(*mut E);
 // SAFETY: each task writes only its own channel blocks' elements, and the caller waits for
 // every task (`for_each_index`).
 #[cfg(target_arch = "x86_64")]
-unsafe impl Sync for Out {}
+unsafe impl<E: Send> Sync for Out<E> {}
+
+/// Whether `E` is f32 (then an output is written in place).
+fn is_f32<E: Elem>() -> bool {
+    std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>()
+}
+
+/// Widens `dst.len() / 16` runs of 16 elements of `x`, `ld` apart from `start`, into `dst`
+/// (pixels of 16 lanes), by `activation::avx512::Io`: an f16 by `vcvtph2ps`, a bf16's bits
+/// shifted up (a signalling NaN is made quiet by the multiply-adds it meets, as `convert.rs`
+/// would make it before them: the same bits).
+///
+/// # Safety
+/// The CPU has AVX-512F and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn widen_pixels(x: Halves, start: usize, ld: usize, dst: &mut [f32]) {
+    use super::activation::avx512::Io;
+    use std::arch::x86_64::_mm512_storeu_ps;
+    /// # Safety
+    /// As `widen_pixels`'s.
+    #[inline(always)]
+    unsafe fn each<T: Io>(x: &[T], ld: usize, dst: &mut [f32]) {
+        let n = dst.len() / 16;
+        assert!(n == 0 || (n - 1) * ld + 16 <= x.len(), "pixels past the input");
+        for (p, d) in dst.chunks_exact_mut(16).enumerate() {
+            // SAFETY: the caller's promises; 16 elements at `p · ld` (asserted), 16 floats at `d`.
+            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), T::load(x.as_ptr().add(p * ld), !0)) };
+        }
+    }
+    // SAFETY: the caller's promises.
+    unsafe {
+        match x {
+            Halves::F16(v) => each(&v[start..], ld, dst),
+            Halves::Bf16(v) => each(&v[start..], ld, dst),
+        }
+    }
+}
+
+/// Rounds `src`'s pixels of 16 f32 lanes into 16-element runs `ld` apart from `dst`: f16 or
+/// bf16 (by `activation::avx512::Io`, the bits of `convert.rs`), or f32 copied.
+///
+/// # Safety
+/// The CPU has AVX-512F and F16C; `dst` covers `src.len() / 16` runs of 16 elements `ld`
+/// apart, and nothing else accesses them meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn narrow_pixels<E: Elem>(src: &[f32], dst: *mut E, ld: usize) {
+    use super::activation::avx512::Io;
+    use half::{bf16, f16};
+    use std::any::TypeId;
+    use std::arch::x86_64::_mm512_loadu_ps;
+    /// # Safety
+    /// As `narrow_pixels`'s, for `T`.
+    #[inline(always)]
+    unsafe fn each<T: Io>(src: &[f32], dst: *mut T, ld: usize) {
+        for (p, s) in src.chunks_exact(16).enumerate() {
+            // SAFETY: the caller's promises; `s` holds 16 floats.
+            unsafe { T::store(dst.add(p * ld), !0, _mm512_loadu_ps(s.as_ptr())) };
+        }
+    }
+    // SAFETY: the caller's promises; `E` is the type each pointer is cast to.
+    unsafe {
+        if TypeId::of::<E>() == TypeId::of::<f16>() {
+            each::<f16>(src, dst.cast(), ld);
+        } else if TypeId::of::<E>() == TypeId::of::<bf16>() {
+            each::<bf16>(src, dst.cast(), ld);
+        } else {
+            // The third storage type (`Elem` has no other).
+            assert!(is_f32::<E>(), "an output element the depthwise kernels do not store");
+            each::<f32>(src, dst.cast(), ld);
+        }
+    }
+}
 
 /// Multiply-adds per parallel task (enough to amortise a task's ~1 µs many times over).
 const TASK_WORK: usize = 1 << 16;
@@ -316,10 +391,7 @@ impl Conv<'_> {
         let taps = d.kernel_h * d.kernel_w;
         // Small NHWC f32 planes go one channel block at a time.
         #[cfg(target_arch = "x86_64")]
-        if allow_tile
-            && let Some(lanes) = self.block_lanes(isa)
-            && let Some(out) = E::as_f32_mut(out)
-        {
+        if allow_tile && let Some(lanes) = self.block_lanes::<E>(isa) {
             self.nhwc_blocks(lanes, oh, ow, out);
             return Ok(());
         }
@@ -416,19 +488,21 @@ impl Conv<'_> {
         Ok(())
     }
 
-    /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: an NHWC
-    /// f32 input, 3 × 3 rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes
-    /// of at most [`BLOCK_PLANE`] pixels, and whole 16-channel blocks (on AVX-512) or 8-channel
-    /// ones. (The output must be f32 too.)
+    /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: NHWC 3 × 3
+    /// rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes of at most
+    /// [`BLOCK_PLANE`] pixels, and whole 16-channel blocks (on AVX-512) or 8-channel ones
+    /// (f32 only: a half-precision input or output `E` takes 16-lane blocks only).
     #[cfg(target_arch = "x86_64")]
-    fn block_lanes(&self, isa: Isa) -> Option<usize> {
+    fn block_lanes<E: Elem>(&self, isa: Isa) -> Option<usize> {
         use tilekit_kernels::Activation;
         let d = &self.d;
         let c = d.out_channels();
         let act = matches!(d.activation, Activation::None | Activation::Relu | Activation::Relu6);
-        let fits = d.layout == Layout::Nhwc && self.xh.is_none() && act && isa != Isa::Portable && nhwc3_fits(d, c);
-        (fits && (1..=BLOCK_PLANE).contains(&(d.height * d.width)))
-            .then_some(if isa == Isa::Avx512 && c.is_multiple_of(16) { 16 } else { 8 })
+        let fits = d.layout == Layout::Nhwc && act && isa != Isa::Portable && nhwc3_fits(d, c);
+        let lanes = if isa == Isa::Avx512 && c.is_multiple_of(16) { 16 } else { 8 };
+        // Half-precision inputs and outputs: 16-lane blocks (AVX-512 with F16C) only.
+        let half = self.xh.is_some() || !is_f32::<E>();
+        (fits && (1..=BLOCK_PLANE).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)
     }
 
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
@@ -436,7 +510,10 @@ impl Conv<'_> {
     /// weights one vector a tap, stored `[channel][tap]` ones gathered: no transposition on
     /// the calling thread), and its input, three rows at a time, stays in L1 from one output
     /// row to the next ([`nhwc3::avx::plane_for`]). Where each output row ran every channel,
-    /// its input rows came from L2 once per output row that reads them.
+    /// its input rows came from L2 once per output row that reads them. A half-precision
+    /// block is widened into the thread's buffer first ([`widen_pixels`]) and its sums rounded
+    /// into the output after ([`narrow_pixels`]), one vector a pixel; through `convert.rs`'s
+    /// row functions, a call per pixel, f16 took 0.9–1.1× the row kernel's time.
     ///
     /// The tasks are one run of whole images' blocks per thread: the tasks' outputs interleave
     /// (each pixel's channels are split between them), and every boundary inside a pixel is a
@@ -444,7 +521,7 @@ impl Conv<'_> {
     /// taken in turn), MobileNetV2's 14² layer took 1.4–1.6× the time of the row kernel; in
     /// one run per thread, 0.5–0.6× (2-core AVX-512 Xeon, in-process A/B, the same bits).
     #[cfg(target_arch = "x86_64")]
-    fn nhwc_blocks(&self, lanes: usize, oh: usize, ow: usize, out: &mut [f32]) {
+    fn nhwc_blocks<E: Elem>(&self, lanes: usize, oh: usize, ow: usize, out: &mut [E]) {
         use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
         use tilekit_kernels::Activation;
         let d = &self.d;
@@ -476,19 +553,53 @@ impl Conv<'_> {
         let wl = if self.packed { (c, 1) } else { (1, 9) };
         let plane_out = oh * ow * c;
         assert!(out.len() >= d.batch * plane_out, "NHWC output shorter than the layer");
+        let f32_out = is_f32::<E>();
         let base = Out(out.as_mut_ptr());
         let run = |t: usize| {
             let base = &base;
+            // A half-precision input block is widened into this thread's buffer (pixels 16
+            // lanes apart), a half-precision output block computed into its row buffer and
+            // rounded into the output after.
+            let mut xbuf = if self.xh.is_some() { HALF_IN.take() } else { Vec::new() };
+            xbuf.resize(xbuf.len().max(if self.xh.is_some() { h * w * lanes } else { 0 }), 0.0);
+            let mut obuf = if f32_out { Vec::new() } else { NHWC_ROW.take() };
+            obuf.resize(obuf.len().max(if f32_out { 0 } else { oh * ow * lanes }), 0.0);
             for u in t * per..((t + 1) * per).min(units) {
                 let (n, c0) = (u / nblocks, u % nblocks * lanes);
-                let x = &self.x[n * h * w * c + c0..][..(h * w - 1) * c + lanes];
+                let mut g = g;
+                let x = match self.xh {
+                    Some(xh) => {
+                        g.row.c = lanes;
+                        let dst = &mut xbuf[..h * w * lanes];
+                        // SAFETY: AVX-512F and F16C (every half-precision block is 16 lanes on
+                        // `Isa::Avx512`).
+                        unsafe { widen_pixels(xh, n * h * w * c + c0, c, dst) };
+                        &xbuf[..h * w * lanes]
+                    }
+                    None => &self.x[n * h * w * c + c0..][..(h * w - 1) * c + lanes],
+                };
                 let wts = if self.packed { &self.w[c0..] } else { &self.w[c0 * 9..] };
                 let bias = self.bias.map(|b| &b[c0..c0 + lanes]);
-                // SAFETY: `isa` is AVX2 or AVX-512 (`block_lanes`), with FMA, and AVX-512F where
-                // the lanes are 16 (`Isa::Avx512` only); the block's output pixels (`oh·ow` of
-                // `lanes` channels, `c` apart, from the image's block start) lie inside `out`
-                // (asserted above), and no other block writes them.
-                unsafe { plane_for(lanes == 16, act, x, &g, wts, wl, bias, base.0.add(n * plane_out + c0), c) };
+                // SAFETY: `isa` is AVX2 or AVX-512 (`block_lanes`), with FMA, and AVX-512F and
+                // F16C where the lanes are 16 (`Isa::Avx512` only), which every half-precision
+                // block is; the block's output pixels (`oh·ow` of `lanes` channels, `c` apart,
+                // from the image's block start) lie inside `out` (asserted above), and no other
+                // block writes them; `obuf` holds `oh·ow` pixels of `lanes`.
+                unsafe {
+                    let o = base.0.add(n * plane_out + c0);
+                    if f32_out {
+                        plane_for(lanes == 16, act, x, &g, wts, wl, bias, o.cast(), c);
+                    } else {
+                        plane_for(true, act, x, &g, wts, wl, bias, obuf.as_mut_ptr(), lanes);
+                        narrow_pixels(&obuf[..oh * ow * lanes], o, c);
+                    }
+                }
+            }
+            if self.xh.is_some() {
+                HALF_IN.set(xbuf);
+            }
+            if !f32_out {
+                NHWC_ROW.set(obuf);
             }
         };
         for_each_index(units.div_ceil(per), &run);

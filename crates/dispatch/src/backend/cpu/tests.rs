@@ -949,8 +949,9 @@ fn depthwise_nchw_rows512_are_exact() {
     }
 }
 
-/// The NHWC channel blocks (`Conv::nhwc_blocks`: f32 3 × 3 layers with planes of up to 64²
-/// pixels): 8- and 16-channel blocks (24 and 40 channels take 8-lane vectors on AVX-512 too),
+/// The NHWC channel blocks (`Conv::nhwc_blocks`: 3 × 3 layers with planes of up to 64²
+/// pixels, f16 and bf16 through 16-lane blocks): 8- and 16-channel blocks (24 and 40 channels
+/// take 8-lane vectors on AVX-512 too, and half-precision layers the row kernels),
 /// planes from one pixel to the limit and one past it, both strides, vertical dilation,
 /// paddings from none to past the kernel, one to three images; `check_conv` also runs them
 /// through the row kernels and checks the words past the output.

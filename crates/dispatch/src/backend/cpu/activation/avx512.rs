@@ -109,7 +109,7 @@ unsafe fn run_any<T: Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>,
 }
 
 /// A storage element the forms load as 16 f32 lanes and store from them.
-pub(super) trait Io: Copy {
+pub(in crate::backend::cpu) trait Io: Copy {
     /// The 16 elements at `p` as f32, or the lanes `m` of them (the others 0; nothing outside
     /// them is read). `m` is all lanes or a tail's (the first few).
     ///
