@@ -355,6 +355,26 @@ impl Conv<'_> {
         self.kernel(isa, allow_tile, out)
     }
 
+    /// Whether a small-plane kernel takes the layer in `isa` with an f32, f16 or bf16 output
+    /// (NCHW: the 16-lane rows or the channel-vector tile; NHWC: the channel blocks): the
+    /// layers the tests also run with them turned off ([`Conv::run_kernel`]).
+    #[cfg(test)]
+    pub(super) fn has_small_plane_kernel(&self, isa: Isa) -> bool {
+        match self.d.layout {
+            Layout::Nchw => {
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 && rows512::Rows512::new(&self.d).is_some() {
+                    return true;
+                }
+                tile::Tile::new(&self.d, isa).is_some()
+            }
+            #[cfg(target_arch = "x86_64")]
+            _ => self.block_lanes::<f32>(isa).is_some() || self.block_lanes::<half::f16>(isa).is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
     /// Whether the kernel [`Conv::kernel`] takes reads a half-precision input as stored: every
     /// NCHW one (the tile, the bands, the rows), and the NHWC 3 × 3 rows where every channel
     /// block takes them ([`nhwc3_fits`] with all the channels: the blocks

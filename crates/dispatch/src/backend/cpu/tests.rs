@@ -566,10 +566,10 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     let mut want = vec![0.0f64; out_len];
     let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     reference::depthwise_conv2d(d, &f(&x), &f(&w), bias.as_deref().map(f).as_deref(), &mut want);
-    // Layers also run with the small-plane kernels turned off (NCHW's channel-vector tile,
-    // NHWC's channel blocks), so the band, row and NHWC row paths stay checked on the planes
-    // those take.
-    let tiles = [true, false];
+    // Layers that a small-plane kernel takes (NCHW's 16-lane rows and channel-vector tile,
+    // NHWC's channel blocks) also run with those turned off, so the band, row and NHWC row
+    // paths stay checked on their planes.
+    let small = |isa| Conv { d: *d, x: &x, xh: None, w: &w, packed: false, bias: None }.has_small_plane_kernel(isa);
     // The same weights pre-packed `[kh, kw, C·m]` (as `PackedDepthwise` holds them).
     let (occ, taps) = (d.out_channels(), d.kernel_h * d.kernel_w);
     let wp: Vec<f32> = (0..taps * occ).map(|i| w[(i % occ) * taps + i / occ]).collect();
@@ -579,6 +579,7 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     let xbf16: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
     let inputs = [None, Some(Halves::F16(&xf16)), Some(Halves::Bf16(&xbf16))];
     for (isa, xh) in Isa::available().into_iter().flat_map(|isa| inputs.map(|xh| (isa, xh))) {
+        let tiles: &[bool] = if small(isa) { &[true, false] } else { &[true] };
         for (&tile, packed) in tiles.iter().flat_map(|t| [(t, false), (t, true)]) {
             each_dtype(|dtype, round| {
                 let w = if packed { &wp } else { &w };
@@ -930,6 +931,14 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
 /// rows there).
 #[test]
 fn depthwise_nchw_rows512_are_exact() {
+    // `check_conv` runs the band and row kernels on the layers the 16-lane rows take (a 20-wide
+    // plane: the tile takes it on AVX2 too, not without).
+    let d = conv_geometry(Layout::Nchw, [1, 1, 20, 20], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 400], vec![0.0; 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert_eq!(conv.has_small_plane_kernel(isa), isa != Isa::Portable, "{isa:?}");
+    }
     let mut seed = 8700;
     for &(h, w) in &[(1, 8), (2, 15), (3, 16), (5, 17), (6, 31), (7, 33), (9, 10), (4, 256), (3, 257), (40, 240)] {
         for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 1, 1]] {
@@ -957,6 +966,13 @@ fn depthwise_nchw_rows512_are_exact() {
 /// through the row kernels and checks the words past the output.
 #[test]
 fn depthwise_nhwc_channel_blocks_are_exact() {
+    // `check_conv` runs the row kernels on the layers the blocks take: it must see that they do.
+    let d = conv_geometry(Layout::Nhwc, [1, 16, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 16 * 49], vec![0.0; 16 * 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert_eq!(conv.has_small_plane_kernel(isa), isa != Isa::Portable, "{isa:?}");
+    }
     let mut seed = 8800;
     for &(c, h, w) in
         &[(8, 1, 1), (16, 2, 3), (24, 7, 7), (32, 14, 5), (40, 3, 17), (16, 64, 64), (16, 65, 63), (160, 9, 4)]
@@ -1210,8 +1226,12 @@ fn pointwise_activations_keep_signed_zeros_and_nan() {
 fn depthwise_parallel_is_exact() {
     let mut seed = 5000;
     for layout in [Layout::Nchw, Layout::Nhwc] {
-        for &(c, s, stride) in &[(32, 40, 1), (96, 41, 2), (200, 9, 1), (8, 130, 1), (960, 7, 1), (144, 28, 2)] {
-            let d = Conv2dDesc::mobilenet_v2_block(2, c, s, stride, layout);
+        // Two images, and MobileNetV2's 7² and 28² stride-2 layers at one (split by channel
+        // blocks in NHWC).
+        for &(n, c, s, stride) in
+            &[(2, 32, 40, 1), (2, 96, 41, 2), (2, 200, 9, 1), (2, 8, 130, 1), (1, 960, 7, 1), (1, 144, 28, 2)]
+        {
+            let d = Conv2dDesc::mobilenet_v2_block(n, c, s, stride, layout);
             check_conv(&d, seed);
             seed += 1;
         }
