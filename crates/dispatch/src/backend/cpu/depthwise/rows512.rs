@@ -10,10 +10,15 @@
 //!
 //! Output rows go [`R`] at a time: each input row's three shifted vectors are loaded once
 //! and meet every output row of the group that reads them, so a group of 4 rows takes 18
-//! loads for 36 multiply-adds (9 per 9 one row at a time: on MobileNetV2's 28² layer the
-//! loads, mostly split across two cache lines, bound the time). Input rows outside the image
-//! are skipped per row (no masks); the sums stay in registers over the group and are stored
+//! loads for 36 multiply-adds (9 per 9 one row at a time). Input rows outside the image are
+//! skipped per row (no masks); the sums stay in registers over the group and are stored
 //! once, the bias first and ReLU or ReLU6 applied in registers.
+//!
+//! With its planes in L1 (28², a few channels) the kernel runs at about one multiply-add a
+//! cycle. Merge-masked `vfmadd231ps` runs at half the unmasked rate on the 2-core AVX-512
+//! Xeon measured (a loop of 12 independent sums), yet dropping every mask saved only
+//! 10–14%; aligned loads, unmasked stores, two vectors per group and fully unrolled input
+//! rows changed nothing, 2-row groups took 1.1×, 8-row groups 1.8× (spills).
 
 use std::arch::x86_64::*;
 use tilekit_kernels::Conv2dDesc;
