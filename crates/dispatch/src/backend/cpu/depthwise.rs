@@ -114,7 +114,7 @@ unsafe impl<E: Send> Sync for Out<E> {}
 
 /// Whether `E` is f32 (then an output is written in place).
 fn is_f32<E: Elem>() -> bool {
-    std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>()
+    E::as_f32(&[]).is_some()
 }
 
 /// Widens `dst.len() / 16` runs of 16 elements of `x`, `ld` apart from `start`, into `dst`
@@ -409,7 +409,7 @@ impl Conv<'_> {
         }
         let out = &mut out[..total];
         let taps = d.kernel_h * d.kernel_w;
-        // Small NHWC f32 planes go one channel block at a time.
+        // Small NHWC planes go one channel block at a time.
         #[cfg(target_arch = "x86_64")]
         if allow_tile && let Some(lanes) = self.block_lanes::<E>(isa) {
             self.nhwc_blocks(lanes, oh, ow, out);
@@ -419,7 +419,7 @@ impl Conv<'_> {
         // outputs through the band buffer, so planes of at most BUF outputs).
         #[cfg(target_arch = "x86_64")]
         let rows16 = if d.layout == Layout::Nchw && allow_tile && isa == Isa::Avx512 {
-            rows512::Rows512::new(d).filter(|g| E::as_f32(&[]).is_some() || g.outputs() <= BUF)
+            rows512::Rows512::new(d).filter(|g| is_f32::<E>() || g.outputs() <= BUF)
         } else {
             None
         };
@@ -429,7 +429,7 @@ impl Conv<'_> {
         let tile =
             if d.layout == Layout::Nchw && allow_tile && rows16.is_none() { tile::Tile::new(d, isa) } else { None };
         // Half-precision outputs go through a narrowing buffer of one group's whole output.
-        let tile = tile.filter(|t| E::as_f32(&[]).is_some() || t.whole_output());
+        let tile = tile.filter(|t| is_f32::<E>() || t.whole_output());
         match (d.layout, tile) {
             (Layout::Nchw, Some(t)) => {
                 let plane = oh * ow;
@@ -533,7 +533,7 @@ impl Conv<'_> {
     /// its input rows came from L2 once per output row that reads them. A half-precision
     /// block is widened into the thread's buffer first ([`widen_pixels`]) and its sums rounded
     /// into the output after ([`narrow_pixels`]), one vector a pixel; through `convert.rs`'s
-    /// row functions, a call per pixel, f16 took 0.9–1.1× the row kernel's time.
+    /// slice functions, a call per pixel, f16 took 0.97–1.74× the row kernel's time.
     ///
     /// The tasks are one run of whole images' blocks per thread: the tasks' outputs interleave
     /// (each pixel's channels are split between them), and every boundary inside a pixel is a
@@ -709,7 +709,7 @@ impl Conv<'_> {
         // f32 rows are accumulated in place, all channels at once. Half-precision rows go
         // through an f32 buffer of at most BUF elements (L1): channel blocks of that many
         // pixels, multiples of 16 so the vectors stay whole.
-        let half = E::as_f32(&[]).is_none();
+        let half = !is_f32::<E>();
         let mut cbw = if half { (BUF / ow).clamp(1, occ) } else { occ };
         if cbw >= 16 && cbw < occ {
             cbw -= cbw % 16;
