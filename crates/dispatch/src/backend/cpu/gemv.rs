@@ -882,17 +882,32 @@ pub(super) mod avx512 {
     /// multiply-add, and 64 stayed level or faster (24 × 4096 × 11008 1.01×, 32 × 4096 × 4096
     /// 0.99× of 32's time; at K = 4096 before: 0.90–0.95 at N = 3072–5120, level at 6144,
     /// 1.1–1.3× at 7168–24576). From 3 to 12 rows 32 was as fast as 16 or 64, or faster.
+    ///
+    /// Exactly 16 rows (one full tile) with rows of `B` more than 6144 elements apart: 16.
+    /// There 32 streams read slowly again, where 13–15 rows did not mind them: 16 × 11008 ×
+    /// 4096 (rows 44 KiB apart) took 10.7–13.5 ms in passes of 16 against 12.7–17.5 in passes
+    /// of 32 (nine pairs, separate processes alternated), 16 × 14336 × 4096 14.8–16.9 against
+    /// 18.1–19.8, 16 × 8192 × 4096 6.8–7.7 against 7.0–8.9; at 13–15 rows 32 was level or
+    /// faster (14 rows 8.9–10.2 against 10.6–12.9), as at 16 × 4096 × 11008 (rows 16 KiB
+    /// apart, 9.4–11.9 against 9.5–11.7). Two 8-row tiles in passes of 32 were as fast as
+    /// passes of 16 there, but 1.1–1.3× slower where `B` stays in L3 (16 × 4096 × 4096).
     fn direct_kb(m: usize, ldb: usize) -> usize {
-        if m > DIRECT_ROWS && ldb <= 6144 { 64 } else { 32 }
+        if m > DIRECT_ROWS && ldb <= 6144 {
+            64
+        } else if m == DIRECT_ROWS && ldb > 6144 {
+            16
+        } else {
+            32
+        }
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
-    /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows,
+    /// passes of [`direct_kb`] rows (16, 32 or 64); within a pass, strip by strip along the rows,
     /// each group of up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with
     /// its sums in registers ([`direct_tile`]: one load of `B` and up to 16 broadcast
     /// multiply-adds a step, from a copy of the pass's columns of `A` laid out step by step).
     /// So a pass reads its rows
-    /// of `B` as 32 or 64 sequential streams, each element once from memory for up to 16 rows
+    /// of `B` as 16, 32 or 64 sequential streams, each element once from memory for up to 16 rows
     /// (more rows: the other groups find the strip's lines in L1 or L2). Each step prefetches,
     /// into L2, the line [`DIRECT_AHEAD`] strips further along its row: rows a power of two
     /// apart all fall in one L1 set, so lines prefetched into L1 were gone before their use.

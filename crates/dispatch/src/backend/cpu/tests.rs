@@ -392,9 +392,9 @@ fn large_products_into_half_outputs_are_exact() {
     }
 }
 
-/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
-/// passes (up to 16 rows, or rows of `B` over 6144 elements apart) and 64-row passes (17–32
-/// rows), both with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
+/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 16-row
+/// passes (16 rows, rows of `B` over 6144 elements apart), 32-row passes (up to 16 rows) and
+/// 64-row passes (17–32 rows), all with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
 /// tiles of two strips (3–8 rows) with an odd strip left and none, widths leaving 1–15 columns
 /// to the row-streaming kernel, column blocks of 1024 or 2048 (1–3 threads) whose sums go
 /// through rows one strip longer; from 17 rows `B` has 2^20 elements (smaller ones go to
