@@ -30,14 +30,14 @@
 //!   valid range computed once per plane ([`tap_range`]), 3-wide kernels' three taps fused
 //!   where all are valid.
 //! - NHWC 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
-//!   input planes of at most 64² pixels and whole 8-channel blocks, on AVX2 and AVX-512
+//!   input planes of at most 64² pixels (32² in half precision) and whole 8-channel blocks, on AVX2 and AVX-512
 //!   ([`Conv::nhwc_blocks`]; f16 and bf16 on AVX-512 with whole 16-channel blocks): one
 //!   channel block of one image at a time, its nine weight vectors loaded once for the whole
 //!   plane (gathered from the stored `[channel][tap]` weights, so no transposition), the
 //!   block's input, three rows at a time, in L1 from one output row to the next; one run of
 //!   blocks per thread. MobileNetV2's layers up to 56² took 0.46–0.66 of the time of the rows
 //!   below in f32; in f16 (each block's input widened into a buffer and its output rounded
-//!   from one, 16 lanes an instruction) 0.57 at 7², 0.64–0.67 at 14² and 28², level at 56².
+//!   from one, 16 lanes an instruction) 0.57 at 7², 0.64–0.67 at 14² and 28², but 1.1× at 56².
 //! - Other NHWC layers: channels are the SIMD axis. Weights are transposed once per call, on the calling
 //!   thread, into a buffer laid out `[tap][channel]` (per task, it was a quarter of a 14²
 //!   layer's time). 3 × 3 kernels with multiplier 1, horizontal dilation 1, stride 1 or 2 and
@@ -101,7 +101,13 @@ const PARALLEL_MIN: usize = 1 << 17;
 /// kernel's time that way, its 112² ones 1.3–1.4× (2-core AVX-512 Xeon, in-process A/B): their
 /// inputs (1.6–4.8 MB) come from memory, and a block reads one cache line per pixel.
 #[cfg(target_arch = "x86_64")]
-const BLOCK_PLANE: usize = 32 * 32;
+const BLOCK_PLANE: usize = 64 * 64;
+
+/// [`BLOCK_PLANE`] for a half-precision input or output, whose block is widened into (and
+/// rounded from) the thread's buffer: at 144 × 56² the blocks took 1.09–1.13× the row
+/// kernel's time in f16 (stride 1 and 2, in-process A/B), against 0.48–0.57 in f32.
+#[cfg(target_arch = "x86_64")]
+const BLOCK_PLANE_HALF: usize = 32 * 32;
 
 /// A raw pointer to a layer's output, for tasks that write interleaved but disjoint elements
 /// (see the SAFETY note at its use).
@@ -510,7 +516,7 @@ impl Conv<'_> {
 
     /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: NHWC 3 × 3
     /// rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes of at most
-    /// [`BLOCK_PLANE`] pixels, and whole 16-channel blocks (on AVX-512) or 8-channel ones
+    /// [`BLOCK_PLANE`] pixels ([`BLOCK_PLANE_HALF`] in half precision), and whole 16-channel blocks (on AVX-512) or 8-channel ones
     /// (f32 only: a half-precision input or output `E` takes 16-lane blocks only).
     #[cfg(target_arch = "x86_64")]
     fn block_lanes<E: Elem>(&self, isa: Isa) -> Option<usize> {
@@ -522,7 +528,8 @@ impl Conv<'_> {
         let lanes = if isa == Isa::Avx512 && c.is_multiple_of(16) { 16 } else { 8 };
         // Half-precision inputs and outputs: 16-lane blocks (AVX-512 with F16C) only.
         let half = self.xh.is_some() || !is_f32::<E>();
-        (fits && (1..=BLOCK_PLANE).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)
+        let most = if half { BLOCK_PLANE_HALF } else { BLOCK_PLANE };
+        (fits && (1..=most).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)
     }
 
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
