@@ -1,7 +1,14 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW 3 × 3 layers with stride and dilation 1 and rows of 8 to 256 outputs, on AVX-512
+//! - NCHW f32 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no
+//!   activation, ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128
+//!   pixels at stride 1 or 64² at stride 2, on AVX-512 ([`Conv::nchw_blocks`]): 16 planes at a
+//!   time are transposed into a pixel-major block (16 × 16 transposes in registers), run
+//!   through the NHWC channel blocks' plane kernel below, and transposed back. MobileNetV2's
+//!   960 × 7² took 0.53–0.60 of the tile kernel's time, its strided 576 × 14², 192 × 28² and
+//!   144 × 56² 0.55, 0.76 and 0.88–0.90 (2 threads, in-process A/B, the same bits).
+//! - Other NCHW 3 × 3 layers with stride and dilation 1 and rows of 8 to 256 outputs, on AVX-512
 //!   ([`rows512`]): each output row as 16-lane vectors, every tap one masked load from the
 //!   input where it lies and one masked multiply-add, 4 output rows at a time so each input
 //!   row's three shifted vectors are loaded once for all of them. MobileNetV2's 14² to 112²
@@ -108,6 +115,119 @@ const BLOCK_PLANE: usize = 64 * 64;
 /// kernel's time in f16 (stride 1 and 2, in-process A/B), against 0.48–0.57 in f32.
 #[cfg(target_arch = "x86_64")]
 const BLOCK_PLANE_HALF: usize = 32 * 32;
+
+/// The most input pixels per plane of an NCHW layer with a horizontal stride of 2 that goes 16
+/// planes at a time through the channel blocks ([`Conv::nchw_blocks`]). Against the
+/// channel-vector tile (2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits):
+/// MobileNetV2's 576 × 14² 0.55 of the time, 192 × 28² 0.76, 144 × 56² 0.88–0.90, but
+/// 96 × 112² 1.13.
+#[cfg(target_arch = "x86_64")]
+const NCHW_BLOCK_PLANE: usize = 64 * 64;
+
+/// [`NCHW_BLOCK_PLANE`] at stride 1, where the 16-lane rows take the planes from 8 outputs
+/// wide: MobileNetV2's 960 × 7² took 0.53–0.60 of the tile's time (packed weights and not),
+/// its 384 × 14² 0.98–0.99 (the rows' time), 192 × 28² 1.31 of the rows'.
+#[cfg(target_arch = "x86_64")]
+const NCHW_BLOCK_PLANE_S1: usize = 128;
+
+/// 16 planes of `hw` elements (`x`, one after another) as pixels of 16 lanes (`dst`), 16
+/// pixels at a time through a 16 × 16 transposition in registers ([`transpose16`]); `dst`
+/// holds `hw` rounded up to 16 pixels, the ones past `hw` zero.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn planes_to_pixels(x: &[f32], hw: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    assert!(x.len() >= 16 * hw && dst.len() >= 16 * hw.next_multiple_of(16), "planes past their buffers");
+    for p0 in (0..hw).step_by(16) {
+        let k: __mmask16 = if hw - p0 >= 16 { !0 } else { ((1u32 << (hw - p0)) - 1) as __mmask16 };
+        // SAFETY: plane `i`'s lanes `j` with `p0 + j < hw` (the mask) read `x[i·hw + p0 + j]`,
+        // and the 16 pixels written are `dst[16·p0..16·(p0 + 16)]`: inside the asserted lengths.
+        unsafe {
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (i, r) in rows.iter_mut().enumerate() {
+                *r = _mm512_maskz_loadu_ps(k, x.as_ptr().add(i * hw + p0));
+            }
+            for (j, v) in transpose16(rows).into_iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add(16 * (p0 + j)), v);
+            }
+        }
+    }
+}
+
+/// The reverse of [`planes_to_pixels`]: `ohw` pixels of 16 lanes (`src`, rounded up to 16
+/// pixels) into 16 planes of `ohw` elements from `dst`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `dst` covers `16·ohw` elements that nothing else accesses meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pixels_to_planes(src: &[f32], ohw: usize, dst: *mut f32) {
+    use std::arch::x86_64::*;
+    assert!(src.len() >= 16 * ohw.next_multiple_of(16), "pixels past their buffer");
+    for q0 in (0..ohw).step_by(16) {
+        let k: __mmask16 = if ohw - q0 >= 16 { !0 } else { ((1u32 << (ohw - q0)) - 1) as __mmask16 };
+        // SAFETY: the 16 pixels read are `src[16·q0..16·(q0 + 16)]` (asserted); plane `i`'s
+        // lanes `j` with `q0 + j < ohw` (the mask) write `dst[i·ohw + q0 + j]`, inside the
+        // caller's range.
+        unsafe {
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (j, r) in rows.iter_mut().enumerate() {
+                *r = _mm512_loadu_ps(src.as_ptr().add(16 * (q0 + j)));
+            }
+            for (i, v) in transpose16(rows).into_iter().enumerate() {
+                _mm512_mask_storeu_ps(dst.add(i * ohw + q0), k, v);
+            }
+        }
+    }
+}
+
+/// The 16 × 16 transposition of `r` (`out[j]` lane `i` = `r[i]` lane `j`): unpacks of pairs of
+/// floats and of doubles (4 × 4 blocks within each 128-bit lane), then two rounds of 128-bit
+/// lane shuffles.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // SAFETY: register operations only; the caller promises AVX-512F. (Plain loops, not
+    // closures: a closure does not inherit its caller's target features, so its intrinsics
+    // would be calls.)
+    unsafe {
+        // t[2i] per 128-bit lane L: rows 2i, 2i + 1 at columns 4L, 4L + 1; t[2i + 1] at 4L + 2, 4L + 3.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4i + k] per 128-bit lane L: rows 4i..4i + 4 at column 4L + k.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for i in 0..4 {
+            for h in 0..2 {
+                let (a, b) = (_mm512_castps_pd(t[4 * i + h]), _mm512_castps_pd(t[4 * i + 2 + h]));
+                u[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+                u[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+            }
+        }
+        // Column 4L + k: lane L of u[k], u[4 + k], u[8 + k], u[12 + k].
+        let mut out = [_mm512_setzero_ps(); 16];
+        for k in 0..4 {
+            let v01 = _mm512_shuffle_f32x4::<0x44>(u[k], u[4 + k]);
+            let w01 = _mm512_shuffle_f32x4::<0x44>(u[8 + k], u[12 + k]);
+            let v23 = _mm512_shuffle_f32x4::<0xEE>(u[k], u[4 + k]);
+            let w23 = _mm512_shuffle_f32x4::<0xEE>(u[8 + k], u[12 + k]);
+            out[k] = _mm512_shuffle_f32x4::<0x88>(v01, w01);
+            out[4 + k] = _mm512_shuffle_f32x4::<0xDD>(v01, w01);
+            out[8 + k] = _mm512_shuffle_f32x4::<0x88>(v23, w23);
+            out[12 + k] = _mm512_shuffle_f32x4::<0xDD>(v23, w23);
+        }
+        out
+    }
+}
 
 /// A raw pointer to a layer's output, for tasks that write interleaved but disjoint elements
 /// (see the SAFETY note at its use).
@@ -362,14 +482,14 @@ impl Conv<'_> {
     }
 
     /// Whether a small-plane kernel takes the layer in `isa` with an f32, f16 or bf16 output
-    /// (NCHW: the 16-lane rows or the channel-vector tile; NHWC: the channel blocks): the
+    /// (NCHW: the channel blocks, the 16-lane rows or the channel-vector tile; NHWC: the channel blocks): the
     /// layers the tests also run with them turned off ([`Conv::run_kernel`]).
     #[cfg(test)]
     pub(super) fn has_small_plane_kernel(&self, isa: Isa) -> bool {
         match self.d.layout {
             Layout::Nchw => {
                 #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Avx512 && rows512::Rows512::new(&self.d).is_some() {
+                if isa == Isa::Avx512 && rows512::Rows512::new(&self.d).is_some() || self.nchw_blocks_fit::<f32>(isa) {
                     return true;
                 }
                 tile::Tile::new(&self.d, isa).is_some()
@@ -419,6 +539,12 @@ impl Conv<'_> {
         #[cfg(target_arch = "x86_64")]
         if allow_tile && let Some(lanes) = self.block_lanes::<E>(isa) {
             self.nhwc_blocks(lanes, oh, ow, out);
+            return Ok(());
+        }
+        // Small NCHW planes in f32 go 16 planes at a time through the channel blocks.
+        #[cfg(target_arch = "x86_64")]
+        if allow_tile && self.nchw_blocks_fit::<E>(isa) {
+            self.nchw_blocks(oh, ow, out);
             return Ok(());
         }
         // NCHW 3 × 3 layers at stride 1 go through 16-lane rows on AVX-512 (half-precision
@@ -628,6 +754,101 @@ impl Conv<'_> {
             if !f32_out {
                 NHWC_ROW.set(obuf);
             }
+        };
+        for_each_index(units.div_ceil(per), &run);
+    }
+
+    /// Whether [`Conv::nchw_blocks`] takes the layer in `isa`: NCHW on AVX-512, an f32 input
+    /// and output, the channel blocks' 3 × 3 geometry ([`nhwc3_fits`]) with whole 16-channel
+    /// blocks, no activation, ReLU or ReLU6, and input planes of at most [`NCHW_BLOCK_PLANE`]
+    /// pixels ([`NCHW_BLOCK_PLANE_S1`] at stride 1).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn nchw_blocks_fit<E: Elem>(&self, isa: Isa) -> bool {
+        use tilekit_kernels::Activation;
+        let d = &self.d;
+        let act = matches!(d.activation, Activation::None | Activation::Relu | Activation::Relu6);
+        let most = if d.stride_w == 1 { NCHW_BLOCK_PLANE_S1 } else { NCHW_BLOCK_PLANE };
+        d.layout == Layout::Nchw
+            && isa == Isa::Avx512
+            && act
+            && self.xh.is_none()
+            && is_f32::<E>()
+            && d.channels.is_multiple_of(16)
+            && nhwc3_fits(d, d.channels)
+            && (1..=most).contains(&(d.height * d.width))
+    }
+
+    /// An NCHW 3 × 3 layer 16 planes (one image's 16 channels) at a time, through the NHWC
+    /// channel blocks' plane kernel (`nhwc3::avx::plane_for`, the same sums): the 16 input
+    /// planes are gathered into the thread's buffer pixel by pixel (one 16-lane gather a
+    /// pixel, the planes as the lanes), the block's plane is computed into a second buffer,
+    /// bias and activation in registers, and each output plane is gathered back out of it,
+    /// 16 outputs a gather. One run of blocks per thread, as [`Conv::nhwc_blocks`].
+    #[cfg(target_arch = "x86_64")]
+    fn nchw_blocks<E: Elem>(&self, oh: usize, ow: usize, out: &mut [E]) {
+        use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
+        use tilekit_kernels::Activation;
+        const LANES: usize = 16;
+        let d = &self.d;
+        let (h, w, c) = (d.height, d.width, d.channels);
+        let (hw, ohw) = (h * w, oh * ow);
+        let nblocks = c / LANES;
+        let units = d.batch * nblocks;
+        let per = if units * ohw * 9 * LANES < PARALLEL_MIN {
+            units
+        } else {
+            units.div_ceil(rayon::current_num_threads().max(1))
+        };
+        let (lo, hi) = interior(d, ow);
+        let row = nhwc3::RowGeometry { c: LANES, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow };
+        let g = PlaneGeometry {
+            row,
+            stride_w: d.stride_w,
+            height: h,
+            oh,
+            stride_h: d.stride_h,
+            dilation_h: d.dilation_h,
+            pad_top: d.pad_top,
+        };
+        let act = match d.activation {
+            Activation::Relu => RELU,
+            Activation::Relu6 => RELU6,
+            _ => NONE,
+        };
+        // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
+        let wl = if self.packed { (c, 1) } else { (1, 9) };
+        let out = E::as_f32_mut(out).expect("nchw_blocks_fit admits f32 outputs only");
+        assert!(
+            out.len() >= d.batch * c * ohw && self.x.len() >= d.batch * c * hw,
+            "NCHW layer's buffers shorter than the layer"
+        );
+        let base = Out(out.as_mut_ptr());
+        let run = |t: usize| {
+            let base = &base;
+            let mut xbuf = HALF_IN.take();
+            xbuf.resize(xbuf.len().max(hw.next_multiple_of(16) * LANES), 0.0);
+            let mut obuf = NHWC_ROW.take();
+            obuf.resize(obuf.len().max(ohw.next_multiple_of(16) * LANES), 0.0);
+            for u in t * per..((t + 1) * per).min(units) {
+                let (n, c0) = (u / nblocks, u % nblocks * LANES);
+                let first = (n * c + c0) * hw;
+                // SAFETY: AVX-512F (`nchw_blocks_fit`); the block's 16 input planes lie inside
+                // `self.x` (asserted above).
+                unsafe { planes_to_pixels(&self.x[first..first + LANES * hw], hw, &mut xbuf) };
+                let wts = if self.packed { &self.w[c0..] } else { &self.w[c0 * 9..] };
+                let bias = self.bias.map(|b| &b[c0..c0 + LANES]);
+                // SAFETY: AVX-512F and FMA (`nchw_blocks_fit`: `Isa::Avx512`); `xbuf` holds the
+                // block's `h·w` pixels of 16 lanes and `obuf` its `oh·ow`, which nothing else
+                // touches; the block's output planes (`16·oh·ow` elements from
+                // `(n·c + c0)·oh·ow`) lie inside `out` (asserted above), and no other block
+                // writes them.
+                unsafe {
+                    plane_for(true, act, &xbuf[..hw * LANES], &g, wts, wl, bias, obuf.as_mut_ptr(), LANES);
+                    pixels_to_planes(&obuf, ohw, base.0.add((n * c + c0) * ohw));
+                }
+            }
+            HALF_IN.set(xbuf);
+            NHWC_ROW.set(obuf);
         };
         for_each_index(units.div_ceil(per), &run);
     }

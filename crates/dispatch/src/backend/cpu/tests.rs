@@ -958,6 +958,50 @@ fn depthwise_nchw_rows512_are_exact() {
     }
 }
 
+/// The NCHW channel blocks (`Conv::nchw_blocks`: f32, 16 planes at a time transposed into
+/// and out of pixel-major blocks, input planes of up to 128 pixels at stride 1 and 64² at
+/// stride 2, on AVX-512): planes from 1 × 1 to each limit and one past it (the tile or the
+/// rows take those), pixel counts that leave every remainder of the 16-pixel transpositions,
+/// both strides, vertical dilation, paddings past the kernel, 16 to 48 channels, 1–3 images.
+#[test]
+fn depthwise_nchw_channel_blocks_are_exact() {
+    // `check_conv` runs the tile and the rows on the layers the blocks take: it must see that
+    // they do.
+    let d = conv_geometry(Layout::Nchw, [1, 16, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 16 * 49], vec![0.0; 16 * 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(conv.nchw_blocks_fit::<f32>(isa), isa == Isa::Avx512, "{isa:?}");
+    }
+    let mut seed = 8900;
+    let cases = [
+        (16, 1, 1, 1),
+        (16, 2, 3, 1),
+        (32, 7, 7, 1),
+        (16, 11, 11, 1),
+        (48, 8, 16, 1),
+        (16, 9, 15, 1),
+        (16, 3, 17, 2),
+        (32, 14, 14, 2),
+        (16, 29, 27, 2),
+        (16, 64, 64, 2),
+        (16, 65, 63, 2),
+        (16, 65, 64, 2),
+    ];
+    for &(c, h, w, s) in &cases {
+        for &(dh, pads) in &[(1, [1, 1, 1, 1]), (2, [0, 2, 2, 0]), (1, [3, 0, 0, 3])] {
+            let batch = if h * w > 1000 { 1 } else { 1 + seed as usize % 3 };
+            let g = conv_geometry(Layout::Nchw, [batch, c, h, w], [3, 3], [s, s], [dh, 1], pads);
+            if let Some(d) = varied_layer(g, &[1], seed) {
+                check_conv(&d, seed);
+            }
+            seed += 1;
+        }
+    }
+}
+
 /// The NHWC channel blocks (`Conv::nhwc_blocks`: 3 × 3 layers with planes of up to 64²
 /// pixels, f16 and bf16 through 16-lane blocks): 8- and 16-channel blocks (24 and 40 channels
 /// take 8-lane vectors on AVX-512 too, and half-precision layers the row kernels),
