@@ -1,13 +1,14 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW f32 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no
-//!   activation, ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128
-//!   pixels at stride 1 or 64² at stride 2, on AVX-512 ([`Conv::nchw_blocks`]): 16 planes at a
-//!   time are transposed into a pixel-major block (16 × 16 transposes in registers), run
-//!   through the NHWC channel blocks' plane kernel below, and transposed back. MobileNetV2's
-//!   960 × 7² took 0.53–0.60 of the tile kernel's time, its strided 576 × 14², 192 × 28² and
-//!   144 × 56² 0.55, 0.76 and 0.88–0.90 (2 threads, in-process A/B, the same bits).
+//! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
+//!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
+//!   stride 1 or 64² at stride 2, on AVX-512 ([`Conv::nchw_blocks`]): 16 planes at a time are
+//!   transposed into a pixel-major block (16 × 16 transposes in registers, f16 and bf16
+//!   widened there), run through the NHWC channel blocks' plane kernel below, and transposed
+//!   back (rounded there). MobileNetV2's 960 × 7² took 0.53–0.60 of the tile kernel's time,
+//!   its strided 576 × 14², 192 × 28² and 144 × 56² 0.55, 0.76 and 0.88–0.90 in f32; in f16
+//!   0.63, 0.61, 0.47 and 0.51 (2 threads, in-process A/B, the same bits).
 //! - Other NCHW 3 × 3 layers with stride and dilation 1 and rows of 8 to 256 outputs, on AVX-512
 //!   ([`rows512`]): each output row as 16-lane vectors, every tap one masked load from the
 //!   input where it lies and one masked multiply-add, 4 output rows at a time so each input
@@ -130,15 +131,16 @@ const NCHW_BLOCK_PLANE: usize = 64 * 64;
 #[cfg(target_arch = "x86_64")]
 const NCHW_BLOCK_PLANE_S1: usize = 128;
 
-/// 16 planes of `hw` elements (`x`, one after another) as pixels of 16 lanes (`dst`), 16
+/// 16 planes of `hw` elements (`x`, one after another; f32, or f16 and bf16 widened as
+/// `convert.rs` widens them, by `activation::avx512::Io`) as pixels of 16 lanes (`dst`), 16
 /// pixels at a time through a 16 × 16 transposition in registers ([`transpose16`]); `dst`
 /// holds `hw` rounded up to 16 pixels, the ones past `hw` zero.
 ///
 /// # Safety
-/// The CPU has AVX-512F.
+/// The CPU has AVX-512F and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn planes_to_pixels(x: &[f32], hw: usize, dst: &mut [f32]) {
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn planes_to_pixels<T: super::activation::avx512::Io>(x: &[T], hw: usize, dst: &mut [f32]) {
     use std::arch::x86_64::*;
     assert!(x.len() >= 16 * hw && dst.len() >= 16 * hw.next_multiple_of(16), "planes past their buffers");
     for p0 in (0..hw).step_by(16) {
@@ -148,7 +150,7 @@ unsafe fn planes_to_pixels(x: &[f32], hw: usize, dst: &mut [f32]) {
         unsafe {
             let mut rows = [_mm512_setzero_ps(); 16];
             for (i, r) in rows.iter_mut().enumerate() {
-                *r = _mm512_maskz_loadu_ps(k, x.as_ptr().add(i * hw + p0));
+                *r = T::load(x.as_ptr().add(i * hw + p0), k);
             }
             for (j, v) in transpose16(rows).into_iter().enumerate() {
                 _mm512_storeu_ps(dst.as_mut_ptr().add(16 * (p0 + j)), v);
@@ -158,13 +160,37 @@ unsafe fn planes_to_pixels(x: &[f32], hw: usize, dst: &mut [f32]) {
 }
 
 /// The reverse of [`planes_to_pixels`]: `ohw` pixels of 16 lanes (`src`, rounded up to 16
-/// pixels) into 16 planes of `ohw` elements from `dst`.
+/// pixels) into 16 planes of `ohw` elements of `E` from `dst` (rounded to f16 or bf16 as
+/// `convert.rs` rounds, by `activation::avx512::Io`).
 ///
 /// # Safety
-/// The CPU has AVX-512F; `dst` covers `16·ohw` elements that nothing else accesses meanwhile.
+/// The CPU has AVX-512F and F16C; `dst` covers `16·ohw` elements that nothing else accesses
+/// meanwhile.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pixels_to_planes(src: &[f32], ohw: usize, dst: *mut f32) {
+unsafe fn pixels_to_planes<E: Elem>(src: &[f32], ohw: usize, dst: *mut E) {
+    use half::{bf16, f16};
+    use std::any::TypeId;
+    // SAFETY: the caller's promises; `E` is the type each pointer is cast to.
+    unsafe {
+        if TypeId::of::<E>() == TypeId::of::<f16>() {
+            pixels_to_planes_as::<f16>(src, ohw, dst.cast());
+        } else if TypeId::of::<E>() == TypeId::of::<bf16>() {
+            pixels_to_planes_as::<bf16>(src, ohw, dst.cast());
+        } else {
+            // The third storage type (`Elem` has no other).
+            assert!(is_f32::<E>(), "an output element the depthwise kernels do not store");
+            pixels_to_planes_as::<f32>(src, ohw, dst.cast());
+        }
+    }
+}
+
+/// [`pixels_to_planes`] for one storage type.
+///
+/// # Safety
+/// As [`pixels_to_planes`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn pixels_to_planes_as<T: super::activation::avx512::Io>(src: &[f32], ohw: usize, dst: *mut T) {
     use std::arch::x86_64::*;
     assert!(src.len() >= 16 * ohw.next_multiple_of(16), "pixels past their buffer");
     for q0 in (0..ohw).step_by(16) {
@@ -178,7 +204,7 @@ unsafe fn pixels_to_planes(src: &[f32], ohw: usize, dst: *mut f32) {
                 *r = _mm512_loadu_ps(src.as_ptr().add(16 * (q0 + j)));
             }
             for (i, v) in transpose16(rows).into_iter().enumerate() {
-                _mm512_mask_storeu_ps(dst.add(i * ohw + q0), k, v);
+                T::store(dst.add(i * ohw + q0), k, v);
             }
         }
     }
@@ -489,7 +515,7 @@ impl Conv<'_> {
         match self.d.layout {
             Layout::Nchw => {
                 #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Avx512 && rows512::Rows512::new(&self.d).is_some() || self.nchw_blocks_fit::<f32>(isa) {
+                if isa == Isa::Avx512 && rows512::Rows512::new(&self.d).is_some() || self.nchw_blocks_fit(isa) {
                     return true;
                 }
                 tile::Tile::new(&self.d, isa).is_some()
@@ -543,7 +569,7 @@ impl Conv<'_> {
         }
         // Small NCHW planes in f32 go 16 planes at a time through the channel blocks.
         #[cfg(target_arch = "x86_64")]
-        if allow_tile && self.nchw_blocks_fit::<E>(isa) {
+        if allow_tile && self.nchw_blocks_fit(isa) {
             self.nchw_blocks(oh, ow, out);
             return Ok(());
         }
@@ -758,12 +784,12 @@ impl Conv<'_> {
         for_each_index(units.div_ceil(per), &run);
     }
 
-    /// Whether [`Conv::nchw_blocks`] takes the layer in `isa`: NCHW on AVX-512, an f32 input
-    /// and output, the channel blocks' 3 × 3 geometry ([`nhwc3_fits`]) with whole 16-channel
+    /// Whether [`Conv::nchw_blocks`] takes the layer in `isa`: NCHW on AVX-512 (f32, f16 or
+    /// bf16 inputs and outputs), the channel blocks' 3 × 3 geometry ([`nhwc3_fits`]) with whole 16-channel
     /// blocks, no activation, ReLU or ReLU6, and input planes of at most [`NCHW_BLOCK_PLANE`]
     /// pixels ([`NCHW_BLOCK_PLANE_S1`] at stride 1).
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn nchw_blocks_fit<E: Elem>(&self, isa: Isa) -> bool {
+    pub(super) fn nchw_blocks_fit(&self, isa: Isa) -> bool {
         use tilekit_kernels::Activation;
         let d = &self.d;
         let act = matches!(d.activation, Activation::None | Activation::Relu | Activation::Relu6);
@@ -771,8 +797,6 @@ impl Conv<'_> {
         d.layout == Layout::Nchw
             && isa == Isa::Avx512
             && act
-            && self.xh.is_none()
-            && is_f32::<E>()
             && d.channels.is_multiple_of(16)
             && nhwc3_fits(d, d.channels)
             && (1..=most).contains(&(d.height * d.width))
@@ -780,10 +804,14 @@ impl Conv<'_> {
 
     /// An NCHW 3 × 3 layer 16 planes (one image's 16 channels) at a time, through the NHWC
     /// channel blocks' plane kernel (`nhwc3::avx::plane_for`, the same sums): the 16 input
-    /// planes are gathered into the thread's buffer pixel by pixel (one 16-lane gather a
-    /// pixel, the planes as the lanes), the block's plane is computed into a second buffer,
-    /// bias and activation in registers, and each output plane is gathered back out of it,
-    /// 16 outputs a gather. One run of blocks per thread, as [`Conv::nhwc_blocks`].
+    /// planes are transposed into the thread's buffer, the planes as the lanes of each pixel
+    /// (widened there from f16 or bf16), the block's plane is computed into a second buffer,
+    /// bias and activation in registers, and transposed back into the 16 output planes
+    /// (rounded there to f16 or bf16): 16 × 16 transposes in registers
+    /// ([`planes_to_pixels`], [`pixels_to_planes`]). One run of blocks per thread, as
+    /// [`Conv::nhwc_blocks`]. Gathers instead of the transposes (one 16-lane gather a pixel in,
+    /// 16 outputs of a plane a gather out) took 0.67 of the tile's time at 960 × 7² against
+    /// 0.60, and 1.3–2.6× from 14² up.
     #[cfg(target_arch = "x86_64")]
     fn nchw_blocks<E: Elem>(&self, oh: usize, ow: usize, out: &mut [E]) {
         use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
@@ -817,9 +845,8 @@ impl Conv<'_> {
         };
         // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
         let wl = if self.packed { (c, 1) } else { (1, 9) };
-        let out = E::as_f32_mut(out).expect("nchw_blocks_fit admits f32 outputs only");
         assert!(
-            out.len() >= d.batch * c * ohw && self.x.len() >= d.batch * c * hw,
+            out.len() >= d.batch * c * ohw && self.xh.map_or(self.x.len(), |x| x.len()) >= d.batch * c * hw,
             "NCHW layer's buffers shorter than the layer"
         );
         let base = Out(out.as_mut_ptr());
@@ -832,12 +859,19 @@ impl Conv<'_> {
             for u in t * per..((t + 1) * per).min(units) {
                 let (n, c0) = (u / nblocks, u % nblocks * LANES);
                 let first = (n * c + c0) * hw;
-                // SAFETY: AVX-512F (`nchw_blocks_fit`); the block's 16 input planes lie inside
-                // `self.x` (asserted above).
-                unsafe { planes_to_pixels(&self.x[first..first + LANES * hw], hw, &mut xbuf) };
+                let planes = first..first + LANES * hw;
+                // SAFETY: AVX-512F and F16C (`nchw_blocks_fit`: `Isa::Avx512`); the block's 16
+                // input planes lie inside the input (asserted above).
+                unsafe {
+                    match self.xh {
+                        None => planes_to_pixels(&self.x[planes], hw, &mut xbuf),
+                        Some(Halves::F16(x)) => planes_to_pixels(&x[planes], hw, &mut xbuf),
+                        Some(Halves::Bf16(x)) => planes_to_pixels(&x[planes], hw, &mut xbuf),
+                    }
+                };
                 let wts = if self.packed { &self.w[c0..] } else { &self.w[c0 * 9..] };
                 let bias = self.bias.map(|b| &b[c0..c0 + LANES]);
-                // SAFETY: AVX-512F and FMA (`nchw_blocks_fit`: `Isa::Avx512`); `xbuf` holds the
+                // SAFETY: AVX-512F, F16C and FMA (`nchw_blocks_fit`: `Isa::Avx512`); `xbuf` holds the
                 // block's `h·w` pixels of 16 lanes and `obuf` its `oh·ow`, which nothing else
                 // touches; the block's output planes (`16·oh·ow` elements from
                 // `(n·c + c0)·oh·ow`) lie inside `out` (asserted above), and no other block

@@ -958,11 +958,12 @@ fn depthwise_nchw_rows512_are_exact() {
     }
 }
 
-/// The NCHW channel blocks (`Conv::nchw_blocks`: f32, 16 planes at a time transposed into
+/// The NCHW channel blocks (`Conv::nchw_blocks`: 16 planes at a time transposed into
 /// and out of pixel-major blocks, input planes of up to 128 pixels at stride 1 and 64² at
 /// stride 2, on AVX-512): planes from 1 × 1 to each limit and one past it (the tile or the
 /// rows take those), pixel counts that leave every remainder of the 16-pixel transpositions,
-/// both strides, vertical dilation, paddings past the kernel, 16 to 48 channels, 1–3 images.
+/// both strides, vertical dilation, paddings past the kernel, 16 to 48 channels, 1–3 images;
+/// f32, f16 and bf16 inputs and outputs (`check_conv`'s storages).
 #[test]
 fn depthwise_nchw_channel_blocks_are_exact() {
     // `check_conv` runs the tile and the rows on the layers the blocks take: it must see that
@@ -973,7 +974,7 @@ fn depthwise_nchw_channel_blocks_are_exact() {
     for isa in Isa::available() {
         assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
         #[cfg(target_arch = "x86_64")]
-        assert_eq!(conv.nchw_blocks_fit::<f32>(isa), isa == Isa::Avx512, "{isa:?}");
+        assert_eq!(conv.nchw_blocks_fit(isa), isa == Isa::Avx512, "{isa:?}");
     }
     let mut seed = 8900;
     let cases = [
