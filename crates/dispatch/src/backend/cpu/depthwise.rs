@@ -264,6 +264,21 @@ struct Out<E>(*mut E);
 #[cfg(target_arch = "x86_64")]
 unsafe impl<E: Send> Sync for Out<E> {}
 
+/// The work of [`Conv::nhwc_blocks`] or [`Conv::nchw_blocks`] ([`Conv::block_plan`]).
+#[cfg(target_arch = "x86_64")]
+struct BlockPlan {
+    /// Channel blocks per image, and in the layer.
+    nblocks: usize,
+    units: usize,
+    /// Blocks per task.
+    per: usize,
+    g: nhwc3::avx::PlaneGeometry,
+    /// The activation as `nhwc3::avx`'s constant.
+    act: u8,
+    /// Tap `t`, channel `o` at `w[t·wl.0 + o·wl.1]`.
+    wl: (usize, usize),
+}
+
 /// Whether `E` is f32 (then an output is written in place).
 fn is_f32<E: Elem>() -> bool {
     E::as_f32(&[]).is_some()
@@ -684,6 +699,44 @@ impl Conv<'_> {
         (fits && (1..=most).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)
     }
 
+    /// What [`Conv::nhwc_blocks`] and [`Conv::nchw_blocks`] share: the layer's blocks of
+    /// `lanes` channels, as many per task as give one run per thread (all on the calling thread
+    /// below [`PARALLEL_MIN`] multiply-adds), the plane's geometry with input pixels
+    /// `pixel_stride` elements apart, the activation and the weights' layout.
+    #[cfg(target_arch = "x86_64")]
+    fn block_plan(&self, lanes: usize, pixel_stride: usize, oh: usize, ow: usize) -> BlockPlan {
+        use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6};
+        use tilekit_kernels::Activation;
+        let d = &self.d;
+        let c = d.channels;
+        let nblocks = c / lanes;
+        let units = d.batch * nblocks;
+        let per = if units * oh * ow * 9 * lanes < PARALLEL_MIN {
+            units
+        } else {
+            units.div_ceil(rayon::current_num_threads().max(1))
+        };
+        let (lo, hi) = interior(d, ow);
+        let row = nhwc3::RowGeometry { c: pixel_stride, width: d.width, pad_left: d.pad_left, lo, hi: hi.max(lo), ow };
+        let g = PlaneGeometry {
+            row,
+            stride_w: d.stride_w,
+            height: d.height,
+            oh,
+            stride_h: d.stride_h,
+            dilation_h: d.dilation_h,
+            pad_top: d.pad_top,
+        };
+        let act = match d.activation {
+            Activation::Relu => RELU,
+            Activation::Relu6 => RELU6,
+            _ => NONE,
+        };
+        // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
+        let wl = if self.packed { (c, 1) } else { (1, 9) };
+        BlockPlan { nblocks, units, per, g, act, wl }
+    }
+
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
     /// block's nine weight vectors and bias are loaded once for the whole plane (packed
     /// weights one vector a tap, stored `[channel][tap]` ones gathered: no transposition on
@@ -701,35 +754,10 @@ impl Conv<'_> {
     /// one run per thread, 0.5–0.6× (2-core AVX-512 Xeon, in-process A/B, the same bits).
     #[cfg(target_arch = "x86_64")]
     fn nhwc_blocks<E: Elem>(&self, lanes: usize, oh: usize, ow: usize, out: &mut [E]) {
-        use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
-        use tilekit_kernels::Activation;
+        use nhwc3::avx::plane_for;
         let d = &self.d;
         let (h, w, c) = (d.height, d.width, d.channels);
-        let nblocks = c / lanes;
-        let units = d.batch * nblocks;
-        let per = if units * oh * ow * 9 * lanes < PARALLEL_MIN {
-            units
-        } else {
-            units.div_ceil(rayon::current_num_threads().max(1))
-        };
-        let (lo, hi) = interior(d, ow);
-        let row = nhwc3::RowGeometry { c, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow };
-        let g = PlaneGeometry {
-            row,
-            stride_w: d.stride_w,
-            height: h,
-            oh,
-            stride_h: d.stride_h,
-            dilation_h: d.dilation_h,
-            pad_top: d.pad_top,
-        };
-        let act = match d.activation {
-            Activation::Relu => RELU,
-            Activation::Relu6 => RELU6,
-            _ => NONE,
-        };
-        // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
-        let wl = if self.packed { (c, 1) } else { (1, 9) };
+        let BlockPlan { nblocks, units, per, g, act, wl } = self.block_plan(lanes, c, oh, ow);
         let plane_out = oh * ow * c;
         assert!(out.len() >= d.batch * plane_out, "NHWC output shorter than the layer");
         let f32_out = is_f32::<E>();
@@ -814,37 +842,12 @@ impl Conv<'_> {
     /// 0.60, and 1.3–2.6× from 14² up.
     #[cfg(target_arch = "x86_64")]
     fn nchw_blocks<E: Elem>(&self, oh: usize, ow: usize, out: &mut [E]) {
-        use nhwc3::avx::{NONE, PlaneGeometry, RELU, RELU6, plane_for};
-        use tilekit_kernels::Activation;
+        use nhwc3::avx::plane_for;
         const LANES: usize = 16;
         let d = &self.d;
-        let (h, w, c) = (d.height, d.width, d.channels);
-        let (hw, ohw) = (h * w, oh * ow);
-        let nblocks = c / LANES;
-        let units = d.batch * nblocks;
-        let per = if units * ohw * 9 * LANES < PARALLEL_MIN {
-            units
-        } else {
-            units.div_ceil(rayon::current_num_threads().max(1))
-        };
-        let (lo, hi) = interior(d, ow);
-        let row = nhwc3::RowGeometry { c: LANES, width: w, pad_left: d.pad_left, lo, hi: hi.max(lo), ow };
-        let g = PlaneGeometry {
-            row,
-            stride_w: d.stride_w,
-            height: h,
-            oh,
-            stride_h: d.stride_h,
-            dilation_h: d.dilation_h,
-            pad_top: d.pad_top,
-        };
-        let act = match d.activation {
-            Activation::Relu => RELU,
-            Activation::Relu6 => RELU6,
-            _ => NONE,
-        };
-        // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
-        let wl = if self.packed { (c, 1) } else { (1, 9) };
+        let (hw, ohw, c) = (d.height * d.width, oh * ow, d.channels);
+        // The block's pixels are its 16 lanes apart in the thread's buffer.
+        let BlockPlan { nblocks, units, per, g, act, wl } = self.block_plan(LANES, LANES, oh, ow);
         assert!(
             out.len() >= d.batch * c * ohw && self.xh.map_or(self.x.len(), |x| x.len()) >= d.batch * c * hw,
             "NCHW layer's buffers shorter than the layer"
