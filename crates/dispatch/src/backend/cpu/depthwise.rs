@@ -144,7 +144,7 @@ unsafe fn planes_to_pixels<T: super::activation::avx512::Io>(x: &[T], hw: usize,
     use std::arch::x86_64::*;
     assert!(x.len() >= 16 * hw && dst.len() >= 16 * hw.next_multiple_of(16), "planes past their buffers");
     for p0 in (0..hw).step_by(16) {
-        let k: __mmask16 = if hw - p0 >= 16 { !0 } else { ((1u32 << (hw - p0)) - 1) as __mmask16 };
+        let k = super::activation::avx512::lanes(p0, hw);
         // SAFETY: plane `i`'s lanes `j` with `p0 + j < hw` (the mask) read `x[i·hw + p0 + j]`,
         // and the 16 pixels written are `dst[16·p0..16·(p0 + 16)]`: inside the asserted lengths.
         unsafe {
@@ -194,7 +194,7 @@ unsafe fn pixels_to_planes_as<T: super::activation::avx512::Io>(src: &[f32], ohw
     use std::arch::x86_64::*;
     assert!(src.len() >= 16 * ohw.next_multiple_of(16), "pixels past their buffer");
     for q0 in (0..ohw).step_by(16) {
-        let k: __mmask16 = if ohw - q0 >= 16 { !0 } else { ((1u32 << (ohw - q0)) - 1) as __mmask16 };
+        let k = super::activation::avx512::lanes(q0, ohw);
         // SAFETY: the 16 pixels read are `src[16·q0..16·(q0 + 16)]` (asserted); plane `i`'s
         // lanes `j` with `q0 + j < ohw` (the mask) write `dst[i·ohw + q0 + j]`, inside the
         // caller's range.

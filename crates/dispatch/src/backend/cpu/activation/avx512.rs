@@ -266,7 +266,7 @@ impl<T> Copy for Src<T> {}
 
 /// The lanes of the vector at element `i` of `len`: all 16, or the tail's.
 #[inline(always)]
-fn lanes(i: usize, len: usize) -> __mmask16 {
+pub(in crate::backend::cpu) fn lanes(i: usize, len: usize) -> __mmask16 {
     let n = len - i;
     if n >= 16 { !0 } else { ((1u32 << n) - 1) as __mmask16 }
 }
