@@ -761,9 +761,14 @@ mod avx {
 }
 
 /// The strip kernel and the `K × N` panels' register tiles in AVX-512: a strip's 16 columns
-/// are one `zmm` vector, so a register tile takes two strips side by side and up to 8 rows of
-/// `A` (16 sums in registers, 2 loads of `B` and 8 broadcasts per 16 multiply-adds), where the
-/// AVX2 tile needs two vectors per strip. On a 2-core AVX-512 Xeon (in-process A/B against the
+/// are one `zmm` vector, so a register tile takes up to 8 rows of `A` and two strips side by
+/// side (16 sums in registers, 2 loads of `B` and 8 broadcasts per 16 multiply-adds), where the
+/// AVX2 tile needs two vectors per strip; the strip kernel's tiles take three (24 sums, 3 loads
+/// and 8 broadcasts per 24 multiply-adds). Three strips against two (2 threads, separate
+/// processes alternated three times, the same bits): 16 × 4096 × 4096 packed in 2.31–2.33 ms
+/// against 2.39–2.51, MobileNetV2's head (49 × 1280 × 320, bias and ReLU6) in 171–174 µs
+/// against 176–179 (one thread: 295–311 against 314–327); 16 × 11008 × 4096 (8.5–8.8 ms
+/// against 8.6–9.4), 64 × 1024 × 1024 and the memory-bound M = 1 products level. On a 2-core AVX-512 Xeon (in-process A/B against the
 /// AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
 /// 12–13 against 18–21, 64 × 4096 × 4096 in 15 against 21, M = 1 (memory-bound) level;
 /// `K × N` panels, 16 × 4096 × 4096 in 12–13.5 ms against 17–21 and 16 × 11008 × 4096 in 34
@@ -778,8 +783,9 @@ pub(super) mod avx512 {
     /// Rows of `A` per register tile.
     pub(super) const ROWS: usize = 8;
 
-    /// [`super::strips_inner`] (the same sums in the same order: the same bits) with two
-    /// strips per register tile (the last one alone when their count is odd). The first row
+    /// [`super::strips_inner`] (the same sums in the same order: the same bits) with three
+    /// strips per register tile (the last tile one or two when their count is not a multiple
+    /// of three). The first row
     /// group prefetches the line [`STRIP_KC`] rows on in each strip, as the AVX2 kernel does.
     ///
     /// # Safety
@@ -819,7 +825,7 @@ pub(super) mod avx512 {
         let (m, k) = (p.m, p.k);
         let mut s = 0;
         while s < ns {
-            let width = 2.min(ns - s);
+            let width = 3.min(ns - s);
             let strips = &b[(s0 + s) * k * STRIP..][..width * k * STRIP];
             for q0 in (0..k).step_by(STRIP_KC) {
                 let kb = STRIP_KC.min(k - q0);
@@ -1631,7 +1637,7 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 or 2).
+    /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 to 3).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1667,7 +1673,11 @@ pub(super) mod avx512 {
                     }
                 };
             }
-            if w == 2 { by_rows!(2) } else { by_rows!(1) }
+            match w {
+                3 => by_rows!(3),
+                2 => by_rows!(2),
+                _ => by_rows!(1),
+            }
         }
     }
 

@@ -467,13 +467,23 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
 
 /// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
 /// kernel's own edges: K within and across its 256-row passes, M across its 6-row groups and
-/// 64-row tasks, N around the strips (the last one zero-padded), A transposed or not, every
-/// epilogue, in every instruction set.
+/// 64-row tasks, N around the strips (the last one zero-padded) and the AVX-512 tiles' three
+/// strips (4 and 5 strips: a last tile of one and of two), A transposed or not, every epilogue,
+/// in every instruction set.
 #[test]
 fn strips_are_exact() {
     in_each_isa(|_| {
         let mut seed = 1500;
-        for &(m, n, k) in &[(1, 17, 300), (6, 16, 257), (17, 33, 513), (64, 15, 40), (65, 47, 256), (130, 31, 20)] {
+        for &(m, n, k) in &[
+            (1, 17, 300),
+            (6, 16, 257),
+            (17, 33, 513),
+            (64, 15, 40),
+            (65, 47, 256),
+            (130, 31, 20),
+            (3, 64, 257),
+            (9, 70, 300),
+        ] {
             for variant in 0..4 {
                 check_matmul(&matmul_desc(m, n, k, variant % 2 == 1, variant == 2, variant), seed);
                 seed += 1;
