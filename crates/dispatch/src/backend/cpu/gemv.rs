@@ -777,16 +777,27 @@ mod avx {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::super::Halves;
-    use super::{Block, STRIP, STRIP_KC};
+    use super::{Block, STRIP};
     use std::arch::x86_64::*;
 
     /// Rows of `A` per register tile.
     pub(super) const ROWS: usize = 8;
 
+    /// `K` rows per pass of [`strips`] over its three strips (12 KiB of `B`, which the other
+    /// row groups of `A` read from L1), and the prefetch distance of the first row group (the
+    /// same rows of the next pass). Against the AVX2 kernel's 256 rows ([`super::STRIP_KC`]:
+    /// 48 KiB with three strips, all of L1) on the 2-core AVX-512 Xeon (2 threads, separate
+    /// processes alternated three times, the same bits): 16 × 11008 × 4096 in 6.2–6.3 ms
+    /// against 7.1–7.7 (32 rows: 6.1–6.3), 16 × 4096 × 4096 in 1.92–1.98 against 2.04–2.06
+    /// (32 rows: 2.06–2.14), 1 × 1000 × 1280 (MobileNetV2's classifier) in 84–87 µs against
+    /// 87–90; 4 × 4096 × 4096, 1 × 4096 × 4096 and the network's head level; 64 × 1024 × 1024
+    /// 1.0–1.1× (its tiles reload and store their sums once a pass).
+    const STRIP_PASS: usize = 64;
+
     /// [`super::strips_inner`] (the same sums in the same order: the same bits) with three
     /// strips per register tile (the last tile one or two when their count is not a multiple
-    /// of three). The first row
-    /// group prefetches the line [`STRIP_KC`] rows on in each strip, as the AVX2 kernel does.
+    /// of three), [`STRIP_PASS`] rows of `K` a pass. The first row group prefetches the line [`STRIP_PASS`]
+    /// rows on in each strip, as the AVX2 kernel does [`super::STRIP_KC`] rows on.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -827,8 +838,8 @@ pub(super) mod avx512 {
         while s < ns {
             let width = 3.min(ns - s);
             let strips = &b[(s0 + s) * k * STRIP..][..width * k * STRIP];
-            for q0 in (0..k).step_by(STRIP_KC) {
-                let kb = STRIP_KC.min(k - q0);
+            for q0 in (0..k).step_by(STRIP_PASS) {
+                let kb = STRIP_PASS.min(k - q0);
                 let mut g0 = 0;
                 while g0 < m {
                     let r = ROWS.min(m - g0);
@@ -1684,7 +1695,7 @@ pub(super) mod avx512 {
     /// One `R × 16·W` tile over rows `q0..q0 + kb` of `W` consecutive strips (`strips`, each
     /// `k` rows of 16): `a` from `A[g0][q0]` (rows `lda` apart), the sums from and back to `c`
     /// (rows `ldc` apart). `prefetch`: each row also prefetches, in every strip, the line
-    /// [`STRIP_KC`] rows on.
+    /// [`STRIP_PASS`] rows on.
     ///
     /// What bounds the 16-row products here (in-process, 2 threads, 2-core AVX-512 Xeon whose
     /// measured multiply-add peak is 341 GFLOP/s): with the packed `B` in cache the tiles ran at
@@ -1693,7 +1704,8 @@ pub(super) mod avx512 {
     /// 162–170 (16 × 32768 × 4096, 512 MB: 21 GB/s of `B`, where the M = 1 product streams
     /// the same weight at 29 GB/s). The prefetch: without it 0.92 of the time at 64 MB, but
     /// 1.2× at 180 and 512 MB; 128 rows ahead into L1, or 512 and 1024 rows ahead into L2,
-    /// were level with [`STRIP_KC`] at 512 MB.
+    /// were level with 256 (the pass length then) at 512 MB. (Those figures are from tiles of
+    /// two strips and passes of 256 rows; see [`STRIP_PASS`] for the passes of 64.)
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1736,7 +1748,7 @@ pub(super) mod avx512 {
                 let bv: [__m512; W] = std::array::from_fn(|w| T::load16(bp[w].add(q * STRIP)));
                 if prefetch {
                     for b in bp {
-                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((q + STRIP_KC) * STRIP) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((q + STRIP_PASS) * STRIP) as *const i8);
                     }
                 }
                 for (i, row) in sum.iter_mut().enumerate() {
