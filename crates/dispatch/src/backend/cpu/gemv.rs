@@ -15,8 +15,8 @@
 //!   a time with the sums in registers ([`avx::rows_panels`]; on AVX-512, eight rows and two
 //!   strips at a time, [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place
 //!   instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
-//!   sequential streams), with up to 16 rows' sums in registers and the lines ahead
-//!   prefetched into L2 ([`avx512::rows_direct`]);
+//!   sequential streams), with the sums of up to 15 rows (from 16 rows: of 8 rows × three
+//!   strips) in registers and the lines ahead prefetched into L2 ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024 (4096 with one row group, M ≤ 4), and within a chunk each tile
@@ -878,7 +878,17 @@ pub(super) mod avx512 {
     /// and 32, against 18.8 for one sequential stream per thread; and at 4–8 rows a pass, the
     /// sums' loads and stores (the block's accumulators are in L2) took over.
     pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=32;
-    /// Rows of `A` per register tile of [`rows_direct`]: 16 sums, one vector of `B`.
+    /// From this many rows of `A`, [`rows_direct`] meets `B` in groups of up to 8 rows, three
+    /// strips a register tile (24 sums, 3 loads of `B` and 8 broadcasts per 24 multiply-adds);
+    /// the first group streams the strips from memory, the others read them from L1. Below it,
+    /// the rows are one group, one strip a tile (up to 15 sums, one load of `B` and a
+    /// broadcast per multiply-add; up to 8 rows, two or four strips). Against one 16-row tile
+    /// a strip (2 threads, separate processes alternated three times, the same bits): 16 ×
+    /// 11008 × 4096 in 8.5–9.2 ms against 10.2–11.5, 16 × 14336 × 4096 11.8–13.3 against
+    /// 13.9–15.7, 16 × 4096 × 11008 7.2–7.5 against 8.2–9.9, 20 × 11008 × 4096 10.4–10.6
+    /// against 12.2–13.1, 24 and 32 × 4096 × 4096 3.1–3.2 and 3.9–4.1 against 4.6–4.9 and
+    /// 5.1–5.3 (their 64-row passes); 16 × 4096 × 4096 and 17 × 4096 × 4096 level. At 9 and 12
+    /// rows 8-row groups were level or slower, so those stay one group.
     const DIRECT_ROWS: usize = 16;
     /// Cache lines ahead of the one being read that [`rows_direct`] prefetches, into L2 (four f32
     /// strips; eight of a half-precision `B`).
@@ -900,34 +910,26 @@ pub(super) mod avx512 {
     /// 0.99× of 32's time; at K = 4096 before: 0.90–0.95 at N = 3072–5120, level at 6144,
     /// 1.1–1.3× at 7168–24576). From 3 to 12 rows 32 was as fast as 16 or 64, or faster.
     ///
-    /// Exactly 16 rows (one full tile) with rows of `B` more than 6144 elements apart: 16.
-    /// There 32 streams read slowly again, where 13–15 rows did not mind them: 16 × 11008 ×
-    /// 4096 (rows 44 KiB apart) took 10.7–13.5 ms in passes of 16 against 12.7–17.5 in passes
-    /// of 32 (nine pairs, separate processes alternated), 16 × 14336 × 4096 14.8–16.9 against
-    /// 18.1–19.8, 16 × 8192 × 4096 6.8–7.7 against 7.0–8.9; at 13–15 rows 32 was level or
-    /// faster (14 rows 8.9–10.2 against 10.6–12.9), as at 16 × 4096 × 11008 (rows 16 KiB
-    /// apart, 9.4–11.9 against 9.5–11.7). Two 8-row tiles in passes of 32 were as fast as
-    /// passes of 16 there, but 1.1–1.3× slower where `B` stays in L3 (16 × 4096 × 4096).
+    /// Exactly 16 rows with rows of `B` more than 6144 elements apart took passes of 16 while
+    /// one 16-row tile a strip read `B` (32 streams read slowly there: 16 × 11008 × 4096 in
+    /// 10.7–13.5 ms against 12.7–17.5). With the 8-row groups of three strips
+    /// ([`DIRECT_ROWS`]) passes of 32 were faster there (16 × 11008 × 4096 8.5–9.2 ms against
+    /// 9.1–10.5 in passes of 16, 16 × 14336 × 4096 11.8–13.3 against 12.3–13.3; separate
+    /// processes alternated three times), so they take 32 too.
     fn direct_kb(m: usize, ldb: usize) -> usize {
-        if m > DIRECT_ROWS && ldb <= 6144 {
-            64
-        } else if m == DIRECT_ROWS && ldb > 6144 {
-            16
-        } else {
-            32
-        }
+        if m > DIRECT_ROWS && ldb <= 6144 { 64 } else { 32 }
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, read in place: `K` is cut into
-    /// passes of [`direct_kb`] rows (16, 32 or 64); within a pass, strip by strip along the rows,
-    /// each group of up to [`DIRECT_ROWS`] rows of `A` meets the pass's rows of the strip with
-    /// its sums in registers ([`direct_tile`]: one load of `B` and up to 16 broadcast
-    /// multiply-adds a step, from a copy of the pass's columns of `A` laid out step by step).
-    /// So a pass reads its rows
-    /// of `B` as 16, 32 or 64 sequential streams, each element once from memory for up to 16 rows
-    /// (more rows: the other groups find the strip's lines in L1 or L2). Each step prefetches,
-    /// into L2, the line [`DIRECT_AHEAD`] strips further along its row: rows a power of two
-    /// apart all fall in one L1 set, so lines prefetched into L1 were gone before their use.
+    /// passes of [`direct_kb`] rows (32 or 64); within a pass, strip by strip along the rows
+    /// (three strips at a time from [`DIRECT_ROWS`] rows of `A`), each group of rows of `A`
+    /// meets the pass's rows of the strips with its sums in registers ([`direct_tile`]: a load
+    /// of `B` per strip and one broadcast per row a step, from a copy of the pass's columns of
+    /// `A` laid out step by step). So a pass reads its rows of `B` as 32 or 64 sequential
+    /// streams, each element once from memory (the other groups find the strips' lines in L1
+    /// or L2). The first group's steps prefetch, into L2, the lines [`DIRECT_AHEAD`] lines
+    /// further along their rows: rows a power of two apart all fall in one L1 set, so lines
+    /// prefetched into L1 were gone before their use.
     ///
     /// Sums run in `K` order, one fused multiply-add a step from zero: the same bits as the
     /// panels ([`super::avx::rows_panels`]) and the packed weight's strips. Against the panels
@@ -1103,13 +1105,16 @@ pub(super) mod avx512 {
         let (m, k) = (p.m, p.k);
         assert!((1..=*DIRECT_M.end()).contains(&m), "{m} rows outside the direct kernel's range");
         assert!(full.is_multiple_of(STRIP) && full <= ldc, "direct kernel's columns past its sums");
+        // From 16 rows: groups of up to 8 rows, three strips a tile.
+        let tile8 = m >= DIRECT_ROWS;
         let kbmax = direct_kb(m, p.ldb);
         let acc = &mut acc[..m * ldc];
         if !p.carry {
             acc.fill(0.0);
         }
-        // Equal groups of at most 16 rows (17 rows: 9 + 8, not 16 + 1).
-        let rows = m.div_ceil(m.div_ceil(DIRECT_ROWS));
+        // Equal groups of at most 8 rows from 16 rows (17 rows: 6 + 6 + 5, not 8 + 8 + 1),
+        // else one group.
+        let rows = if tile8 { m.div_ceil(m.div_ceil(8)) } else { m };
         // The pass's columns of A, group after group, each step's `r` values side by side (at
         // most 64 steps of 32 rows).
         let mut at = [0.0f32; 64 * 32];
@@ -1125,6 +1130,23 @@ pub(super) mod avx512 {
                 }
                 g0 += r;
             }
+            if tile8 {
+                for s in (0..full).step_by(3 * STRIP) {
+                    let w = ((full - s) / STRIP).min(3);
+                    let b = &b[q0 * p.ldb + j0 + s..];
+                    let mut g0 = 0;
+                    while g0 < m {
+                        let r = rows.min(m - g0);
+                        let a = &at[g0 * kb..][..kb * r];
+                        let c = &mut acc[g0 * ldc + s..];
+                        // SAFETY: the caller promises AVX-512F (and F16C for halves);
+                        // `direct_tile` asserts its bounds.
+                        unsafe { direct_tile_w(r, w, g0 == 0, a, b, p.ldb, kb, c, ldc) };
+                        g0 += r;
+                    }
+                }
+                continue;
+            }
             // One or two rows: four strips a tile, four chains of multiply-adds.
             let ww = if m <= 2 { 4 } else { 2 };
             let wide = if m <= 8 { full - full % (ww * STRIP) } else { 0 };
@@ -1136,14 +1158,14 @@ pub(super) mod avx512 {
                 unsafe {
                     let a = &at[..m * kb];
                     match m {
-                        1 => direct_tile::<1, 4, T>(a, b, p.ldb, kb, c, ldc),
-                        2 => direct_tile::<2, 4, T>(a, b, p.ldb, kb, c, ldc),
-                        3 => direct_tile::<3, 2, T>(a, b, p.ldb, kb, c, ldc),
-                        4 => direct_tile::<4, 2, T>(a, b, p.ldb, kb, c, ldc),
-                        5 => direct_tile::<5, 2, T>(a, b, p.ldb, kb, c, ldc),
-                        6 => direct_tile::<6, 2, T>(a, b, p.ldb, kb, c, ldc),
-                        7 => direct_tile::<7, 2, T>(a, b, p.ldb, kb, c, ldc),
-                        _ => direct_tile::<8, 2, T>(a, b, p.ldb, kb, c, ldc),
+                        1 => direct_tile::<1, 4, true, T>(a, b, p.ldb, kb, c, ldc),
+                        2 => direct_tile::<2, 4, true, T>(a, b, p.ldb, kb, c, ldc),
+                        3 => direct_tile::<3, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        4 => direct_tile::<4, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        5 => direct_tile::<5, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        6 => direct_tile::<6, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        7 => direct_tile::<7, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        _ => direct_tile::<8, 2, true, T>(a, b, p.ldb, kb, c, ldc),
                     }
                 };
             }
@@ -1163,7 +1185,51 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`direct_tile`] for `r` rows (1..=[`DIRECT_ROWS`]).
+    /// [`direct_tile`] for `r` rows (1..=8) and `w` strips (1..=3), prefetching where `pf`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn direct_tile_w<T: Lanes16>(
+        r: usize,
+        w: usize,
+        pf: bool,
+        a: &[f32],
+        b: &[T],
+        ldb: usize,
+        kb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
+        unsafe {
+            macro_rules! by_rows {
+                ($w:literal, $pf:literal) => {
+                    match r {
+                        8 => direct_tile::<8, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        7 => direct_tile::<7, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        6 => direct_tile::<6, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        5 => direct_tile::<5, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        4 => direct_tile::<4, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        3 => direct_tile::<3, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        2 => direct_tile::<2, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                        _ => direct_tile::<1, $w, $pf, T>(a, b, ldb, kb, c, ldc),
+                    }
+                };
+            }
+            match (w, pf) {
+                (3, true) => by_rows!(3, true),
+                (3, false) => by_rows!(3, false),
+                (2, true) => by_rows!(2, true),
+                (2, false) => by_rows!(2, false),
+                (_, true) => by_rows!(1, true),
+                (_, false) => by_rows!(1, false),
+            }
+        }
+    }
+
+    /// [`direct_tile`] for `r` rows (1..[`DIRECT_ROWS`]), one strip.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1180,35 +1246,35 @@ pub(super) mod avx512 {
         // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
         unsafe {
             match r {
-                16 => direct_tile::<16, 1, T>(a, b, ldb, kb, c, ldc),
-                15 => direct_tile::<15, 1, T>(a, b, ldb, kb, c, ldc),
-                14 => direct_tile::<14, 1, T>(a, b, ldb, kb, c, ldc),
-                13 => direct_tile::<13, 1, T>(a, b, ldb, kb, c, ldc),
-                12 => direct_tile::<12, 1, T>(a, b, ldb, kb, c, ldc),
-                11 => direct_tile::<11, 1, T>(a, b, ldb, kb, c, ldc),
-                10 => direct_tile::<10, 1, T>(a, b, ldb, kb, c, ldc),
-                9 => direct_tile::<9, 1, T>(a, b, ldb, kb, c, ldc),
-                8 => direct_tile::<8, 1, T>(a, b, ldb, kb, c, ldc),
-                7 => direct_tile::<7, 1, T>(a, b, ldb, kb, c, ldc),
-                6 => direct_tile::<6, 1, T>(a, b, ldb, kb, c, ldc),
-                5 => direct_tile::<5, 1, T>(a, b, ldb, kb, c, ldc),
-                4 => direct_tile::<4, 1, T>(a, b, ldb, kb, c, ldc),
-                3 => direct_tile::<3, 1, T>(a, b, ldb, kb, c, ldc),
-                2 => direct_tile::<2, 1, T>(a, b, ldb, kb, c, ldc),
-                _ => direct_tile::<1, 1, T>(a, b, ldb, kb, c, ldc),
+                15 => direct_tile::<15, 1, true, T>(a, b, ldb, kb, c, ldc),
+                14 => direct_tile::<14, 1, true, T>(a, b, ldb, kb, c, ldc),
+                13 => direct_tile::<13, 1, true, T>(a, b, ldb, kb, c, ldc),
+                12 => direct_tile::<12, 1, true, T>(a, b, ldb, kb, c, ldc),
+                11 => direct_tile::<11, 1, true, T>(a, b, ldb, kb, c, ldc),
+                10 => direct_tile::<10, 1, true, T>(a, b, ldb, kb, c, ldc),
+                9 => direct_tile::<9, 1, true, T>(a, b, ldb, kb, c, ldc),
+                8 => direct_tile::<8, 1, true, T>(a, b, ldb, kb, c, ldc),
+                7 => direct_tile::<7, 1, true, T>(a, b, ldb, kb, c, ldc),
+                6 => direct_tile::<6, 1, true, T>(a, b, ldb, kb, c, ldc),
+                5 => direct_tile::<5, 1, true, T>(a, b, ldb, kb, c, ldc),
+                4 => direct_tile::<4, 1, true, T>(a, b, ldb, kb, c, ldc),
+                3 => direct_tile::<3, 1, true, T>(a, b, ldb, kb, c, ldc),
+                2 => direct_tile::<2, 1, true, T>(a, b, ldb, kb, c, ldc),
+                _ => direct_tile::<1, 1, true, T>(a, b, ldb, kb, c, ldc),
             }
         }
     }
 
     /// One `R × 16·W` tile (`W` strips side by side) over `kb` rows of `B` (`b` from the first
     /// strip's first, rows `ldb` apart, f32 or half precision): `a` holds the rows' `A` values
-    /// step by step (`kb × R`), the sums come from and go back to `c` (rows `ldc` apart). Each
-    /// step prefetches, into L2, the lines [`DIRECT_AHEAD`] lines past the ones it reads.
+    /// step by step (`kb × R`), the sums come from and go back to `c` (rows `ldc` apart). With
+    /// `PF`, each step prefetches, into L2, the lines [`DIRECT_AHEAD`] lines past the ones it
+    /// reads.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
     #[inline(always)]
-    unsafe fn direct_tile<const R: usize, const W: usize, T: Lanes16>(
+    unsafe fn direct_tile<const R: usize, const W: usize, const PF: bool, T: Lanes16>(
         a: &[f32],
         b: &[T],
         ldb: usize,
@@ -1240,9 +1306,11 @@ pub(super) mod avx512 {
                 for (w, v) in bv.iter_mut().enumerate() {
                     *v = T::load16(bp.add(q * ldb + w * STRIP));
                 }
-                let line = bp.wrapping_add(q * ldb) as *const i8;
-                for w in 0..(W * STRIP * size_of::<T>()).div_ceil(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(DIRECT_AHEAD * 64 + w * 64));
+                if PF {
+                    let line = bp.wrapping_add(q * ldb) as *const i8;
+                    for w in 0..(W * STRIP * size_of::<T>()).div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(DIRECT_AHEAD * 64 + w * 64));
+                    }
                 }
                 for (i, v) in sum.iter_mut().enumerate() {
                     let av = _mm512_set1_ps(*ap.add(q * R + i));

@@ -392,13 +392,14 @@ fn large_products_into_half_outputs_are_exact() {
     }
 }
 
-/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 16-row
-/// passes (16 rows, rows of `B` over 6144 elements apart), 32-row passes (up to 16 rows) and
-/// 64-row passes (17–32 rows), all with short last ones, one and two row groups (17–32 rows: 12 + 12, 16 + 15),
-/// tiles of two strips (3–8 rows) with an odd strip left and none, widths leaving 1–15 columns
-/// to the row-streaming kernel, column blocks of 1024 or 2048 (1–3 threads) whose sums go
-/// through rows one strip longer; from 17 rows `B` has 2^20 elements (smaller ones go to
-/// `gemm`). In every instruction set.
+/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
+/// passes (up to 16 rows, and rows of `B` over 6144 elements apart) and 64-row passes (17–32
+/// rows), all with short last ones; one row group (3–15 rows) and, from 16 rows, groups of up
+/// to 8 (16: 8 + 8, 17: 6 + 6 + 5, 24: 3 × 8, 31: 8 + 8 + 8 + 7) on three strips a tile with
+/// none, one and two strips left; tiles of two strips (3–8 rows) with an odd strip left and
+/// none, widths leaving 1–15 columns to the row-streaming kernel, column blocks of 1024 or
+/// 2048 (1–3 threads) whose sums go through rows one strip longer; from 17 rows `B` has 2^20
+/// elements (smaller ones go to `gemm`). In every instruction set.
 #[test]
 fn direct_kn_is_exact() {
     in_each_isa(|_| {
@@ -413,6 +414,8 @@ fn direct_kn_is_exact() {
             (16, 6150, 70),
             (24, 1025, 1100),
             (31, 1040, 1030),
+            (17, 2064, 520),
+            (16, 97, 33),
         ];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(&matmul_desc(m, n, k, m % 2 == 1, false, i), 1800 + i as u64);
