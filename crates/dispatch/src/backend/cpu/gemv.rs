@@ -1229,7 +1229,8 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`direct_tile`] for `r` rows (1..[`DIRECT_ROWS`]), one strip.
+    /// [`direct_tile`] for `r` rows (1..[`DIRECT_ROWS`]), one strip (up to 8 rows through
+    /// [`direct_tile_w`]).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1245,6 +1246,9 @@ pub(super) mod avx512 {
     ) {
         // SAFETY: the caller promises AVX-512F; `direct_tile` asserts its bounds.
         unsafe {
+            if r <= 8 {
+                return direct_tile_w(r, 1, true, a, b, ldb, kb, c, ldc);
+            }
             match r {
                 15 => direct_tile::<15, 1, true, T>(a, b, ldb, kb, c, ldc),
                 14 => direct_tile::<14, 1, true, T>(a, b, ldb, kb, c, ldc),
@@ -1252,15 +1256,7 @@ pub(super) mod avx512 {
                 12 => direct_tile::<12, 1, true, T>(a, b, ldb, kb, c, ldc),
                 11 => direct_tile::<11, 1, true, T>(a, b, ldb, kb, c, ldc),
                 10 => direct_tile::<10, 1, true, T>(a, b, ldb, kb, c, ldc),
-                9 => direct_tile::<9, 1, true, T>(a, b, ldb, kb, c, ldc),
-                8 => direct_tile::<8, 1, true, T>(a, b, ldb, kb, c, ldc),
-                7 => direct_tile::<7, 1, true, T>(a, b, ldb, kb, c, ldc),
-                6 => direct_tile::<6, 1, true, T>(a, b, ldb, kb, c, ldc),
-                5 => direct_tile::<5, 1, true, T>(a, b, ldb, kb, c, ldc),
-                4 => direct_tile::<4, 1, true, T>(a, b, ldb, kb, c, ldc),
-                3 => direct_tile::<3, 1, true, T>(a, b, ldb, kb, c, ldc),
-                2 => direct_tile::<2, 1, true, T>(a, b, ldb, kb, c, ldc),
-                _ => direct_tile::<1, 1, true, T>(a, b, ldb, kb, c, ldc),
+                _ => direct_tile::<9, 1, true, T>(a, b, ldb, kb, c, ldc),
             }
         }
     }
