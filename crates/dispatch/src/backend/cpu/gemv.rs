@@ -888,7 +888,11 @@ pub(super) mod avx512 {
     /// 13.9–15.7, 16 × 4096 × 11008 7.2–7.5 against 8.2–9.9, 20 × 11008 × 4096 10.4–10.6
     /// against 12.2–13.1, 24 and 32 × 4096 × 4096 3.1–3.2 and 3.9–4.1 against 4.6–4.9 and
     /// 5.1–5.3 (their 64-row passes); 16 × 4096 × 4096 and 17 × 4096 × 4096 level. At 9 and 12
-    /// rows 8-row groups were level or slower, so those stay one group.
+    /// rows 8-row groups were level or slower, so those stay one group. In `cargo xtask bench`
+    /// (three runs of this kernel against one of the 16-row tiles, the same sitting, where rows
+    /// whose code did not change moved by up to ±10%): 16 × 4096 × 4096 2.2–2.5 ms against 2.6,
+    /// 16 × 4096 × 11008 7.7 against 8.5, but 16 × 11008 × 4096 level (9.7–11.4 against 10.7),
+    /// unlike the separate processes above; why the two differ there is not known.
     const DIRECT_ROWS: usize = 16;
     /// Cache lines ahead of the one being read that [`rows_direct`] prefetches, into L2 (four f32
     /// strips; eight of a half-precision `B`).
