@@ -768,8 +768,9 @@ mod avx {
 /// processes alternated three times, the same bits): 16 × 4096 × 4096 packed in 2.31–2.33 ms
 /// against 2.39–2.51, MobileNetV2's head (49 × 1280 × 320, bias and ReLU6) in 171–174 µs
 /// against 176–179 (one thread: 295–311 against 314–327); 16 × 11008 × 4096 (8.5–8.8 ms
-/// against 8.6–9.4), 64 × 1024 × 1024 and the memory-bound M = 1 products level. On a 2-core AVX-512 Xeon (in-process A/B against the
-/// AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
+/// against 8.6–9.4), 64 × 1024 × 1024 and the memory-bound M = 1 products level.
+///
+/// On a 2-core AVX-512 Xeon (in-process A/B against the AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
 /// 12–13 against 18–21, 64 × 4096 × 4096 in 15 against 21, M = 1 (memory-bound) level;
 /// `K × N` panels, 16 × 4096 × 4096 in 12–13.5 ms against 17–21 and 16 × 11008 × 4096 in 34
 /// against 40–53 (alternated runs), and with 64 × 128 panels ([`avx`]'s `WIDE_PANEL`) 16 ×
@@ -796,8 +797,9 @@ pub(super) mod avx512 {
 
     /// [`super::strips_inner`] (the same sums in the same order: the same bits) with three
     /// strips per register tile (the last tile one or two when their count is not a multiple
-    /// of three), [`STRIP_PASS`] rows of `K` a pass. The first row group prefetches the line [`STRIP_PASS`]
-    /// rows on in each strip, as the AVX2 kernel does [`super::STRIP_KC`] rows on.
+    /// of three), [`STRIP_PASS`] rows of `K` a pass. The first row group prefetches the line
+    /// [`STRIP_PASS`] rows on in each strip, as the AVX2 kernel does [`super::STRIP_KC`] rows
+    /// on.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1164,12 +1166,7 @@ pub(super) mod avx512 {
                     match m {
                         1 => direct_tile::<1, 4, true, T>(a, b, p.ldb, kb, c, ldc),
                         2 => direct_tile::<2, 4, true, T>(a, b, p.ldb, kb, c, ldc),
-                        3 => direct_tile::<3, 2, true, T>(a, b, p.ldb, kb, c, ldc),
-                        4 => direct_tile::<4, 2, true, T>(a, b, p.ldb, kb, c, ldc),
-                        5 => direct_tile::<5, 2, true, T>(a, b, p.ldb, kb, c, ldc),
-                        6 => direct_tile::<6, 2, true, T>(a, b, p.ldb, kb, c, ldc),
-                        7 => direct_tile::<7, 2, true, T>(a, b, p.ldb, kb, c, ldc),
-                        _ => direct_tile::<8, 2, true, T>(a, b, p.ldb, kb, c, ldc),
+                        _ => direct_tile_w(m, 2, true, a, b, p.ldb, kb, c, ldc),
                     }
                 };
             }

@@ -469,10 +469,10 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
 }
 
 /// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
-/// kernel's own edges: K within and across its passes (256 rows; 64 on AVX-512), M across its 6-row groups and
-/// 64-row tasks, N around the strips (the last one zero-padded) and the AVX-512 tiles' three
-/// strips (4 and 5 strips: a last tile of one and of two), A transposed or not, every epilogue,
-/// in every instruction set.
+/// kernel's own edges: K within and across its passes (256 rows; 64 on AVX-512), M across its
+/// 6-row groups and 64-row tasks, N around the strips (the last one zero-padded) and the
+/// AVX-512 tiles' three strips (4 and 5 strips: a last tile of one and of two), A transposed
+/// or not, every epilogue, in every instruction set.
 #[test]
 fn strips_are_exact() {
     in_each_isa(|_| {
