@@ -3,19 +3,22 @@
 //!
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
-//!   stride 1 or 64² at stride 2, on AVX-512 ([`Conv::nchw_blocks`]): 16 planes at a time are
-//!   transposed into a pixel-major block (16 × 16 transposes in registers, f16 and bf16
-//!   widened there), run through the NHWC channel blocks' plane kernel below, and transposed
-//!   back (rounded there). MobileNetV2's 960 × 7² took 0.53–0.60 of the tile kernel's time,
-//!   its strided 576 × 14², 192 × 28² and 144 × 56² 0.55, 0.76 and 0.88–0.90 in f32; in f16
-//!   0.63, 0.61, 0.47 and 0.51 (2 threads, in-process A/B, the same bits).
-//! - Other NCHW 3 × 3 layers with stride and dilation 1 and rows of 8 to 256 outputs, on AVX-512
-//!   ([`rows512`]): each output row as 16-lane vectors, every tap one masked load from the
-//!   input where it lies and one masked multiply-add, 4 output rows at a time so each input
-//!   row's three shifted vectors are loaded once for all of them. MobileNetV2's 14² to 112²
-//!   layers took 0.49–0.68 of the tile kernel's time below (f32, f16 and packed weights
-//!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits); its 7² layer, 7
-//!   lanes of 16, stays on the tile.
+//!   stride 1, or at stride 2 of at most 64² where the 16-lane rows below do not take them
+//!   (rows of fewer than 8 outputs, vertical dilation, unequal strides), on AVX-512
+//!   ([`Conv::nchw_blocks`]): 16 planes at a time are transposed into a pixel-major block
+//!   (16 × 16 transposes in registers, f16 and bf16 widened there), run through the NHWC
+//!   channel blocks' plane kernel below, and transposed back (rounded there). MobileNetV2's
+//!   960 × 7² took 0.53–0.60 of the tile kernel's time, its strided 576 × 14² 0.55 in f32, 0.63
+//!   in f16 (2 threads, in-process A/B, the same bits).
+//! - Other NCHW 3 × 3 layers with dilation 1, stride 1 or 2 both ways and rows of 8 to 256
+//!   outputs, on AVX-512 ([`rows512`]): each output row as 16-lane vectors, 4 output rows at a
+//!   time so each input row's three tap vectors are read once for all of them (at stride 1
+//!   three shifted loads, at stride 2 two loads split into even and odd columns by permutes),
+//!   masked where a lane's tap or load lies outside. MobileNetV2's 14² to 112² layers at
+//!   stride 1 took 0.49–0.68 of the tile kernel's time below (f32, f16 and packed weights
+//!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits); its strided
+//!   28² to 112² layers 0.55–0.8 of the channel blocks' or the tile's. Its 7² layer, 7 lanes
+//!   of 16, stays on the channel blocks.
 //! - Other NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1,
 //!   stride 1 or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64
 //!   outputs ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
@@ -119,10 +122,11 @@ const BLOCK_PLANE: usize = 64 * 64;
 const BLOCK_PLANE_HALF: usize = 32 * 32;
 
 /// The most input pixels per plane of an NCHW layer with a horizontal stride of 2 that goes 16
-/// planes at a time through the channel blocks ([`Conv::nchw_blocks`]). Against the
-/// channel-vector tile (2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits):
-/// MobileNetV2's 576 × 14² 0.55 of the time, 192 × 28² 0.76, 144 × 56² 0.88–0.90, but
-/// 96 × 112² 1.13.
+/// planes at a time through the channel blocks ([`Conv::nchw_blocks`]) where the 16-lane rows
+/// ([`rows512`]) do not take it. Against the channel-vector tile (2 threads, 2-core AVX-512
+/// Xeon, in-process A/B, the same bits): MobileNetV2's 576 × 14² 0.55 of the time, 192 × 28²
+/// 0.76, 144 × 56² 0.88–0.90, but 96 × 112² 1.13 (the rows now take the last three: 0.55–0.68
+/// of the blocks' time at 56² and 28²).
 #[cfg(target_arch = "x86_64")]
 const NCHW_BLOCK_PLANE: usize = 64 * 64;
 
@@ -589,13 +593,7 @@ impl Conv<'_> {
             self.nhwc_blocks(lanes, oh, ow, out);
             return Ok(());
         }
-        // Small NCHW planes in f32 go 16 planes at a time through the channel blocks.
-        #[cfg(target_arch = "x86_64")]
-        if allow_tile && self.nchw_blocks_fit(isa) {
-            self.nchw_blocks(oh, ow, out);
-            return Ok(());
-        }
-        // NCHW 3 × 3 layers at stride 1 go through 16-lane rows on AVX-512 (half-precision
+        // NCHW 3 × 3 layers at stride 1 or 2 go through 16-lane rows on AVX-512 (half-precision
         // outputs through the band buffer, so planes of at most BUF outputs).
         #[cfg(target_arch = "x86_64")]
         let rows16 = if d.layout == Layout::Nchw && allow_tile && isa == Isa::Avx512 {
@@ -603,6 +601,13 @@ impl Conv<'_> {
         } else {
             None
         };
+        // Small NCHW planes go 16 planes at a time through the channel blocks; at stride 2
+        // only those the rows do not take (rows of fewer than 8 outputs, vertical dilation).
+        #[cfg(target_arch = "x86_64")]
+        if allow_tile && self.nchw_blocks_fit(isa) && (d.stride_w == 1 || rows16.is_none()) {
+            self.nchw_blocks(oh, ow, out);
+            return Ok(());
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let rows16: Option<()> = None;
         // Small NCHW planes, and strided ones, go through the channel-vector tile.

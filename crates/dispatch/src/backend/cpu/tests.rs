@@ -971,12 +971,52 @@ fn depthwise_nchw_rows512_are_exact() {
     }
 }
 
+/// The NCHW 16-lane rows at stride 2 (`depthwise::rows512`: both strides 2, dilation 1): rows of
+/// 8 outputs (the fewest) to 256 (the most) and one past, each vector's 33 input columns
+/// inside the row, past its end (odd and even widths, so the 33rd column is there or not) or
+/// before its start (left paddings 0–2); plane heights that leave every remainder of the 4-row
+/// groups, with top and bottom paddings that put the first and last kernel rows outside; the
+/// first and last rows' vectors whose span leaves the plane take masked loads, the others
+/// not; a multiplier; and MobileNetV2's 144 × 56² layer's geometry on a few channels.
+#[test]
+fn depthwise_nchw_rows512_stride2_is_exact() {
+    let d = conv_geometry(Layout::Nchw, [1, 1, 33, 33], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 33 * 33], vec![0.0; 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
+    }
+    let mut seed = 8800;
+    for &(h, w) in
+        &[(2, 15), (3, 16), (5, 17), (8, 31), (9, 33), (7, 34), (12, 63), (6, 65), (4, 512), (3, 515), (30, 56)]
+    {
+        for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 0, 1]] {
+            let g = conv_geometry(
+                Layout::Nchw,
+                [1 + seed as usize % 2, 1 + seed as usize % 3, h, w],
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                pads,
+            );
+            if let Some(d) = varied_layer(g, &[1, 1, 2], seed) {
+                check_conv(&d, seed);
+            }
+            seed += 1;
+        }
+    }
+    let d = conv_geometry(Layout::Nchw, [1, 3, 56, 56], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
+    check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
+}
+
 /// The NCHW channel blocks (`Conv::nchw_blocks`: 16 planes at a time transposed into
 /// and out of pixel-major blocks, input planes of up to 128 pixels at stride 1 and 64² at
 /// stride 2, on AVX-512): planes from 1 × 1 to each limit and one past it (the tile or the
 /// rows take those), pixel counts that leave every remainder of the 16-pixel transpositions,
 /// both strides, vertical dilation, paddings past the kernel, 16 to 48 channels, 1–3 images;
-/// f32, f16 and bf16 inputs and outputs (`check_conv`'s storages).
+/// f32, f16 and bf16 inputs and outputs (`check_conv`'s storages). At stride 2 the 16-lane
+/// rows take the planes of 8 outputs a row or more, so the blocks there have the narrower
+/// planes and, with vertical dilation 2, every size.
 #[test]
 fn depthwise_nchw_channel_blocks_are_exact() {
     // `check_conv` runs the tile and the rows on the layers the blocks take: it must see that

@@ -1,24 +1,35 @@
-//! NCHW 3 × 3 layers at stride 1 (dilation 1, any padding, rows of up to 256 outputs) on
-//! AVX-512: a plane's rows as 16-lane vectors, read where they lie.
+//! NCHW 3 × 3 layers at stride 1 or 2 (both ways; dilation 1, any padding, rows of up to 256
+//! outputs) on AVX-512: a plane's rows as 16-lane vectors, read where they lie.
 //!
-//! An output row is cut into vectors of 16 columns. Tap `(ky, kx)` of a vector is one load
-//! from input row `oy + ky − pad_top` at column offset `kx − pad_left`, masked to the lanes
-//! whose column lies inside the input (and inside the output row), and one multiply-add
-//! masked the same way: lanes outside keep their sum, as kernels that skip such taps do, so
-//! the sums (the bias, then the taps in kernel order, one rounding each) are the band and
-//! tile kernels' bits. There is no padded copy of the input and no transposition.
+//! An output row is cut into vectors of 16 columns. At stride 1, tap `(ky, kx)` of a vector is
+//! one load from input row `oy + ky − pad_top` at column offset `kx − pad_left`. At stride 2
+//! a vector's three taps of one input row come from the 33 columns from `32·v − pad_left`: two
+//! loads and a one-lane load, the even and odd columns split out by two two-source permutes
+//! (`kx` = 0 and 1) and the even ones moved down a lane with the 33rd column (`kx` = 2), so the
+//! input is read once, not once per tap. The loads are unmasked where the vector's columns lie
+//! inside the plane (most rows: a lane past its row's end reads the next row there), masked to
+//! the columns inside the input row where they do not (the first and last rows). A vector with
+//! a lane whose tap lies outside the input or outside the output row multiplies and adds masked
+//! to the lanes inside: lanes outside keep their sum, as kernels that skip such taps do, so the
+//! sums (the bias, then the taps in kernel order, one rounding each) are the band and tile
+//! kernels' bits. The other vectors multiply and add unmasked. There is no padded copy of the
+//! input and no transposition.
 //!
-//! Output rows go [`R`] at a time: each input row's three shifted vectors are loaded once
-//! and meet every output row of the group that reads them, so a group of 4 rows takes 18
-//! loads for 36 multiply-adds (9 per 9 one row at a time). Input rows outside the image are
-//! skipped per row (no masks); the sums stay in registers over the group and are stored
-//! once, the bias first and ReLU or ReLU6 applied in registers.
+//! Output rows go [`R`] at a time: each input row's three tap vectors are loaded once and meet
+//! every output row of the group that reads them, so a group of 4 rows takes 18 loads for 36
+//! multiply-adds at stride 1 (9 per 9 one row at a time), 27 loads and 27 permutes at stride
+//! 2. Input rows outside the image are skipped per row (no masks); the input rows are written
+//! out one by one (`unroll_rows!`), so the sums and weights stay in registers over the group;
+//! they are stored once, the bias first and ReLU or ReLU6 applied in registers.
 //!
-//! With its planes in L1 (28², a few channels) the kernel runs at about one multiply-add a
-//! cycle. Merge-masked `vfmadd231ps` runs at half the unmasked rate on the 2-core AVX-512
-//! Xeon measured (a loop of 12 independent sums), yet dropping every mask saved only
-//! 10–14%; aligned loads, unmasked stores, two vectors per group and fully unrolled input
-//! rows changed nothing, 2-row groups took 1.1×, 8-row groups 1.8× (spills).
+//! With a plane in L1 (one 56² plane over and over) the kernel takes about 9 cycles a vector of
+//! a row at stride 1 (one multiply-add a cycle) and 13–17 at stride 2 (2-core AVX-512 Xeon).
+//! Masked loads everywhere took 1.1–1.4× the time of the unmasked ones; 6- and 8-row groups
+//! and unmasked multiply-adds everywhere changed little. Against the kernels the layers took
+//! before (2 threads, separate processes alternated, the same bits): MobileNetV2's 144 × 56²
+//! stride 2 took 0.55 of the channel blocks' time (f16 0.77), 192 × 28² stride 2 0.68 (f16
+//! level); 96 × 112² stride 2 0.75–0.8 of the channel-vector tile's (f16 0.58), with the
+//! layer's tasks cut one run per thread as well (`in_tasks`).
 
 use std::arch::x86_64::*;
 use tilekit_kernels::Conv2dDesc;
@@ -38,7 +49,7 @@ const MIN_WIDTH: usize = 8;
 /// The most vectors per output row.
 const MAX_VECTORS: usize = 16;
 
-/// A layer's geometry for the kernel: the plane's sizes and the column masks.
+/// A layer's geometry for the kernel: the plane's sizes, the stride and the column masks.
 pub(super) struct Rows512 {
     h: usize,
     w: usize,
@@ -46,22 +57,35 @@ pub(super) struct Rows512 {
     ow: usize,
     pad_top: usize,
     pad_left: usize,
+    /// The stride, both ways: 1 or 2.
+    stride: usize,
     /// Vectors per output row.
     vectors: usize,
     /// Per vector and `kx`, the lanes whose output column is in the row and whose tap
     /// column lies inside the input.
     cols: [[u16; 3]; MAX_VECTORS],
+    /// At stride 2, per vector, the lanes of its three loads inside the input row: columns
+    /// `32·v − pad_left` + (0..16, 16..32, and 32 in lane 0).
+    loads: [[u16; 3]; MAX_VECTORS],
     /// Per vector, the lanes inside the output row.
     store: [u16; MAX_VECTORS],
 }
 
 impl Rows512 {
-    /// The geometry, or `None` where the layer is not an NCHW 3 × 3 layer with stride and
-    /// dilation 1 and [`MIN_WIDTH`] to `16 · MAX_VECTORS` outputs per row.
+    /// The geometry, or `None` where the layer is not an NCHW 3 × 3 layer with dilation 1,
+    /// stride 1 or 2 both ways and [`MIN_WIDTH`] to `16 · MAX_VECTORS` outputs per row.
     pub(super) fn new(d: &Conv2dDesc) -> Option<Rows512> {
         let (oh, ow) = (d.out_h()?, d.out_w()?);
-        let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
-        if geometry != (3, 3, 1, 1, 1, 1) || d.height == 0 || d.width == 0 || oh == 0 || ow == 0 {
+        let geometry = (d.kernel_h, d.kernel_w, d.dilation_h, d.dilation_w);
+        let stride = d.stride_w;
+        if geometry != (3, 3, 1, 1)
+            || d.stride_h != stride
+            || !(1..=2).contains(&stride)
+            || d.height == 0
+            || d.width == 0
+            || oh == 0
+            || ow == 0
+        {
             return None;
         }
         let vectors = ow.div_ceil(L);
@@ -69,20 +93,34 @@ impl Rows512 {
             return None;
         }
         let (w, pl) = (d.width, d.pad_left);
+        // Whether input column `c + pl` (`c` measured from the padded row's start) is inside.
+        let inside = |c: usize| (pl..pl + w).contains(&c);
         let mut cols = [[0u16; 3]; MAX_VECTORS];
+        let mut loads = [[0u16; 3]; MAX_VECTORS];
         let mut store = [0u16; MAX_VECTORS];
         for v in 0..vectors {
             for lane in (0..L).filter(|l| v * L + l < ow) {
                 let x = v * L + lane;
                 store[v] |= 1 << lane;
                 for (kx, m) in cols[v].iter_mut().enumerate() {
-                    if (pl..pl + w).contains(&(x + kx)) {
+                    if inside(x * stride + kx) {
                         *m |= 1 << lane;
                     }
                 }
             }
+            for lane in 0..L {
+                let first = v * L * stride;
+                for (q, m) in loads[v][..2].iter_mut().enumerate() {
+                    if inside(first + q * L + lane) {
+                        *m |= 1 << lane;
+                    }
+                }
+                if lane == 0 && inside(first + 2 * L) {
+                    loads[v][2] = 1;
+                }
+            }
         }
-        Some(Rows512 { h: d.height, w, oh, ow, pad_top: d.pad_top, pad_left: pl, vectors, cols, store })
+        Some(Rows512 { h: d.height, w, oh, ow, pad_top: d.pad_top, pad_left: pl, stride, vectors, cols, loads, store })
     }
 
     /// Outputs per plane.
@@ -100,34 +138,50 @@ impl Rows512 {
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn plane<const A: u8>(g: &Rows512, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
     assert!(x.len() >= g.h * g.w && out.len() >= g.oh * g.ow, "NCHW 3 x 3 plane past its operands");
-    let w: [__m512; 9] = std::array::from_fn(|t| _mm512_set1_ps(wk[t]));
-    let b = _mm512_set1_ps(bias);
-    let mut oy = 0;
-    // SAFETY: the CPU has AVX-512F (the caller's promise); `group`'s operands are the
-    // asserted planes.
+    // SAFETY: the CPU has AVX-512F (the caller's promise); the operands are the asserted planes.
     unsafe {
+        match g.stride {
+            1 => rows::<1, A>(g, x.as_ptr(), wk, bias, out.as_mut_ptr()),
+            _ => rows::<2, A>(g, x.as_ptr(), wk, bias, out.as_mut_ptr()),
+        }
+    }
+}
+
+/// [`plane`] at stride `S`, [`R`] output rows a group.
+///
+/// # Safety
+/// As [`group`]'s.
+#[inline(always)]
+unsafe fn rows<const S: usize, const A: u8>(g: &Rows512, x: *const f32, wk: &[f32; 9], bias: f32, out: *mut f32) {
+    let mut oy = 0;
+    // SAFETY: passed on from the caller.
+    unsafe {
+        let mut w = [_mm512_setzero_ps(); 9];
+        for (v, &k) in w.iter_mut().zip(wk) {
+            *v = _mm512_set1_ps(k);
+        }
+        let b = _mm512_set1_ps(bias);
         while oy + R <= g.oh {
-            group::<R, A>(g, x.as_ptr(), &w, b, oy, out.as_mut_ptr());
+            group::<R, S, A>(g, x, &w, b, oy, out);
             oy += R;
         }
         match g.oh - oy {
-            3 => group::<3, A>(g, x.as_ptr(), &w, b, oy, out.as_mut_ptr()),
-            2 => group::<2, A>(g, x.as_ptr(), &w, b, oy, out.as_mut_ptr()),
-            1 => group::<1, A>(g, x.as_ptr(), &w, b, oy, out.as_mut_ptr()),
+            3 => group::<3, S, A>(g, x, &w, b, oy, out),
+            2 => group::<2, S, A>(g, x, &w, b, oy, out),
+            1 => group::<1, S, A>(g, x, &w, b, oy, out),
             _ => {}
         }
     }
 }
 
-/// Output rows `oy..oy + N` of a plane, vector by vector: input rows `oy − pad_top …
-/// oy + N + 1 − pad_top` (those inside the image) loaded once each, three shifted vectors a
-/// row, into the `N` sums that read them.
+/// Output rows `oy..oy + N` of a plane at stride `S`, vector by vector; a vector all of whose
+/// lanes have all three taps inside the input multiplies and adds without masks.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `x` is an `h · w` input plane and `out` an `oh · ow` output plane;
 /// `oy + N ≤ oh`.
 #[inline(always)]
-unsafe fn group<const N: usize, const A: u8>(
+unsafe fn group<const N: usize, const S: usize, const A: u8>(
     g: &Rows512,
     x: *const f32,
     w: &[__m512; 9],
@@ -135,36 +189,129 @@ unsafe fn group<const N: usize, const A: u8>(
     oy: usize,
     out: *mut f32,
 ) {
-    use super::nhwc3::avx::finish512;
-    // SAFETY: a lane is loaded only where its mask is set: its column `x + kx − pad_left`
-    // lies in `0..w` and its row in `0..h` (rows outside are skipped), so the element is
-    // inside the input plane; the masked-off lanes' addresses may fall outside it, hence
-    // `wrapping_offset`. Stores are masked to the row's `ow` outputs, rows below `oh`.
+    // SAFETY: passed on from the caller; `v` is one of the row's vectors.
     unsafe {
         for v in 0..g.vectors {
-            let m = g.cols[v];
-            let mut s = [b; N];
-            for k in 0..N + 2 {
-                let iy = (oy + k) as isize - g.pad_top as isize;
-                if iy < 0 || iy >= g.h as isize {
-                    continue;
-                }
-                let row = x.wrapping_offset(iy * g.w as isize + (v * L) as isize - g.pad_left as isize);
-                let xs: [__m512; 3] = std::array::from_fn(|kx| _mm512_maskz_loadu_ps(m[kx], row.wrapping_add(kx)));
-                // Output row `i` of the group reads this input row through kernel row `k − i`.
+            if g.cols[v] == [u16::MAX; 3] {
+                vector::<N, S, A, false>(g, x, w, b, oy, v, out);
+            } else {
+                vector::<N, S, A, true>(g, x, w, b, oy, v, out);
+            }
+        }
+    }
+}
+
+/// `body` once for each listed `k` that meets the condition, each copy with `k` a constant.
+macro_rules! unroll_rows {
+    ($k:ident in [$($v:literal)*] if $cond:expr => $body:block) => {
+        $({
+            let $k: usize = $v;
+            if $cond $body
+        })*
+    };
+}
+
+/// Vector `v` of output rows `oy..oy + N`: input rows `S·oy − pad_top … S·(oy + N − 1) + 2 −
+/// pad_top` (those inside the image) loaded once each, as the three vectors of the row's
+/// taps ([`taps`]), into the `N` sums that read them; the multiply-adds masked to
+/// `cols[v]` where `M`.
+///
+/// # Safety
+/// As [`group`]'s; `v < vectors`, and without `M` every lane of the vector has its three taps
+/// inside the input.
+#[inline(always)]
+unsafe fn vector<const N: usize, const S: usize, const A: u8, const M: bool>(
+    g: &Rows512,
+    x: *const f32,
+    w: &[__m512; 9],
+    b: __m512,
+    oy: usize,
+    v: usize,
+    out: *mut f32,
+) {
+    use super::nhwc3::avx::finish512;
+    let m = g.cols[v];
+    let mut s = [b; N];
+    // SAFETY: `taps` reads only lanes inside input row `iy`, which lies in `0..h` (rows
+    // outside are skipped); stores are masked to the row's `ow` outputs, rows below `oh`.
+    unsafe {
+        // Written out for every `k` (at most 9 input rows, 2·3 + 3 at stride 2), so the sums
+        // and weights stay in registers: as a loop the compiler kept it rolled.
+        unroll_rows!(k in [0 1 2 3 4 5 6 7 8] if k < S * (N - 1) + 3 => {
+            let iy = (S * oy + k) as isize - g.pad_top as isize;
+            if iy >= 0 && iy < g.h as isize {
+                let first = iy * g.w as isize + (v * L * S) as isize - g.pad_left as isize;
+                let row = x.wrapping_offset(first);
+                // Where the vector's whole span lies inside the plane, unmasked loads: a lane
+                // whose tap column is outside the input row reads a neighbouring row's element
+                // there, and its multiply-add is masked off (`M`) or its output not stored.
+                let xs = if first >= 0 && first as usize + SPAN[S - 1] <= g.h * g.w {
+                    taps::<S, false>(g, v, row)
+                } else {
+                    taps::<S, true>(g, v, row)
+                };
+                // Output row `i` of the group reads this input row through kernel row `k − S·i`.
                 for (i, s) in s.iter_mut().enumerate() {
-                    if let Some(ky) = k.checked_sub(i).filter(|&ky| ky < 3) {
+                    if let Some(ky) = k.checked_sub(S * i).filter(|&ky| ky < 3) {
                         for kx in 0..3 {
-                            *s = _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[kx], *s, m[kx]);
+                            *s = if M {
+                                _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[kx], *s, m[kx])
+                            } else {
+                                _mm512_fmadd_ps(w[ky * 3 + kx], xs[kx], *s)
+                            };
                         }
                     }
                 }
             }
-            for (i, s) in s.iter().enumerate() {
-                let o = out.add((oy + i) * g.ow + v * L);
-                _mm512_mask_storeu_ps(o, g.store[v], finish512::<A>(*s));
-            }
+        });
+        for (i, s) in s.iter().enumerate() {
+            let o = out.add((oy + i) * g.ow + v * L);
+            _mm512_mask_storeu_ps(o, g.store[v], finish512::<A>(*s));
         }
+    }
+}
+
+/// Elements a vector's three tap vectors span from its first load, at stride 1 and 2.
+const SPAN: [usize; 2] = [L + 2, 2 * L + 1];
+
+/// The three tap vectors (`kx` = 0, 1, 2) of vector `v` from one input row, `row` pointing at
+/// its column `S·16·v − pad_left`; where `MASKED`, lanes outside the input row zero. At stride
+/// 1, three loads at offsets 0, 1 and 2; at stride 2, the 32 columns from `row` and the one
+/// after in two loads and a one-lane load, split into the even and odd columns by two
+/// two-source permutes (`kx` = 0 and 1), the even ones moved down a lane with the 33rd column
+/// (`kx` = 2).
+///
+/// # Safety
+/// The CPU has AVX-512F; where `MASKED`, the lanes [`Rows512`]'s masks admit lie inside the
+/// input plane; else the [`SPAN`] elements from `row` do.
+#[inline(always)]
+unsafe fn taps<const S: usize, const MASKED: bool>(g: &Rows512, v: usize, row: *const f32) -> [__m512; 3] {
+    // SAFETY: masked-off lanes are not read (and may lie outside the plane, hence
+    // `wrapping_add`); the caller's promise covers the others.
+    unsafe {
+        // A macro, not a closure: a closure is compiled without the caller's target features,
+        // and the intrinsics in it are then calls.
+        macro_rules! load {
+            ($m:expr, $at:expr) => {
+                if MASKED {
+                    _mm512_maskz_loadu_ps($m, row.wrapping_add($at))
+                } else {
+                    _mm512_loadu_ps(row.wrapping_add($at))
+                }
+            };
+        }
+        if S == 1 {
+            let m = g.cols[v];
+            return [load!(m[0], 0), load!(m[1], 1), load!(m[2], 2)];
+        }
+        let m = g.loads[v];
+        let (lo, hi, next) = (load!(m[0], 0), load!(m[1], L), load!(m[2], 2 * L));
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let e0 = _mm512_permutex2var_ps(lo, even, hi);
+        let o1 = _mm512_permutex2var_ps(lo, odd, hi);
+        let e2 = _mm512_castsi512_ps(_mm512_alignr_epi32::<1>(_mm512_castps_si512(next), _mm512_castps_si512(e0)));
+        [e0, o1, e2]
     }
 }
 
@@ -191,6 +338,23 @@ mod tests {
         assert_eq!(g.cols[..2], [[0xffff; 3], [0x3; 3]]);
         assert_eq!(g.store[..2], [0xffff, 0x3]);
         assert!(Rows512::new(&d.stride_w(2)).is_none());
+        // Stride 2, unpadded: 9 outputs, every tap inside; the loads' lanes are input columns
+        // 0..16 (all inside), 16..32 (16..20 inside) and 32 (outside).
+        let g = Rows512::new(&d.stride_h(2).stride_w(2)).expect("rows");
+        assert_eq!((g.vectors, g.ow, g.oh), (1, 9, 2));
+        assert_eq!((g.cols[0], g.store[0]), ([0x1ff; 3], 0x1ff));
+        assert_eq!(g.loads[0], [0xffff, 0xf, 0]);
+        // Padded by 1: 10 outputs, no left tap at x = 0; the loads start at column −1.
+        let g = Rows512::new(&d.stride_h(2).stride_w(2).pad_left(1).pad_right(1)).expect("rows");
+        assert_eq!((g.vectors, g.ow), (1, 10));
+        assert_eq!(g.cols[0], [0x3fe, 0x3ff, 0x3ff]);
+        assert_eq!(g.loads[0], [0xfffe, 0x1f, 0]);
+        // Two vectors: the second's loads start at column 31 (lane 0 of its first load).
+        let g = Rows512::new(&Conv2dDesc::new(Layout::Nchw, [1, 1, 3, 60], [3, 3]).stride_h(2).stride_w(2).pad_left(1))
+            .expect("rows");
+        assert_eq!((g.vectors, g.ow), (2, 30));
+        assert_eq!(g.loads[1], [0xffff, 0x1fff, 0]);
+        assert_eq!(g.cols[1], [0x3fff; 3]);
         assert!(Rows512::new(&d.dilation_h(2)).is_none());
         assert!(Rows512::new(&Conv2dDesc::new(Layout::Nchw, [1, 1, 5, 300], [3, 3])).is_none());
         assert!(Rows512::new(&Conv2dDesc::new(Layout::Nchw, [1, 1, 5, 20], [5, 5])).is_none());
