@@ -971,6 +971,37 @@ fn depthwise_nchw_rows512_are_exact() {
     }
 }
 
+/// The NCHW flat planes (`depthwise::flat512`: 3 × 3, stride and dilation 1, padding 1 all
+/// round, rows of at most 15 pixels, planes of at most 256, f32 on AVX-512): every row width
+/// from 1 to 15, plane heights that leave every remainder of the 4-vector groups and a last
+/// vector of one pixel (7², 16 × 1), the largest plane and one past it (the rows take that),
+/// several images and channels, no activation, ReLU and ReLU6, and the f16 and bf16 storages
+/// beside them (the channel blocks and rows take those).
+#[test]
+fn depthwise_nchw_flat_planes_are_exact() {
+    let d = conv_geometry(Layout::Nchw, [1, 1, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 49], vec![0.0; 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
+    }
+    let shapes = (1..=15).map(|w| (1 + (w * 7) % 17, w)).chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)]);
+    for (seed, (h, w)) in (8600u64..).zip(shapes) {
+        let g = conv_geometry(
+            Layout::Nchw,
+            [1 + seed as usize % 3, 1 + seed as usize % 4, h, w],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1; 4],
+        );
+        let d = g
+            .has_bias(!seed.is_multiple_of(3))
+            .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+        check_conv(&d, seed);
+    }
+}
+
 /// The NCHW 16-lane rows at stride 2 (`depthwise::rows512`: both strides 2, dilation 1): rows of
 /// 8 outputs (the fewest) to 256 (the most) and one past, each vector's 33 input columns
 /// inside the row, past its end (odd and even widths, so the 33rd column is there or not) or

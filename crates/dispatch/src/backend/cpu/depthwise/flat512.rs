@@ -1,0 +1,236 @@
+//! NCHW 3 × 3 layers with stride and dilation 1, padding 1 on every side and rows of at most
+//! 15 pixels (MobileNetV2's 7² and 14² planes) on AVX-512: each plane as one flat run of
+//! pixels, 16 outputs a vector whatever the row width.
+//!
+//! With the padding 1 all round the output plane is the input's size, and output pixel `p`
+//! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. A
+//! vector of outputs `16·j …` takes each tap's inputs from the plane's 16-pixel blocks `j − 1`
+//! and `j` (the taps above and the one to the left) or `j` and `j + 1` (the others) by one
+//! two-source permute (`vpermt2ps`, the indices set once per layer from the row width): the
+//! plane's blocks are loaded once per group of vectors, never per tap. The padding is zeros,
+//! as in the tile and band kernels: the blocks are zero past the plane's ends (the rows above
+//! and below), and the permutes of the left and right taps zero the lanes whose tap column
+//! lies outside the row (one mask per vector for each side); every tap is then one unmasked
+//! multiply-add, in kernel order after the bias, so the sums are the tile's and the band's
+//! bits.
+//!
+//! Rows as vectors use 7 or 14 lanes of 16 on these planes; flat, every lane but the last
+//! vector's tail. Vectors go [`V`] at a time, `V` independent sums for each tap's weight. With
+//! a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks per
+//! vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
+
+use std::arch::x86_64::*;
+use tilekit_kernels::{Conv2dDesc, Layout};
+
+/// Lanes per vector (AVX-512).
+const L: usize = 16;
+
+/// Vectors per group (independent sums).
+const V: usize = 4;
+
+/// The most pixels of a row.
+const MAX_WIDTH: usize = 15;
+
+/// The most vectors of a plane (256 pixels).
+const MAX_VECTORS: usize = 16;
+
+/// Whether tap `t` reads blocks `j − 1` and `j` (the kernel's top row, and the left tap of its
+/// middle row: offsets −w − 1 … −1), else `j` and `j + 1` (offsets 0 … w + 1).
+const LOW: [bool; 9] = [true, true, true, true, false, false, false, false, false];
+
+/// A layer's geometry for the kernel: the plane's sizes, the taps' permute indices and the
+/// lanes each tap of each vector has inside the input.
+pub(super) struct Flat512 {
+    /// Pixels per plane (input and output).
+    hw: usize,
+    vectors: usize,
+    /// Per tap, the lanes' indices into its two blocks (16 · 2 elements).
+    idx: [[i32; L]; 9],
+    /// Per vector, the lanes whose left and whose right neighbour lie in the row (`x ≥ 1`,
+    /// `x + 1 < w`).
+    cols: [[u16; 2]; MAX_VECTORS],
+}
+
+impl Flat512 {
+    /// The geometry, or `None` where the layer is not NCHW 3 × 3 with stride and dilation 1,
+    /// padding 1 on every side, multiplier 1, rows of 1 to [`MAX_WIDTH`] pixels and at most
+    /// `16 · MAX_VECTORS` pixels a plane.
+    pub(super) fn new(d: &Conv2dDesc) -> Option<Flat512> {
+        let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
+        let pads = [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right];
+        let (h, w) = (d.height, d.width);
+        if d.layout != Layout::Nchw
+            || geometry != (3, 3, 1, 1, 1, 1)
+            || pads != [1; 4]
+            || d.multiplier != 1
+            || !(1..=MAX_WIDTH).contains(&w)
+            || h == 0
+            || h * w > L * MAX_VECTORS
+        {
+            return None;
+        }
+        let hw = h * w;
+        let mut idx = [[0i32; L]; 9];
+        for (t, lanes) in idx.iter_mut().enumerate() {
+            let o = (t / 3) as isize * w as isize + (t % 3) as isize - w as isize - 1;
+            let first = if LOW[t] { -(L as isize) } else { 0 };
+            for (l, i) in lanes.iter_mut().enumerate() {
+                // Within the two blocks: 0 ≤ o − first + l < 32 for every width up to 15.
+                *i = (o - first + l as isize) as i32;
+            }
+        }
+        let mut cols = [[0u16; 2]; MAX_VECTORS];
+        for p in 0..hw {
+            let x = p % w;
+            let lane = 1 << (p % L);
+            if x >= 1 {
+                cols[p / L][0] |= lane;
+            }
+            if x + 1 < w {
+                cols[p / L][1] |= lane;
+            }
+        }
+        Some(Flat512 { hw, vectors: hw.div_ceil(L), idx, cols })
+    }
+
+    /// Pixels per plane.
+    pub(super) fn pixels(&self) -> usize {
+        self.hw
+    }
+}
+
+/// One output plane: `out` (`hw` elements) from the input plane `x` (`hw`), the nine weights
+/// `wk` and the bias, with the activation `A` (`nhwc3::avx`'s `NONE`, `RELU` or `RELU6`)
+/// applied in registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn plane<const A: u8>(g: &Flat512, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
+    assert!(x.len() >= g.hw && out.len() >= g.hw, "NCHW 3 x 3 plane past its operands");
+    let mut w = [_mm512_setzero_ps(); 9];
+    for (v, &k) in w.iter_mut().zip(wk) {
+        *v = _mm512_set1_ps(k);
+    }
+    let mut idx = [_mm512_setzero_si512(); 9];
+    for (v, i) in idx.iter_mut().zip(&g.idx) {
+        // SAFETY: 16 `i32`s.
+        *v = unsafe { _mm512_loadu_si512(i.as_ptr().cast()) };
+    }
+    let b = _mm512_set1_ps(bias);
+    let mut j = 0;
+    // SAFETY: the CPU has AVX-512F (the caller's promise); the operands are the asserted planes.
+    unsafe {
+        while j + V <= g.vectors {
+            group::<V, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr());
+            j += V;
+        }
+        match g.vectors - j {
+            3 => group::<3, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
+            2 => group::<2, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
+            1 => group::<1, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
+            _ => {}
+        }
+    }
+}
+
+/// Block `k` of a plane (pixels `16·k …`), the lanes past the plane zero; zero for `k` outside
+/// the plane.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` is a plane of `g.hw` pixels.
+#[inline(always)]
+unsafe fn block(g: &Flat512, x: *const f32, k: isize) -> __m512 {
+    // SAFETY: only the lanes inside the plane are read.
+    unsafe {
+        if k < 0 || k as usize * L >= g.hw {
+            return _mm512_setzero_ps();
+        }
+        let k = k as usize;
+        let left = g.hw - k * L;
+        if left >= L {
+            _mm512_loadu_ps(x.add(k * L))
+        } else {
+            _mm512_maskz_loadu_ps(((1u32 << left) - 1) as u16, x.add(k * L))
+        }
+    }
+}
+
+/// Output vectors `j..j + N` of a plane: blocks `j − 1 … j + N` loaded once, each tap's input
+/// vectors permuted out of them (the lanes whose tap column is outside the row zeroed), the
+/// `N` sums multiplied and added tap by tap.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels; `j + N ≤ vectors`.
+#[inline(always)]
+unsafe fn group<const N: usize, const A: u8>(
+    g: &Flat512,
+    x: *const f32,
+    w: &[__m512; 9],
+    idx: &[__m512i; 9],
+    b: __m512,
+    j: usize,
+    out: *mut f32,
+) {
+    use super::nhwc3::avx::finish512;
+    // SAFETY: the blocks read only the plane (`block`); the stores are masked to its pixels.
+    unsafe {
+        // Blocks j − 1 … j + N, written out (an array indexed by constants stays in registers).
+        let mut blk = [_mm512_setzero_ps(); 6];
+        for (k, v) in blk.iter_mut().enumerate().take(N + 2) {
+            *v = block(g, x, j as isize + k as isize - 1);
+        }
+        let mut s = [b; N];
+        for t in 0..9 {
+            for (v, s) in s.iter_mut().enumerate() {
+                // The left taps (kx = 0) zero the lanes at x = 0, the right ones those at
+                // x = w − 1; the blocks are zero above and below the plane.
+                let m = match t % 3 {
+                    0 => g.cols[j + v][0],
+                    2 => g.cols[j + v][1],
+                    _ => u16::MAX,
+                };
+                let input = match (t, LOW[t]) {
+                    (4, _) => blk[v + 1],
+                    (_, true) => _mm512_maskz_permutex2var_ps(m, blk[v], idx[t], blk[v + 1]),
+                    (_, false) => _mm512_maskz_permutex2var_ps(m, blk[v + 1], idx[t], blk[v + 2]),
+                };
+                *s = _mm512_fmadd_ps(w[t], input, *s);
+            }
+        }
+        for (v, s) in s.iter().enumerate() {
+            let first = (j + v) * L;
+            let left = g.hw - first;
+            let store = if left >= L { u16::MAX } else { ((1u32 << left) - 1) as u16 };
+            _mm512_mask_storeu_ps(out.add(first), store, finish512::<A>(*s));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 7² plane's geometry: its four vectors, the taps' indices, the lanes with neighbours
+    /// left and right, and the layers the kernel does not take.
+    #[test]
+    fn geometry() {
+        let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
+        let g = Flat512::new(&d).expect("flat");
+        assert_eq!((g.hw, g.vectors), (49, 4));
+        // Tap (0, 0) of pixel p reads p − 8: lane l of block j − 1 is index l, so l + 8.
+        assert_eq!(g.idx[0][0], 8);
+        // The centre tap is the block itself; tap (2, 2) reads p + 8, lane l of block j + 1.
+        assert_eq!((g.idx[4][3], g.idx[8][0]), (3, 8));
+        // Columns 1..7 have a left neighbour, 0..6 a right one: pixels 0, 7, 14 … are the
+        // first of their rows, 6, 13, 20 … the last.
+        assert_eq!(g.cols[0], [!0x4081, !0x2040]);
+        // Vector 3 holds pixel 48 (row 6, column 6) only.
+        assert_eq!(g.cols[3], [1, 0]);
+        assert!(Flat512::new(&d.height(16).width(16)).is_none());
+        assert!(Flat512::new(&d.stride_h(2).stride_w(2)).is_none());
+        assert!(Flat512::new(&d.pad_left(0)).is_none());
+        assert!(Flat512::new(&d.height(18).width(15)).is_none());
+        assert!(Flat512::new(&d.height(17).width(15)).is_some());
+    }
+}
