@@ -1,12 +1,13 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, rows of
-//!   at most 15 pixels and planes of at most 256, f32, on AVX-512 ([`flat512`]): each plane as
-//!   one flat run of pixels, 16 outputs a vector (rows as vectors use 7 or 14 lanes of 16 at
-//!   7² and 14²), each tap's inputs permuted out of the plane's 16-pixel blocks. MobileNetV2's
-//!   384 × 14² and 576 × 14² took 0.77–0.78 of the 16-lane rows' time below, its 960 × 7² level
-//!   with the channel blocks' (2 threads, separate processes alternated, the same bits).
+//! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, f32, rows
+//!   of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes of at most
+//!   1024, on AVX-512 ([`flat512`]): each plane as one flat run of pixels, 16 outputs a vector
+//!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), each tap's
+//!   inputs permuted out of the plane's 16-pixel blocks. MobileNetV2's 384 × 14² and 576 × 14²
+//!   took 0.77–0.78 of the 16-lane rows' time below, 192 × 28² 0.87, its 960 × 7² level with
+//!   the channel blocks' (2 threads, separate processes alternated, the same bits).
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
 //!   stride 1, or at stride 2 of at most 64² where the 16-lane rows below do not take them

@@ -972,9 +972,10 @@ fn depthwise_nchw_rows512_are_exact() {
 }
 
 /// The NCHW flat planes (`depthwise::flat512`: 3 × 3, stride and dilation 1, padding 1 all
-/// round, rows of at most 15 pixels, planes of at most 256, f32 on AVX-512): every row width
-/// from 1 to 15, plane heights that leave every remainder of the 4-vector groups and a last
-/// vector of one pixel (7², 16 × 1), the largest plane and one past it (the rows take that),
+/// round, rows of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes
+/// of at most 1024, f32 on AVX-512): every row width from 1 to 31, plane heights that leave
+/// every remainder of the 4-vector groups and a last vector of one pixel (7², 16 × 1), the
+/// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
 /// several images and channels, no activation, ReLU and ReLU6, and the f16 and bf16 storages
 /// beside them (the channel blocks and rows take those).
 #[test]
@@ -985,7 +986,9 @@ fn depthwise_nchw_flat_planes_are_exact() {
     for isa in Isa::available() {
         assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
     }
-    let shapes = (1..=15).map(|w| (1 + (w * 7) % 17, w)).chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)]);
+    let near = (1..=15).map(|w| (1 + (w * 7) % 17, w)).chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)]);
+    let far = (17..=31).map(|w| (1 + (w * 5) % 13, w)).chain([(28, 28), (33, 31), (34, 31), (5, 16), (3, 32)]);
+    let shapes = near.chain(far);
     for (seed, (h, w)) in (8600u64..).zip(shapes) {
         let g = conv_geometry(
             Layout::Nchw,

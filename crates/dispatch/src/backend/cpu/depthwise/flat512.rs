@@ -1,23 +1,24 @@
 //! NCHW 3 × 3 layers with stride and dilation 1, padding 1 on every side and rows of at most
-//! 15 pixels (MobileNetV2's 7² and 14² planes) on AVX-512: each plane as one flat run of
-//! pixels, 16 outputs a vector whatever the row width.
+//! 15 pixels, or of 17 to 31 (MobileNetV2's 7², 14² and 28² planes) on AVX-512: each plane as
+//! one flat run of pixels, 16 outputs a vector whatever the row width.
 //!
 //! With the padding 1 all round the output plane is the input's size, and output pixel `p`
 //! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. A
-//! vector of outputs `16·j …` takes each tap's inputs from the plane's 16-pixel blocks `j − 1`
-//! and `j` (the taps above and the one to the left) or `j` and `j + 1` (the others) by one
-//! two-source permute (`vpermt2ps`, the indices set once per layer from the row width): the
-//! plane's blocks are loaded once per group of vectors, never per tap. The padding is zeros,
-//! as in the tile and band kernels: the blocks are zero past the plane's ends (the rows above
-//! and below), and the permutes of the left and right taps zero the lanes whose tap column
-//! lies outside the row (one mask per vector for each side); every tap is then one unmasked
-//! multiply-add, in kernel order after the bias, so the sums are the tile's and the band's
-//! bits.
+//! vector of outputs `16·j …` takes each tap's inputs from two of the plane's 16-pixel blocks by
+//! one two-source permute (`vpermt2ps`, the indices set once per layer from the row width):
+//! blocks `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the
+//! others, where rows are at most 15 pixels ([`NEAR_FIRST`]); from 17, `j − 2` and `j − 1` for
+//! the taps above and `j + 1` and `j + 2` for those below ([`FAR_FIRST`]). The plane's blocks
+//! are loaded once per group of vectors, never per tap. The padding is zeros, as in the tile
+//! and band kernels: the blocks are zero past the plane's ends (the rows above and below), and
+//! the permutes of the left and right taps zero the lanes whose tap column lies outside the
+//! row (one mask per vector for each side); every tap is then one unmasked multiply-add, in
+//! kernel order after the bias, so the sums are the tile's and the band's bits.
 //!
-//! Rows as vectors use 7 or 14 lanes of 16 on these planes; flat, every lane but the last
-//! vector's tail. Vectors go [`V`] at a time, `V` independent sums for each tap's weight. With
-//! a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks per
-//! vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
+//! Rows as vectors use 7, 14 or 28 lanes of 16 or 32 on these planes; flat, every lane but the
+//! last vector's tail. Vectors go [`V`] at a time, `V` independent sums for each tap's weight.
+//! With a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks
+//! per vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
 
 use std::arch::x86_64::*;
 use tilekit_kernels::{Conv2dDesc, Layout};
@@ -28,21 +29,28 @@ const L: usize = 16;
 /// Vectors per group (independent sums).
 const V: usize = 4;
 
-/// The most pixels of a row.
-const MAX_WIDTH: usize = 15;
+/// The most pixels of a row: 15 (`NEAR_FIRST`), or 17 to 31 (`FAR_FIRST`).
+const MAX_WIDTH: usize = 31;
 
-/// The most vectors of a plane (256 pixels).
-const MAX_VECTORS: usize = 16;
+/// The most vectors of a plane (1024 pixels).
+const MAX_VECTORS: usize = 64;
 
-/// Whether tap `t` reads blocks `j − 1` and `j` (the kernel's top row, and the left tap of its
-/// middle row: offsets −w − 1 … −1), else `j` and `j + 1` (offsets 0 … w + 1).
-const LOW: [bool; 9] = [true, true, true, true, false, false, false, false, false];
+/// Rows of up to 15 pixels: the first of the two blocks tap `t` reads, from vector `j`'s block:
+/// `j − 1` for the kernel's top row and the left tap of its middle row (offsets −w − 1 … −1),
+/// else `j` (offsets 0 … w + 1).
+const NEAR_FIRST: [isize; 9] = [-1, -1, -1, -1, 0, 0, 0, 0, 0];
+
+/// Rows of 17 to 31 pixels: `j − 2` for the top row (offsets −w − 1 … −w + 1, −32 … −16),
+/// `j + 1` for the bottom row (16 … 32), the middle row as [`NEAR_FIRST`].
+const FAR_FIRST: [isize; 9] = [-2, -2, -2, -1, 0, 0, 1, 1, 1];
 
 /// A layer's geometry for the kernel: the plane's sizes, the taps' permute indices and the
 /// lanes each tap of each vector has inside the input.
 pub(super) struct Flat512 {
     /// Pixels per plane (input and output).
     hw: usize,
+    /// Rows of 17 to 31 pixels ([`FAR_FIRST`]), else of up to 15 ([`NEAR_FIRST`]).
+    far: bool,
     vectors: usize,
     /// Per tap, the lanes' indices into its two blocks (16 · 2 elements).
     idx: [[i32; L]; 9],
@@ -53,8 +61,8 @@ pub(super) struct Flat512 {
 
 impl Flat512 {
     /// The geometry, or `None` where the layer is not NCHW 3 × 3 with stride and dilation 1,
-    /// padding 1 on every side, multiplier 1, rows of 1 to [`MAX_WIDTH`] pixels and at most
-    /// `16 · MAX_VECTORS` pixels a plane.
+    /// padding 1 on every side, multiplier 1, rows of 1 to 15 or 17 to [`MAX_WIDTH`] pixels
+    /// and at most 256 pixels a plane (1024 from 17 a row).
     pub(super) fn new(d: &Conv2dDesc) -> Option<Flat512> {
         let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
         let pads = [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right];
@@ -64,18 +72,19 @@ impl Flat512 {
             || pads != [1; 4]
             || d.multiplier != 1
             || !(1..=MAX_WIDTH).contains(&w)
+            || w == 16
             || h == 0
-            || h * w > L * MAX_VECTORS
+            || h * w > if w < 16 { 256 } else { L * MAX_VECTORS }
         {
             return None;
         }
-        let hw = h * w;
+        let (hw, far) = (h * w, w > 16);
         let mut idx = [[0i32; L]; 9];
         for (t, lanes) in idx.iter_mut().enumerate() {
             let o = (t / 3) as isize * w as isize + (t % 3) as isize - w as isize - 1;
-            let first = if LOW[t] { -(L as isize) } else { 0 };
+            let first = if far { FAR_FIRST[t] } else { NEAR_FIRST[t] } * L as isize;
             for (l, i) in lanes.iter_mut().enumerate() {
-                // Within the two blocks: 0 ≤ o − first + l < 32 for every width up to 15.
+                // Within the two blocks: 0 ≤ o − first + l < 32 for every width but 16.
                 *i = (o - first + l as isize) as i32;
             }
         }
@@ -90,7 +99,7 @@ impl Flat512 {
                 cols[p / L][1] |= lane;
             }
         }
-        Some(Flat512 { hw, vectors: hw.div_ceil(L), idx, cols })
+        Some(Flat512 { hw, far, vectors: hw.div_ceil(L), idx, cols })
     }
 
     /// Pixels per plane.
@@ -118,17 +127,40 @@ pub(super) unsafe fn plane<const A: u8>(g: &Flat512, x: &[f32], wk: &[f32; 9], b
         *v = unsafe { _mm512_loadu_si512(i.as_ptr().cast()) };
     }
     let b = _mm512_set1_ps(bias);
-    let mut j = 0;
     // SAFETY: the CPU has AVX-512F (the caller's promise); the operands are the asserted planes.
     unsafe {
+        if g.far {
+            groups::<true, A>(g, x.as_ptr(), &w, &idx, b, out.as_mut_ptr());
+        } else {
+            groups::<false, A>(g, x.as_ptr(), &w, &idx, b, out.as_mut_ptr());
+        }
+    }
+}
+
+/// The plane's vectors in groups of [`V`], then the rest.
+///
+/// # Safety
+/// As [`group`]'s.
+#[inline(always)]
+unsafe fn groups<const FAR: bool, const A: u8>(
+    g: &Flat512,
+    x: *const f32,
+    w: &[__m512; 9],
+    idx: &[__m512i; 9],
+    b: __m512,
+    out: *mut f32,
+) {
+    let mut j = 0;
+    // SAFETY: passed on from the caller; every group lies inside the plane's vectors.
+    unsafe {
         while j + V <= g.vectors {
-            group::<V, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr());
+            group::<V, FAR, A>(g, x, w, idx, b, j, out);
             j += V;
         }
         match g.vectors - j {
-            3 => group::<3, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
-            2 => group::<2, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
-            1 => group::<1, A>(g, x.as_ptr(), &w, &idx, b, j, out.as_mut_ptr()),
+            3 => group::<3, FAR, A>(g, x, w, idx, b, j, out),
+            2 => group::<2, FAR, A>(g, x, w, idx, b, j, out),
+            1 => group::<1, FAR, A>(g, x, w, idx, b, j, out),
             _ => {}
         }
     }
@@ -156,14 +188,15 @@ unsafe fn block(g: &Flat512, x: *const f32, k: isize) -> __m512 {
     }
 }
 
-/// Output vectors `j..j + N` of a plane: blocks `j − 1 … j + N` loaded once, each tap's input
+/// Output vectors `j..j + N` of a plane: blocks `j − 2 … j + N + 1` loaded once (those the
+/// taps read: `j − 1 … j + N` for rows of up to 15 pixels), each tap's input
 /// vectors permuted out of them (the lanes whose tap column is outside the row zeroed), the
 /// `N` sums multiplied and added tap by tap.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels; `j + N ≤ vectors`.
 #[inline(always)]
-unsafe fn group<const N: usize, const A: u8>(
+unsafe fn group<const N: usize, const FAR: bool, const A: u8>(
     g: &Flat512,
     x: *const f32,
     w: &[__m512; 9],
@@ -175,10 +208,11 @@ unsafe fn group<const N: usize, const A: u8>(
     use super::nhwc3::avx::finish512;
     // SAFETY: the blocks read only the plane (`block`); the stores are masked to its pixels.
     unsafe {
-        // Blocks j − 1 … j + N, written out (an array indexed by constants stays in registers).
-        let mut blk = [_mm512_setzero_ps(); 6];
-        for (k, v) in blk.iter_mut().enumerate().take(N + 2) {
-            *v = block(g, x, j as isize + k as isize - 1);
+        // Blocks j − 2 … j + N + 1 (an array indexed by constants stays in registers; the
+        // loads no tap reads are dropped).
+        let mut blk = [_mm512_setzero_ps(); V + 4];
+        for (k, v) in blk.iter_mut().enumerate().take(N + 4) {
+            *v = block(g, x, j as isize + k as isize - 2);
         }
         let mut s = [b; N];
         for t in 0..9 {
@@ -190,11 +224,9 @@ unsafe fn group<const N: usize, const A: u8>(
                     2 => g.cols[j + v][1],
                     _ => u16::MAX,
                 };
-                let input = match (t, LOW[t]) {
-                    (4, _) => blk[v + 1],
-                    (_, true) => _mm512_maskz_permutex2var_ps(m, blk[v], idx[t], blk[v + 1]),
-                    (_, false) => _mm512_maskz_permutex2var_ps(m, blk[v + 1], idx[t], blk[v + 2]),
-                };
+                // The tap's first block, `j − 2 + k` for vector `j + v`.
+                let k = (v as isize + if FAR { FAR_FIRST[t] } else { NEAR_FIRST[t] } + 2) as usize;
+                let input = if t == 4 { blk[k] } else { _mm512_maskz_permutex2var_ps(m, blk[k], idx[t], blk[k + 1]) };
                 *s = _mm512_fmadd_ps(w[t], input, *s);
             }
         }
@@ -232,5 +264,13 @@ mod tests {
         assert!(Flat512::new(&d.pad_left(0)).is_none());
         assert!(Flat512::new(&d.height(18).width(15)).is_none());
         assert!(Flat512::new(&d.height(17).width(15)).is_some());
+        assert!(Flat512::new(&d.height(3).width(16)).is_none());
+        // 28²: rows of 17 to 31 read the blocks two away for the taps above and below; tap
+        // (0, 0) of pixel p reads p − 29, lane l of block j − 2 is index l + 3.
+        let g = Flat512::new(&d.height(28).width(28)).expect("flat");
+        assert_eq!((g.far, g.vectors, g.idx[0][0], g.idx[8][0]), (true, 49, 3, 13));
+        assert!(Flat512::new(&d.height(33).width(31)).is_some());
+        assert!(Flat512::new(&d.height(34).width(31)).is_none());
+        assert!(Flat512::new(&d.height(3).width(32)).is_none());
     }
 }
