@@ -736,7 +736,7 @@ impl Conv<'_> {
                 let wk: [f32; 9] =
                     std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { self.w[oc * 9 + t] });
                 let bias = self.bias.map_or(0.0, |b| b[oc]);
-                flat512_plane(f, d.activation, &self.x[p * plane..][..plane], &wk, bias, o);
+                plane512(f, d.activation, &self.x[p * plane..][..plane], &wk, bias, o);
             }
         };
         in_tasks(out, plane, plane * 9, 1, run);
@@ -975,10 +975,10 @@ impl Conv<'_> {
             // Packed weights (`[tap][out channel]`) are read as they are.
             let wk: [f32; 9] = std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { wk[t] });
             match E::as_f32_mut(dst) {
-                Some(dst) => rows512_plane(f, d.activation, xp, &wk, bias, dst),
+                Some(dst) => plane512(f, d.activation, xp, &wk, bias, dst),
                 None => {
                     let o = &mut bufs[1][..f.outputs()];
-                    rows512_plane(f, d.activation, xp, &wk, bias, o);
+                    plane512(f, d.activation, xp, &wk, bias, o);
                     E::narrow_into(o, dst);
                 }
             }
@@ -1117,39 +1117,40 @@ enum PlaneKernel<'g> {
     Rows,
 }
 
-/// One NCHW plane through the 16-lane rows ([`rows512::plane`]: 3 × 3, stride 1, AVX-512),
-/// `dst` all its outputs: ReLU and ReLU6 applied in registers, other activations over the
-/// plane after it (in L1).
+/// An NCHW plane kernel on AVX-512 that applies ReLU and ReLU6 in registers: the 16-lane rows
+/// ([`rows512`]) and the flat planes ([`flat512`]).
 #[cfg(target_arch = "x86_64")]
-fn rows512_plane(
-    f: &rows512::Rows512,
-    act: tilekit_kernels::Activation,
-    x: &[f32],
-    wk: &[f32; 9],
-    bias: f32,
-    dst: &mut [f32],
-) {
-    use nhwc3::avx::{NONE, RELU, RELU6};
-    use tilekit_kernels::Activation;
-    // SAFETY: the 16-lane rows are chosen only where `isa` is `Isa::Avx512` (`Conv::kernel`),
-    // which `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
-    unsafe {
-        match act {
-            Activation::Relu => rows512::plane::<RELU>(f, x, wk, bias, dst),
-            Activation::Relu6 => rows512::plane::<RELU6>(f, x, wk, bias, dst),
-            _ => rows512::plane::<NONE>(f, x, wk, bias, dst),
-        }
-    }
-    if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
-        super::activation::map_in_place(Isa::Avx512, act, dst, None);
+trait Plane512 {
+    /// One plane, `out` all its outputs, with the activation `A` (`nhwc3::avx`'s `NONE`,
+    /// `RELU` or `RELU6`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX2 and FMA.
+    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Plane512 for rows512::Rows512 {
+    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
+        // SAFETY: passed on from the caller.
+        unsafe { rows512::plane::<A>(self, x, wk, bias, out) }
     }
 }
 
-/// One NCHW plane through the flat planes ([`flat512::plane`]), `dst` all its outputs: ReLU
-/// and ReLU6 applied in registers, other activations over the plane after it (in L1).
 #[cfg(target_arch = "x86_64")]
-fn flat512_plane(
-    f: &flat512::Flat512,
+impl Plane512 for flat512::Flat512 {
+    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
+        // SAFETY: passed on from the caller.
+        unsafe { flat512::plane::<A>(self, x, wk, bias, out) }
+    }
+}
+
+/// One NCHW plane through an AVX-512 plane kernel (the 16-lane rows or the flat planes),
+/// `dst` all its outputs: ReLU and ReLU6 applied in registers, other activations over the
+/// plane after it (in L1).
+#[cfg(target_arch = "x86_64")]
+fn plane512<K: Plane512>(
+    f: &K,
     act: tilekit_kernels::Activation,
     x: &[f32],
     wk: &[f32; 9],
@@ -1158,13 +1159,13 @@ fn flat512_plane(
 ) {
     use nhwc3::avx::{NONE, RELU, RELU6};
     use tilekit_kernels::Activation;
-    // SAFETY: the flat planes are chosen only where `isa` is `Isa::Avx512` (`Conv::flat`),
-    // which `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
+    // SAFETY: both kernels are chosen only where `isa` is `Isa::Avx512` (`Conv::kernel`,
+    // `Conv::flat`), which `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
     unsafe {
         match act {
-            Activation::Relu => flat512::plane::<RELU>(f, x, wk, bias, dst),
-            Activation::Relu6 => flat512::plane::<RELU6>(f, x, wk, bias, dst),
-            _ => flat512::plane::<NONE>(f, x, wk, bias, dst),
+            Activation::Relu => f.plane::<RELU>(x, wk, bias, dst),
+            Activation::Relu6 => f.plane::<RELU6>(x, wk, bias, dst),
+            _ => f.plane::<NONE>(x, wk, bias, dst),
         }
     }
     if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {

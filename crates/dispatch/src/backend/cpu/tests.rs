@@ -952,14 +952,21 @@ fn depthwise_nchw_rows512_are_exact() {
     for isa in Isa::available() {
         assert_eq!(conv.has_small_plane_kernel(isa), isa != Isa::Portable, "{isa:?}");
     }
-    let mut seed = 8700;
-    for &(h, w) in &[(1, 8), (2, 15), (3, 16), (5, 17), (6, 31), (7, 33), (9, 10), (4, 256), (3, 257), (40, 240)] {
-        for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 1, 1]] {
+    let shapes = [(1, 8), (2, 15), (3, 16), (5, 17), (6, 31), (7, 33), (9, 10), (4, 256), (3, 257), (40, 240)];
+    check_nchw_3x3_layers(1, &shapes, 8700);
+}
+
+/// [`check_conv`] on NCHW 3 × 3 layers of `stride` (both ways) and each `(height, width)`, with
+/// paddings from none to 2 on one side only and unequal, one or two images, one to three
+/// channels, a multiplier of 2 on a third of them, bias and activations varied.
+fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64) {
+    for &(h, w) in shapes {
+        for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 1, 1], [1, 2, 0, 1]] {
             let g = conv_geometry(
                 Layout::Nchw,
                 [1 + seed as usize % 2, 1 + seed as usize % 3, h, w],
                 [3, 3],
-                [1, 1],
+                [stride, stride],
                 [1, 1],
                 pads,
             );
@@ -1020,27 +1027,11 @@ fn depthwise_nchw_rows512_stride2_is_exact() {
     for isa in Isa::available() {
         assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
     }
-    let mut seed = 8800;
-    for &(h, w) in
-        &[(2, 15), (3, 16), (5, 17), (8, 31), (9, 33), (7, 34), (12, 63), (6, 65), (4, 512), (3, 515), (30, 56)]
-    {
-        for &pads in &[[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 2, 0], [0, 2, 0, 2], [1, 2, 0, 1]] {
-            let g = conv_geometry(
-                Layout::Nchw,
-                [1 + seed as usize % 2, 1 + seed as usize % 3, h, w],
-                [3, 3],
-                [2, 2],
-                [1, 1],
-                pads,
-            );
-            if let Some(d) = varied_layer(g, &[1, 1, 2], seed) {
-                check_conv(&d, seed);
-            }
-            seed += 1;
-        }
-    }
+    let shapes =
+        [(2, 15), (3, 16), (5, 17), (8, 31), (9, 33), (7, 34), (12, 63), (6, 65), (4, 512), (3, 515), (30, 56)];
+    check_nchw_3x3_layers(2, &shapes, 8800);
     let d = conv_geometry(Layout::Nchw, [1, 3, 56, 56], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
-    check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
+    check_conv(&d.has_bias(true).activation(Activation::Relu6), 8899);
 }
 
 /// The NCHW channel blocks (`Conv::nchw_blocks`: 16 planes at a time transposed into
