@@ -612,13 +612,10 @@ impl Conv<'_> {
             return Ok(());
         }
         // NCHW 3 × 3 layers at stride 1 or 2 go through 16-lane rows on AVX-512 (half-precision
-        // outputs through the band buffer, so planes of at most BUF outputs).
+        // outputs through the band buffer, in bands of rows).
         #[cfg(target_arch = "x86_64")]
-        let rows16 = if d.layout == Layout::Nchw && allow_tile && isa == Isa::Avx512 {
-            rows512::Rows512::new(d).filter(|g| is_f32::<E>() || g.outputs() <= BUF)
-        } else {
-            None
-        };
+        let rows16 =
+            if d.layout == Layout::Nchw && allow_tile && isa == Isa::Avx512 { rows512::Rows512::new(d) } else { None };
         // Small NCHW planes go 16 planes at a time through the channel blocks; at stride 2
         // only those the rows do not take (rows of fewer than 8 outputs, vertical dilation).
         #[cfg(target_arch = "x86_64")]
@@ -712,7 +709,8 @@ impl Conv<'_> {
     }
 
     /// The flat planes' geometry ([`flat512`]) where they take the layer in `isa`: AVX-512, an
-    /// f32 input, the kernel's geometry (NCHW 3 × 3 "same", rows of at most 15 pixels).
+    /// f32 input, the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of at most 15
+    /// pixels or of 17 to 31, planes of at most 256 or 1024 pixels).
     #[cfg(target_arch = "x86_64")]
     fn flat(&self, isa: Isa) -> Option<flat512::Flat512> {
         if isa != Isa::Avx512 || self.xh.is_some() {
@@ -977,9 +975,15 @@ impl Conv<'_> {
             match E::as_f32_mut(dst) {
                 Some(dst) => plane512(f, d.activation, xp, &wk, bias, dst),
                 None => {
-                    let o = &mut bufs[1][..f.outputs()];
-                    plane512(f, d.activation, xp, &wk, bias, o);
-                    E::narrow_into(o, dst);
+                    // Half-precision outputs in bands of rows through the thread's buffer.
+                    let (oh, ow) = f.shape();
+                    let band = (BUF / ow).max(1);
+                    for oy in (0..oh).step_by(band) {
+                        let rows = band.min(oh - oy);
+                        let o = &mut bufs[1][..rows * ow];
+                        plane512(&f.band(oy, rows), d.activation, xp, &wk, bias, o);
+                        E::narrow_into(o, &mut dst[oy * ow..][..rows * ow]);
+                    }
                 }
             }
             return;

@@ -940,8 +940,8 @@ fn depthwise_nhwc_3x3_rows_are_exact() {
 /// of 8 outputs (the fewest it takes) to 256 (the most) and one past, around one and two
 /// vectors; plane heights that leave every remainder of the 4-row groups; paddings from none
 /// (the output narrower than the input) to 2 on one side only, top and bottom unequal; a
-/// multiplier; and a plane of more outputs than the band buffer (f32 outputs only take the
-/// rows there).
+/// multiplier; and a plane of more outputs than the band buffer (half-precision outputs go
+/// through it in two bands of rows there).
 #[test]
 fn depthwise_nchw_rows512_are_exact() {
     // `check_conv` runs the band and row kernels on the layers the 16-lane rows take (a 20-wide
@@ -1018,7 +1018,8 @@ fn depthwise_nchw_flat_planes_are_exact() {
 /// before its start (left paddings 0–2); plane heights that leave every remainder of the 4-row
 /// groups, with top and bottom paddings that put the first and last kernel rows outside; the
 /// first and last rows' vectors whose span leaves the plane take masked loads, the others
-/// not; a multiplier; and MobileNetV2's 144 × 56² layer's geometry on a few channels.
+/// not; a multiplier; a plane of more outputs than the band buffer (half-precision outputs in
+/// two bands of rows); and MobileNetV2's 144 × 56² layer's geometry on a few channels.
 #[test]
 fn depthwise_nchw_rows512_stride2_is_exact() {
     let d = conv_geometry(Layout::Nchw, [1, 1, 33, 33], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
@@ -1027,8 +1028,20 @@ fn depthwise_nchw_rows512_stride2_is_exact() {
     for isa in Isa::available() {
         assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
     }
-    let shapes =
-        [(2, 15), (3, 16), (5, 17), (8, 31), (9, 33), (7, 34), (12, 63), (6, 65), (4, 512), (3, 515), (30, 56)];
+    let shapes = [
+        (2, 15),
+        (3, 16),
+        (5, 17),
+        (8, 31),
+        (9, 33),
+        (7, 34),
+        (12, 63),
+        (6, 65),
+        (4, 512),
+        (3, 515),
+        (30, 56),
+        (130, 300),
+    ];
     check_nchw_3x3_layers(2, &shapes, 8800);
     let d = conv_geometry(Layout::Nchw, [1, 3, 56, 56], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
     check_conv(&d.has_bias(true).activation(Activation::Relu6), 8899);

@@ -49,10 +49,15 @@ const MIN_WIDTH: usize = 8;
 /// The most vectors per output row.
 const MAX_VECTORS: usize = 16;
 
-/// A layer's geometry for the kernel: the plane's sizes, the stride and the column masks.
+/// A layer's geometry for the kernel: the plane's sizes, the stride and the column masks; or
+/// a band of a plane's output rows ([`Rows512::band`]).
+#[derive(Clone)]
 pub(super) struct Rows512 {
     h: usize,
     w: usize,
+    /// The plane's output row that is the band's first (0 for the whole plane).
+    row0: usize,
+    /// Output rows (of the band).
     oh: usize,
     ow: usize,
     pad_top: usize,
@@ -120,18 +125,38 @@ impl Rows512 {
                 }
             }
         }
-        Some(Rows512 { h: d.height, w, oh, ow, pad_top: d.pad_top, pad_left: pl, stride, vectors, cols, loads, store })
+        Some(Rows512 {
+            h: d.height,
+            w,
+            row0: 0,
+            oh,
+            ow,
+            pad_top: d.pad_top,
+            pad_left: pl,
+            stride,
+            vectors,
+            cols,
+            loads,
+            store,
+        })
     }
 
-    /// Outputs per plane.
-    pub(super) fn outputs(&self) -> usize {
-        self.oh * self.ow
+    /// Output rows per plane (of the band), and outputs per row.
+    pub(super) fn shape(&self) -> (usize, usize) {
+        (self.oh, self.ow)
+    }
+
+    /// Output rows `first..first + rows` of this geometry's rows: [`plane`] with it writes
+    /// those rows, reading the whole input plane.
+    pub(super) fn band(&self, first: usize, rows: usize) -> Rows512 {
+        assert!(first + rows <= self.oh, "a band past the plane's rows");
+        Rows512 { row0: self.row0 + first, oh: rows, ..self.clone() }
     }
 }
 
-/// One output plane: `out` (`oh · ow` elements) from the input plane `x` (`h · w`), the nine
-/// weights `wk` and the bias, with the activation `A` (`nhwc3::avx`'s `NONE`, `RELU` or
-/// `RELU6`) applied in registers.
+/// One output plane, or a band of its rows: `out` (`oh · ow` elements) from the input plane
+/// `x` (`h · w`), the nine weights `wk` and the bias, with the activation `A` (`nhwc3::avx`'s
+/// `NONE`, `RELU` or `RELU6`) applied in registers.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
@@ -238,7 +263,7 @@ unsafe fn vector<const N: usize, const S: usize, const A: u8, const M: bool>(
         // Written out for every `k` (at most 9 input rows, 2·3 + 3 at stride 2), so the sums
         // and weights stay in registers: as a loop the compiler kept it rolled.
         unroll_rows!(k in [0 1 2 3 4 5 6 7 8] if k < S * (N - 1) + 3 => {
-            let iy = (S * oy + k) as isize - g.pad_top as isize;
+            let iy = (S * (g.row0 + oy) + k) as isize - g.pad_top as isize;
             if iy >= 0 && iy < g.h as isize {
                 let first = iy * g.w as isize + (v * L * S) as isize - g.pad_left as isize;
                 let row = x.wrapping_offset(first);
@@ -326,7 +351,7 @@ mod tests {
     fn column_masks() {
         let d = Conv2dDesc::new(Layout::Nchw, [1, 1, 9, 9], [3, 3]).pad_top(1).pad_bottom(1).pad_left(1).pad_right(1);
         let g = Rows512::new(&d).expect("rows");
-        assert_eq!((g.vectors, g.outputs()), (1, 81));
+        assert_eq!((g.vectors, g.shape()), (1, (9, 9)));
         // Output x reads input x + kx − 1: no left tap at x = 0, no right tap at x = 8.
         assert_eq!(g.cols[0], [0x1fe, 0x1ff, 0xff]);
         assert_eq!(g.store[0], 0x1ff);
