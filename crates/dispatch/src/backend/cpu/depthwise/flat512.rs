@@ -20,6 +20,7 @@
 //! With a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks
 //! per vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
 
+use super::super::activation::avx512::lanes;
 use std::arch::x86_64::*;
 use tilekit_kernels::{Conv2dDesc, Layout};
 
@@ -178,12 +179,11 @@ unsafe fn block(g: &Flat512, x: *const f32, k: isize) -> __m512 {
         if k < 0 || k as usize * L >= g.hw {
             return _mm512_setzero_ps();
         }
-        let k = k as usize;
-        let left = g.hw - k * L;
-        if left >= L {
-            _mm512_loadu_ps(x.add(k * L))
+        let first = k as usize * L;
+        if first + L <= g.hw {
+            _mm512_loadu_ps(x.add(first))
         } else {
-            _mm512_maskz_loadu_ps(((1u32 << left) - 1) as u16, x.add(k * L))
+            _mm512_maskz_loadu_ps(lanes(first, g.hw), x.add(first))
         }
     }
 }
@@ -232,9 +232,7 @@ unsafe fn group<const N: usize, const FAR: bool, const A: u8>(
         }
         for (v, s) in s.iter().enumerate() {
             let first = (j + v) * L;
-            let left = g.hw - first;
-            let store = if left >= L { u16::MAX } else { ((1u32 << left) - 1) as u16 };
-            _mm512_mask_storeu_ps(out.add(first), store, finish512::<A>(*s));
+            _mm512_mask_storeu_ps(out.add(first), lanes(first, g.hw), finish512::<A>(*s));
         }
     }
 }
