@@ -194,8 +194,9 @@ pub(in crate::backend::cpu) mod avx {
             let zero = _mm256_setzero_ps();
             match A {
                 RELU => _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(s, zero), s),
-                // `min(6, y)` keeps a NaN `y` (the second operand where unordered).
-                RELU6 => _mm256_min_ps(_mm256_set1_ps(6.0), _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(s, zero), s)),
+                // `max(0, s)` and `min(6, y)` return their second operand where the two are
+                // unordered or both zeros: a NaN or −0 `s` is kept, below 0 gives +0.
+                RELU6 => _mm256_min_ps(_mm256_set1_ps(6.0), _mm256_max_ps(zero, s)),
                 _ => s,
             }
         }
@@ -211,11 +212,11 @@ pub(in crate::backend::cpu) mod avx {
         unsafe {
             let zero = _mm512_setzero_ps();
             match A {
-                RELU => _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(s, zero), s, zero),
-                RELU6 => _mm512_min_ps(
-                    _mm512_set1_ps(6.0),
-                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(s, zero), s, zero),
-                ),
+                // Kept where `s > 0` or unordered: two instructions, where a blend on the
+                // mask of `s ≤ 0` took three (the mask inverted first).
+                RELU => _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLE_UQ>(s, zero), s),
+                // As the AVX2 `finish`: `max(0, s)` keeps a NaN or −0 `s`.
+                RELU6 => _mm512_min_ps(_mm512_set1_ps(6.0), _mm512_max_ps(zero, s)),
                 _ => s,
             }
         }
