@@ -1097,7 +1097,8 @@ fn depthwise_nchw_channel_blocks_are_exact() {
 /// The NHWC channel blocks (`Conv::nhwc_blocks`: 3 × 3 layers with planes of up to 64²
 /// pixels, f16 and bf16 through 16-lane blocks): 8- and 16-channel blocks (24 and 40 channels
 /// take 8-lane vectors on AVX-512 too, and half-precision layers the row kernels),
-/// planes from one pixel to the limit and one past it, both strides, vertical dilation,
+/// planes from one pixel to the limit and one past it, rows of 2 to 17 pixels around one and
+/// two tiles of 4 and 8 (padded by one, whole rows go in tiles), both strides, vertical dilation,
 /// paddings from none to past the kernel, one to three images; `check_conv` also runs them
 /// through the row kernels and checks the words past the output.
 #[test]
@@ -1110,9 +1111,8 @@ fn depthwise_nhwc_channel_blocks_are_exact() {
         assert_eq!(conv.has_small_plane_kernel(isa), isa != Isa::Portable, "{isa:?}");
     }
     let mut seed = 8800;
-    for &(c, h, w) in
-        &[(8, 1, 1), (16, 2, 3), (24, 7, 7), (32, 14, 5), (40, 3, 17), (16, 64, 64), (16, 65, 63), (160, 9, 4)]
-    {
+    let planes = [(8, 1, 1), (16, 2, 3), (24, 7, 7), (32, 14, 5), (40, 3, 17), (16, 64, 64), (16, 65, 63), (160, 9, 4)];
+    for &(c, h, w) in planes.iter().chain(&[(16, 3, 2), (32, 4, 8), (16, 2, 9), (48, 3, 16)]) {
         for &(s, dh, pads) in &[(1, 1, [1, 1, 1, 1]), (2, 1, [1, 1, 1, 1]), (1, 2, [0, 2, 2, 0]), (2, 1, [3, 0, 0, 3])]
         {
             let batch = if h * w > 1000 { 1 } else { 1 + seed as usize % 3 };

@@ -4,11 +4,12 @@
 //! through the same register tiles ([`avx::dense_rows`]).
 //!
 //! One 8-channel block at a time, the nine taps' weight vectors are loaded into registers
-//! once, and a row's pixels go 4 at a time ([`avx`]'s `P`) with their sums in registers. Each
-//! input vector is loaded once per kernel row and meets every pixel of the tile that reads
-//! it: per kernel row, 6 loads for 12 multiply-adds at stride 1 and 9 at stride 2, where the
-//! tap-list kernel ([`super::nhwc_pixels`]) loads the weights and the input per tap (10 loads
-//! per 8). Border pixels skip the taps outside the row (one pixel at a time, the weights
+//! once, and a row's pixels go 4 at a time (8 with 16-lane vectors: [`avx::Vector::TILE`])
+//! with their sums in registers. Each input vector is loaded once per kernel row and meets
+//! every pixel of the tile that reads it: per kernel row of a 4-pixel tile, 6 loads for 12
+//! multiply-adds at stride 1 and 9 at stride 2 (of an 8-pixel tile, 10 and 17 for 24), where
+//! the tap-list kernel ([`super::nhwc_pixels`]) loads the weights and the input per tap (10
+//! loads per 8). Border pixels skip the taps outside the row (one pixel at a time, the weights
 //! still in registers). ReLU and ReLU6 are applied to the sums in registers before they are
 //! stored (0.8–0.95 of the time of a second pass over the row, two threads, separate
 //! processes alternated); other activations run over the row after it. The pixels are cut
@@ -60,8 +61,6 @@ pub(in crate::backend::cpu) mod avx {
     use super::{LANES, RowGeometry};
     use std::arch::x86_64::*;
 
-    /// Output pixels per register tile (4 sums, 9 weights and the input vector in registers).
-    const P: usize = 4;
     /// Bytes of input (three rows, every channel) per segment of pixels, unless that is fewer
     /// than [`MIN_TILES`] tiles.
     const SEGMENT_BYTES: usize = 16 << 10;
@@ -81,6 +80,9 @@ pub(in crate::backend::cpu) mod avx {
     pub(in crate::backend::cpu) trait Vector: Copy {
         /// Channels per vector.
         const LANES: usize;
+        /// Output pixels per register tile ([`tile`]): its sums, the 9 weights and the input
+        /// vector in registers (4 pixels in AVX2's 16, 8 in AVX-512's 32).
+        const TILE: usize;
         /// # Safety
         /// The CPU has the vector's instructions; `p` covers [`Self::LANES`] floats.
         unsafe fn load(p: *const f32) -> Self;
@@ -110,6 +112,7 @@ pub(in crate::backend::cpu) mod avx {
 
     impl Vector for __m256 {
         const LANES: usize = LANES;
+        const TILE: usize = 4;
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
             // SAFETY: the caller's promises.
@@ -145,6 +148,7 @@ pub(in crate::backend::cpu) mod avx {
 
     impl Vector for __m512 {
         const LANES: usize = 16;
+        const TILE: usize = 8;
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self {
             // SAFETY: the caller's promises.
@@ -327,7 +331,7 @@ pub(in crate::backend::cpu) mod avx {
         );
         // Interior pixels per segment: whole tiles, at least MIN_TILES, else as many as have
         // their input (three rows, every channel) in SEGMENT_BYTES.
-        let seg = (SEGMENT_BYTES / (3 * S * P * c * 4)).max(MIN_TILES) * P;
+        let seg = (SEGMENT_BYTES / (3 * S * V::TILE * c * 4)).max(MIN_TILES) * V::TILE;
         let count = hi - lo;
         // SAFETY (every intrinsic and pointer offset below): the caller promises AVX2 and FMA;
         // the assert bounds every access: the interior pixels' taps lie inside the input rows,
@@ -529,6 +533,13 @@ pub(in crate::backend::cpu) mod avx {
         stride: usize,
     ) {
         let r = &g.row;
+        // Rows whose border pixels each have one tap outside the row, the first's leftmost and
+        // the last's rightmost (3 × 3 "same" layers): every pixel goes in tiles, those two
+        // skipping that tap ([`row_tiles`]). Against the border pixels one at a time
+        // ([`edge`]), MobileNetV2's NHWC layers (2 threads, separate processes alternated
+        // twice, the same bits): 960 × 7² 6.2–6.3 µs against 7.5–7.8, 384 × 14² 8.7–9.3
+        // against 9.9–10.2, 192 × 28² 16.8–17.1 against 18.1–19.0.
+        let whole = r.pad_left == 1 && r.lo == 1 && r.hi + 1 == r.ow && S * (r.ow - 1) + 2 == r.width + 1;
         // SAFETY (the pointer offsets): input rows `py − pad_top < height` only, pixels as
         // `row`'s; output pixels below `oh·ow`.
         unsafe {
@@ -542,6 +553,14 @@ pub(in crate::backend::cpu) mod avx {
                     }
                 });
                 let o = out.add(oy * r.ow * stride);
+                if whole {
+                    // From input pixel −1 (never read).
+                    let r0 = rp.map(|p| if p.is_null() { p } else { p.wrapping_sub(r.c) });
+                    row_tiles::<V, S, A>(r.ow, r.c, w, b, stride, |j| {
+                        (r0.map(|p| if p.is_null() { p } else { p.wrapping_add(j * S * r.c) }), o.add(j * stride))
+                    });
+                    continue;
+                }
                 for ox in 0..r.lo {
                     edge::<V, A>(rp, ox * S, r, w, b, o.add(ox * stride));
                 }
@@ -600,8 +619,8 @@ pub(in crate::backend::cpu) mod avx {
         }
     }
 
-    /// `n` consecutive output pixels of one 8-channel block, [`P`] at a time and the last 1–3
-    /// together: `at(j)` gives pixel `j`'s input rows and output as [`tile`] takes them.
+    /// `n` consecutive output pixels of one channel block, [`Vector::TILE`] at a time and the
+    /// rest together: `at(j)` gives pixel `j`'s input rows and output as [`tile`] takes them.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `at(j)` for `j < n` meets [`tile`]'s promises for the pixels
@@ -618,17 +637,25 @@ pub(in crate::backend::cpu) mod avx {
         // SAFETY: the caller's promises.
         unsafe {
             let mut j = 0;
-            while j + P <= n {
+            while j + V::TILE <= n {
                 let (r, o) = at(j);
-                tile::<V, S, P, A>(r, c, w, b, o, stride);
-                j += P;
+                match V::TILE {
+                    8 => tile::<V, S, 8, A, false, false>(r, c, w, b, o, stride),
+                    _ => tile::<V, S, 4, A, false, false>(r, c, w, b, o, stride),
+                }
+                j += V::TILE;
             }
             if j < n {
                 let (r, o) = at(j);
+                // Only 1–3 with 4-pixel tiles.
                 match n - j {
-                    3 => tile::<V, S, 3, A>(r, c, w, b, o, stride),
-                    2 => tile::<V, S, 2, A>(r, c, w, b, o, stride),
-                    _ => tile::<V, S, 1, A>(r, c, w, b, o, stride),
+                    7 if V::TILE > 7 => tile::<V, S, 7, A, false, false>(r, c, w, b, o, stride),
+                    6 if V::TILE > 6 => tile::<V, S, 6, A, false, false>(r, c, w, b, o, stride),
+                    5 if V::TILE > 5 => tile::<V, S, 5, A, false, false>(r, c, w, b, o, stride),
+                    4 if V::TILE > 4 => tile::<V, S, 4, A, false, false>(r, c, w, b, o, stride),
+                    3 => tile::<V, S, 3, A, false, false>(r, c, w, b, o, stride),
+                    2 => tile::<V, S, 2, A, false, false>(r, c, w, b, o, stride),
+                    _ => tile::<V, S, 1, A, false, false>(r, c, w, b, o, stride),
                 }
             }
         }
@@ -714,15 +741,72 @@ pub(in crate::backend::cpu) mod avx {
         s
     }
 
-    /// `N` output pixels of one 8-channel block: `rows[ky]` points at kernel row `ky`'s input
-    /// for the first pixel's leftmost tap (null: outside the image, skipped), input pixels `c`
-    /// elements apart; the sums start at `b` and go to `out` (pixels `stride` apart).
+    /// A whole row of `n` output pixels of one channel block in tiles, [`Vector::TILE`] at a
+    /// time: the first tile's first pixel skips its leftmost tap and the last tile's last
+    /// pixel its rightmost ([`tile`]'s `L` and `R`); `at(j)` gives pixel `j`'s input rows
+    /// (from its leftmost tap, outside the row for pixel 0) and output.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; the non-null rows hold `S·(N − 1) + 3` pixels of 8 lanes and
-    /// `out` `N` pixels.
+    /// The CPU has AVX2 and FMA; `at(j)` for `j < n` meets [`tile`]'s promises for the pixels
+    /// from `j` on, with only pixel 0's leftmost and pixel `n − 1`'s rightmost taps outside.
     #[inline(always)]
-    unsafe fn tile<V: Vector, const S: usize, const N: usize, const A: u8>(
+    unsafe fn row_tiles<V: Vector, const S: usize, const A: u8>(
+        n: usize,
+        c: usize,
+        w: &[V; 9],
+        b: V,
+        stride: usize,
+        at: impl Fn(usize) -> ([*const f32; 3], *mut f32),
+    ) {
+        // SAFETY: the caller's promises.
+        unsafe {
+            macro_rules! last {
+                ($l:literal, $k:expr, $r:expr, $o:expr) => {
+                    match $k {
+                        8 if V::TILE > 7 => tile::<V, S, 8, A, $l, true>($r, c, w, b, $o, stride),
+                        7 if V::TILE > 6 => tile::<V, S, 7, A, $l, true>($r, c, w, b, $o, stride),
+                        6 if V::TILE > 5 => tile::<V, S, 6, A, $l, true>($r, c, w, b, $o, stride),
+                        5 if V::TILE > 4 => tile::<V, S, 5, A, $l, true>($r, c, w, b, $o, stride),
+                        4 => tile::<V, S, 4, A, $l, true>($r, c, w, b, $o, stride),
+                        3 => tile::<V, S, 3, A, $l, true>($r, c, w, b, $o, stride),
+                        2 => tile::<V, S, 2, A, $l, true>($r, c, w, b, $o, stride),
+                        _ => tile::<V, S, 1, A, $l, true>($r, c, w, b, $o, stride),
+                    }
+                };
+            }
+            let (r, o) = at(0);
+            if n <= V::TILE {
+                return last!(true, n, r, o);
+            }
+            match V::TILE {
+                8 => tile::<V, S, 8, A, true, false>(r, c, w, b, o, stride),
+                _ => tile::<V, S, 4, A, true, false>(r, c, w, b, o, stride),
+            }
+            let mut j = V::TILE;
+            while j + V::TILE < n {
+                let (r, o) = at(j);
+                match V::TILE {
+                    8 => tile::<V, S, 8, A, false, false>(r, c, w, b, o, stride),
+                    _ => tile::<V, S, 4, A, false, false>(r, c, w, b, o, stride),
+                }
+                j += V::TILE;
+            }
+            let (r, o) = at(j);
+            last!(false, n - j, r, o);
+        }
+    }
+
+    /// `N` output pixels of one channel block: `rows[ky]` points at kernel row `ky`'s input
+    /// for the first pixel's leftmost tap (null: outside the image, skipped), input pixels `c`
+    /// elements apart; the sums start at `b` and go to `out` (pixels `stride` apart). With
+    /// `L`, the first of those input pixels is left of the row (the first output pixel's
+    /// leftmost tap is skipped, its pointer never read); with `R`, the last is right of it.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the non-null rows hold the `S·(N − 1) + 3` pixels of a
+    /// vector each (less the first with `L` and the last with `R`), and `out` `N` pixels.
+    #[inline(always)]
+    unsafe fn tile<V: Vector, const S: usize, const N: usize, const A: u8, const L: bool, const R: bool>(
         rows: [*const f32; 3],
         c: usize,
         w: &[V; 9],
@@ -738,15 +822,22 @@ pub(in crate::backend::cpu) mod avx {
                     continue;
                 }
                 // Input pixel i meets output pixel p through tap kx = i − S·p; taps in
-                // ascending order for each output pixel.
-                for i in 0..S * (N - 1) + 3 {
-                    let v = V::load(r.add(i * c));
-                    for (p, s) in s.iter_mut().enumerate() {
-                        if let Some(kx) = i.checked_sub(S * p).filter(|&kx| kx < 3) {
-                            *s = V::fmadd(w[ky * 3 + kx], v, *s);
+                // ascending order for each output pixel. The pixels are written out one by
+                // one (`i` a literal, the test on it constant): as a loop, the compiler kept
+                // 8-pixel tiles rolled, with the weights and sums indexed in memory.
+                macro_rules! pixels {
+                    ($($i:literal)*) => {$(
+                        if $i < S * (N - 1) + 3 && !(L && $i == 0) && !(R && $i == S * (N - 1) + 2) {
+                            let v = V::load(r.add($i * c));
+                            for (p, s) in s.iter_mut().enumerate() {
+                                if let Some(kx) = ($i as usize).checked_sub(S * p).filter(|&kx| kx < 3) {
+                                    *s = V::fmadd(w[ky * 3 + kx], v, *s);
+                                }
+                            }
                         }
-                    }
+                    )*};
                 }
+                pixels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
             }
             for (p, s) in s.iter().enumerate() {
                 V::store(out.add(p * stride), V::finish::<A>(*s));
