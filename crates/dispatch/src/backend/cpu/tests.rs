@@ -55,6 +55,77 @@ fn load<E: Elem>(v: &[E]) -> Vec<f32> {
 }
 
 /// What the words of an output outside its view hold before and after a product.
+/// A copy of a slice that ends where a page without access begins (Linux): a kernel that
+/// reads past the slice's last element faults there, where a read past a `Vec`'s end goes
+/// unnoticed. Elsewhere, a plain copy.
+pub(super) struct PageEnd<T> {
+    #[cfg(target_os = "linux")]
+    map: *mut u8,
+    #[cfg(target_os = "linux")]
+    bytes: usize,
+    #[cfg(target_os = "linux")]
+    first: *const T,
+    #[cfg(target_os = "linux")]
+    len: usize,
+    #[cfg(not(target_os = "linux"))]
+    copy: Vec<T>,
+}
+
+impl<T: Copy> PageEnd<T> {
+    /// `v` copied to the end of a fresh mapping whose next page is inaccessible.
+    #[cfg(target_os = "linux")]
+    pub(super) fn new(v: &[T]) -> PageEnd<T> {
+        // SAFETY: `sysconf` has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).expect("page size");
+        let data = size_of_val(v);
+        let bytes = (data.div_ceil(page) + 1) * page;
+        // SAFETY: a fresh anonymous private mapping, its last page made inaccessible (both calls
+        // checked); `v` is copied into the bytes just below that page, which are readable and
+        // writable and suitably aligned for `T` (the page boundary is, and `data` is a multiple
+        // of `T`'s size).
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED, "mmap");
+            let map = map.cast::<u8>();
+            let guard = map.add(bytes - page);
+            assert_eq!(libc::mprotect(guard.cast(), page, libc::PROT_NONE), 0, "mprotect");
+            let first = guard.sub(data).cast::<T>();
+            std::ptr::copy_nonoverlapping(v.as_ptr(), first, v.len());
+            PageEnd { map, bytes, first, len: v.len() }
+        }
+    }
+
+    /// `v`, copied.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn new(v: &[T]) -> PageEnd<T> {
+        PageEnd { copy: v.to_vec() }
+    }
+
+    /// The copy.
+    pub(super) fn get(&self) -> &[T] {
+        #[cfg(target_os = "linux")]
+        // SAFETY: `len` elements written in `new`, in the mapping this owns until `drop`.
+        return unsafe { std::slice::from_raw_parts(self.first, self.len) };
+        #[cfg(not(target_os = "linux"))]
+        &self.copy
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl<T> Drop for PageEnd<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; the slices `get` lent borrow `self`, so none is left.
+        assert_eq!(unsafe { libc::munmap(self.map.cast(), self.bytes) }, 0, "munmap");
+    }
+}
+
 const SENTINEL: f32 = -77.0;
 
 /// Runs a matmul case in every dtype and compares every output word with the reference (and
@@ -92,9 +163,14 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
         }
         s
     });
-    let variants = [Some((&b, false)), strips.as_ref().map(|s| (s, true))];
+    // Each operand ends where a page without access begins: a read past it faults.
+    let (a, b) = (PageEnd::new(&a), PageEnd::new(&b));
+    let strips = strips.as_deref().map(PageEnd::new);
+    let (bias, c) = (bias.as_deref().map(PageEnd::new), c.as_deref().map(PageEnd::new));
+    let variants = [Some((b.get(), false)), strips.as_ref().map(|s| (s.get(), true))];
     for (b, strips) in variants.into_iter().flatten() {
-        check_matmul_with(desc, seed, &a, b, strips, bias.as_deref(), c.as_deref(), &want, out_len);
+        let (bias, c) = (bias.as_ref().map(PageEnd::get), c.as_ref().map(PageEnd::get));
+        check_matmul_with(desc, seed, a.get(), b, strips, bias, c, &want, out_len);
     }
 }
 
@@ -113,10 +189,11 @@ fn check_matmul_with(
 ) {
     // Where the product is skinny, or B is packed in strips, also with B in f16 and bf16 (the
     // integers are exact in both), which the product widens chunk by chunk.
-    let halves = ((strips || desc.m <= SKINNY_M) && desc.k > 0).then(|| (store(b, f16::ZERO), store(b, bf16::ZERO)));
+    let halves = ((strips || desc.m <= SKINNY_M) && desc.k > 0)
+        .then(|| (PageEnd::new(&store(b, f16::ZERO)), PageEnd::new(&store(b, bf16::ZERO))));
     let mut sources = vec![None];
     if let Some((h, bh)) = &halves {
-        sources.extend([Some(Halves::F16(h)), Some(Halves::Bf16(bh))]);
+        sources.extend([Some(Halves::F16(h.get())), Some(Halves::Bf16(bh.get()))]);
     }
     for b_half in sources {
         check_matmul_from(desc, seed, a, b, b_half, strips, bias, c, want, out_len);
@@ -590,14 +667,20 @@ fn check_conv(d: &Conv2dDesc, seed: u64) {
     // widen it row by row, every other path whole first.
     let xf16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
     let xbf16: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let inputs = [None, Some(Halves::F16(&xf16)), Some(Halves::Bf16(&xbf16))];
+    // The operands the kernels read end where a page without access begins: a read past an
+    // input's or a weight's last element faults.
+    let (xf16, xbf16) = (PageEnd::new(&xf16), PageEnd::new(&xbf16));
+    let (xg, wg, wpg) = (PageEnd::new(&x), PageEnd::new(&w), PageEnd::new(&wp));
+    let bg = bias.as_deref().map(PageEnd::new);
+    let (x, w, wp, bias) = (xg.get(), wg.get(), wpg.get(), bg.as_ref().map(PageEnd::get));
+    let inputs = [None, Some(Halves::F16(xf16.get())), Some(Halves::Bf16(xbf16.get()))];
     for (isa, xh) in Isa::available().into_iter().flat_map(|isa| inputs.map(|xh| (isa, xh))) {
         let tiles: &[bool] = if small(isa) { &[true, false] } else { &[true] };
         for (&tile, packed) in tiles.iter().flat_map(|t| [(t, false), (t, true)]) {
             each_dtype(|dtype, round| {
-                let w = if packed { &wp } else { &w };
-                let x: &[f32] = if xh.is_some() { &[] } else { &x };
-                let conv = Conv { d: *d, x, xh, w, packed, bias: bias.as_deref() };
+                let w = if packed { wp } else { w };
+                let x: &[f32] = if xh.is_some() { &[] } else { x };
+                let conv = Conv { d: *d, x, xh, w, packed, bias };
                 // NaN where the output goes, the sentinel in a guard band past it.
                 let fill = |i: usize| if i < out_len { f32::NAN } else { SENTINEL };
                 let mut got = match dtype {

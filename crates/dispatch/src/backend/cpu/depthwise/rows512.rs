@@ -4,32 +4,41 @@
 //! An output row is cut into vectors of 16 columns. At stride 1, tap `(ky, kx)` of a vector is
 //! one load from input row `oy + ky − pad_top` at column offset `kx − pad_left`. At stride 2
 //! a vector's three taps of one input row come from the 33 columns from `32·v − pad_left`: two
-//! loads and a one-lane load, the even and odd columns split out by two two-source permutes
-//! (`kx` = 0 and 1) and the even ones moved down a lane with the 33rd column (`kx` = 2), so the
-//! input is read once, not once per tap. The loads are unmasked where the vector's columns lie
-//! inside the plane (most rows: a lane past its row's end reads the next row there), masked to
-//! the columns inside the input row where they do not (the first and last rows). A vector with
-//! a lane whose tap lies outside the input or outside the output row multiplies and adds masked
-//! to the lanes inside: lanes outside keep their sum, as kernels that skip such taps do, so the
-//! sums (the bias, then the taps in kernel order, one rounding each) are the band and tile
-//! kernels' bits. The other vectors multiply and add unmasked. There is no padded copy of the
-//! input and no transposition.
+//! loads and a broadcast of the 33rd column, the even and odd columns split out by two
+//! two-source permutes (`kx` = 0 and 1) and the even ones moved down a lane with the 33rd
+//! column (`kx` = 2), so the input is read once per use, not once per tap. The loads are
+//! unmasked where the vector's columns lie inside the plane (most rows: a lane past its row's
+//! end reads the next row there), masked to the columns inside the input row where they do not
+//! (the first and last rows); nothing past the plane is read (`taps_stay_inside_the_plane`).
+//! A vector with a lane that the row stores and whose tap lies outside the input multiplies
+//! and adds masked to the lanes inside: lanes outside keep their sum, as kernels that skip such
+//! taps do, so the sums (the bias, then the taps in kernel order, one rounding each) are the
+//! band and tile kernels' bits. The other vectors multiply and add unmasked (lanes past the
+//! row's end are not stored). There is no padded copy of the input and no transposition.
 //!
-//! Output rows go [`R`] at a time: each input row's three tap vectors are loaded once and meet
-//! every output row of the group that reads them, so a group of 4 rows takes 18 loads for 36
-//! multiply-adds at stride 1 (9 per 9 one row at a time), 27 loads and 27 permutes at stride
-//! 2. Input rows outside the image are skipped per row (no masks); the input rows are written
-//! out one by one (`unroll_rows!`), so the sums and weights stay in registers over the group;
-//! they are stored once, the bias first and ReLU or ReLU6 applied in registers.
+//! Output rows go [`R`] at a time and a row's vectors two at a time, so `2·R` sums are
+//! independent. Where every input row the group reads lies inside the image and every span
+//! inside the plane (all groups but the first and last few), [`inner`] runs kernel row by
+//! kernel row, each output row's taps of it in turn: all `2·R` sums advance at every step, so
+//! consecutive multiply-adds do not wait on each other, and no row needs a check or a masked
+//! load. Input rows that two output rows of the group read are loaded (and split) for each.
+//! The other groups ([`vectors`]) go input row by input row, each row's tap vectors loaded
+//! once for every output row that reads it, rows outside the image skipped. The rows are
+//! written out one by one (`unroll_rows!`), so the sums and weights stay in registers over the
+//! group; they are stored once, the bias first and ReLU or ReLU6 applied in registers.
 //!
-//! With a plane in L1 (one 56² plane over and over) the kernel takes about 9 cycles a vector of
-//! a row at stride 1 (one multiply-add a cycle) and 13–17 at stride 2 (2-core AVX-512 Xeon).
-//! Masked loads everywhere took 1.1–1.4× the time of the unmasked ones; 6- and 8-row groups
-//! and unmasked multiply-adds everywhere changed little. Against the kernels the layers took
-//! before (2 threads, separate processes alternated, the same bits): MobileNetV2's 144 × 56²
-//! stride 2 took 0.55 of the channel blocks' time (f16 0.77), 192 × 28² stride 2 0.68 (f16
-//! level); 96 × 112² stride 2 0.75–0.8 of the channel-vector tile's (f16 0.58), with the
-//! layer's tasks cut one run per thread as well (`in_tasks`).
+//! Loads that cross a cache line (most of these: rows start anywhere) take about 1.25 cycles
+//! each on the 2-core AVX-512 Xeon, against 0.5 for aligned ones (a loop of loads and
+//! multiply-adds, 8 independent sums); the 33rd column's one-element broadcast never crosses
+//! one, where a 16-lane load there did. Against one vector at a time input row by input row,
+//! with that load (2 threads, separate processes alternated twice, the same bits): MobileNetV2's
+//! 96 × 112² stride 2 0.90 of the time, 144 × 56² stride 2 0.86–0.93, 144 × 56² 0.94, 32 ×
+//! 112² 0.81–0.97. Four vectors at a time at stride 1 were level or slower (1.0–1.1×).
+//! Before: masked loads everywhere took 1.1–1.4× the time of the unmasked ones; 6- and 8-row
+//! groups changed little. Against the kernels the layers took before the rows (same kind of
+//! runs): MobileNetV2's 144 × 56² stride 2 took 0.55 of the channel blocks' time (f16 0.77),
+//! 192 × 28² stride 2 0.68 (f16 level); 96 × 112² stride 2 0.75–0.8 of the channel-vector
+//! tile's (f16 0.58), with the layer's tasks cut one run per thread as well (`in_tasks`).
 
 use std::arch::x86_64::*;
 use tilekit_kernels::Conv2dDesc;
@@ -199,8 +208,19 @@ unsafe fn rows<const S: usize, const A: u8>(g: &Rows512, x: *const f32, wk: &[f3
     }
 }
 
-/// Output rows `oy..oy + N` of a plane at stride `S`, vector by vector; a vector all of whose
-/// lanes have all three taps inside the input multiplies and adds without masks.
+/// `body` once for each listed `k` that meets the condition, each copy with `k` a constant.
+macro_rules! unroll_rows {
+    ($k:ident in [$($v:literal)*] if $cond:expr => $body:block) => {
+        $({
+            let $k: usize = $v;
+            if $cond $body
+        })*
+    };
+}
+
+/// Output rows `oy..oy + N` of a plane at stride `S`, two vectors at a time (one where a
+/// row's count is odd); a pair all of whose lanes have all three taps inside the input
+/// multiplies and adds without masks.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `x` is an `h · w` input plane and `out` an `oh · ow` output plane;
@@ -214,38 +234,27 @@ unsafe fn group<const N: usize, const S: usize, const A: u8>(
     oy: usize,
     out: *mut f32,
 ) {
-    // SAFETY: passed on from the caller; `v` is one of the row's vectors.
+    // SAFETY: passed on from the caller; `v..v + P` are the row's vectors.
     unsafe {
-        for v in 0..g.vectors {
-            if g.cols[v] == [u16::MAX; 3] {
-                vector::<N, S, A, false>(g, x, w, b, oy, v, out);
-            } else {
-                vector::<N, S, A, true>(g, x, w, b, oy, v, out);
-            }
+        let mut v = 0;
+        while v + 2 <= g.vectors {
+            pair::<N, S, A, 2>(g, x, w, b, oy, v, out);
+            v += 2;
+        }
+        if v < g.vectors {
+            pair::<N, S, A, 1>(g, x, w, b, oy, v, out);
         }
     }
 }
 
-/// `body` once for each listed `k` that meets the condition, each copy with `k` a constant.
-macro_rules! unroll_rows {
-    ($k:ident in [$($v:literal)*] if $cond:expr => $body:block) => {
-        $({
-            let $k: usize = $v;
-            if $cond $body
-        })*
-    };
-}
-
-/// Vector `v` of output rows `oy..oy + N`: input rows `S·oy − pad_top … S·(oy + N − 1) + 2 −
-/// pad_top` (those inside the image) loaded once each, as the three vectors of the row's
-/// taps ([`taps`]), into the `N` sums that read them; the multiply-adds masked to
-/// `cols[v]` where `M`.
+/// Vectors `v..v + P` of output rows `oy..oy + N`: [`inner`] where every input row the group
+/// reads lies inside the image and every tap span inside the plane, else [`vectors`]; with
+/// masked multiply-adds where a lane the row stores has a tap outside the input.
 ///
 /// # Safety
-/// As [`group`]'s; `v < vectors`, and without `M` every lane of the vector has its three taps
-/// inside the input.
+/// As [`group`]'s; `v + P ≤ vectors`.
 #[inline(always)]
-unsafe fn vector<const N: usize, const S: usize, const A: u8, const M: bool>(
+unsafe fn pair<const N: usize, const S: usize, const A: u8, const P: usize>(
     g: &Rows512,
     x: *const f32,
     w: &[__m512; 9],
@@ -254,9 +263,155 @@ unsafe fn vector<const N: usize, const S: usize, const A: u8, const M: bool>(
     v: usize,
     out: *mut f32,
 ) {
+    // The lanes a multiply-add must keep: those the row stores whose tap lies outside the
+    // input are left out; lanes past the row's end are not stored, so they may take any tap.
+    let mut e = [[u16::MAX; 3]; P];
+    for (p, e) in e.iter_mut().enumerate() {
+        for (kx, e) in e.iter_mut().enumerate() {
+            *e = g.cols[v + p][kx] | !g.store[v + p];
+        }
+    }
+    let masked = e.iter().flatten().any(|&m| m != u16::MAX);
+    let top = (S * (g.row0 + oy)) as isize - g.pad_top as isize;
+    let bottom = top + (S * (N - 1) + 2) as isize;
+    let first = top * g.w as isize + (v * L * S) as isize - g.pad_left as isize;
+    let last = bottom * g.w as isize + ((v + P - 1) * L * S + SPAN[S - 1]) as isize - g.pad_left as isize;
+    let inside = top >= 0 && bottom < g.h as isize && first >= 0 && last <= (g.h * g.w) as isize;
+    // SAFETY: passed on from the caller; `inside` is `inner`'s condition.
+    unsafe {
+        match (inside, masked) {
+            (true, false) => inner::<N, S, A, false, P>(g, x.offset(first), w, b, oy, v, &e, out),
+            (true, true) => inner::<N, S, A, true, P>(g, x.offset(first), w, b, oy, v, &e, out),
+            (false, false) => vectors::<N, S, A, false, P>(g, x, w, b, oy, v, &e, out),
+            (false, true) => vectors::<N, S, A, true, P>(g, x, w, b, oy, v, &e, out),
+        }
+    }
+}
+
+/// The multiply-adds of one input row (`xs`, the three tap vectors of each of the `P`
+/// vectors), `k` rows below the group's first: tap by tap, every sum that reads the tap in
+/// turn. The `P` vectors' sums and the output rows' are independent, so consecutive
+/// multiply-adds do not wait on each other (a sum's nine taps are one chain of dependent
+/// multiply-adds, in kernel order).
+#[inline(always)]
+unsafe fn row_taps<const N: usize, const S: usize, const M: bool, const P: usize>(
+    k: usize,
+    xs: &[[__m512; 3]; P],
+    w: &[__m512; 9],
+    e: &[[u16; 3]; P],
+    s: &mut [[__m512; P]; N],
+) {
+    // SAFETY: register arithmetic (the caller has AVX-512F).
+    unsafe {
+        // Output row `i` of the group reads this input row through kernel row `k − S·i`.
+        for kx in 0..3 {
+            for (i, s) in s.iter_mut().enumerate() {
+                if let Some(ky) = k.checked_sub(S * i).filter(|&ky| ky < 3) {
+                    for (p, s) in s.iter_mut().enumerate() {
+                        *s = if M {
+                            _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s, e[p][kx])
+                        } else {
+                            _mm512_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s)
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The sums of vectors `v..v + P` of output rows `oy..oy + N`, activated and stored.
+#[inline(always)]
+unsafe fn store<const N: usize, const A: u8, const P: usize>(
+    g: &Rows512,
+    s: &[[__m512; P]; N],
+    oy: usize,
+    v: usize,
+    out: *mut f32,
+) {
     use super::nhwc3::avx::finish512;
-    let m = g.cols[v];
-    let mut s = [b; N];
+    // SAFETY: stores are masked to the row's `ow` outputs, rows below `oh` (the caller's).
+    unsafe {
+        for (i, s) in s.iter().enumerate() {
+            for (p, s) in s.iter().enumerate() {
+                let o = out.add((oy + i) * g.ow + (v + p) * L);
+                _mm512_mask_storeu_ps(o, g.store[v + p], finish512::<A>(*s));
+            }
+        }
+    }
+}
+
+/// [`vectors`] where every input row the group reads lies inside the image and every tap
+/// span inside the plane: no checks per row, unmasked loads; `x` points at the group's first
+/// input row's column `S·16·v − pad_left`. The multiply-adds go kernel row by kernel row,
+/// each output row's three taps of it in turn: every one of the `N · P` sums advances at
+/// each kernel row, so `N · P` independent chains of multiply-adds are interleaved, where
+/// going input row by input row advanced only the one or two output rows that read it (at
+/// stride 2 the sums waited on each other: about 18 cycles a vector of a row with the plane
+/// in L1). Input rows that two output rows read (`S·i + 2 = S·(i + 1)` at stride 2, more at
+/// stride 1) are loaded, and at stride 2 split, once for each.
+///
+/// # Safety
+/// As [`vectors`]'s, and the condition above.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn inner<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
+    g: &Rows512,
+    x: *const f32,
+    w: &[__m512; 9],
+    b: __m512,
+    oy: usize,
+    v: usize,
+    e: &[[u16; 3]; P],
+    out: *mut f32,
+) {
+    let mut s = [[b; P]; N];
+    // SAFETY: the caller's promise: the rows and spans read lie inside the plane.
+    unsafe {
+        unroll_rows!(ky in [0 1 2] if true => {
+            unroll_rows!(i in [0 1 2 3] if i < N => {
+                let row = x.add((S * i + ky) * g.w);
+                let mut xs = [[_mm512_setzero_ps(); 3]; P];
+                for (p, xs) in xs.iter_mut().enumerate() {
+                    *xs = taps::<S, false>(g, v + p, row.add(p * L * S));
+                }
+                for kx in 0..3 {
+                    for (p, s) in s[i].iter_mut().enumerate() {
+                        *s = if M {
+                            _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s, e[p][kx])
+                        } else {
+                            _mm512_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s)
+                        };
+                    }
+                }
+            });
+        });
+        store::<N, A, P>(g, &s, oy, v, out);
+    }
+}
+
+/// Vectors `v..v + P` of output rows `oy..oy + N`, input row by input row: the rows from
+/// `S·oy − pad_top` to 2 past `S·(oy + N − 1) − pad_top` that lie inside the image, each loaded
+/// once as the three tap vectors of each of the `P` vectors ([`taps`]; masked where the span
+/// leaves the plane) and met by every sum that reads it ([`row_taps`]); the multiply-adds
+/// masked to `e` where `M`.
+///
+/// # Safety
+/// As [`group`]'s; `v + P ≤ vectors`, and without `M` every lane the `P` vectors store has its
+/// three taps inside the input.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn vectors<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
+    g: &Rows512,
+    x: *const f32,
+    w: &[__m512; 9],
+    b: __m512,
+    oy: usize,
+    v: usize,
+    e: &[[u16; 3]; P],
+    out: *mut f32,
+) {
+    let mut s = [[b; P]; N];
     // SAFETY: `taps` reads only lanes inside input row `iy`, which lies in `0..h` (rows
     // outside are skipped); stores are masked to the row's `ow` outputs, rows below `oh`.
     unsafe {
@@ -265,34 +420,24 @@ unsafe fn vector<const N: usize, const S: usize, const A: u8, const M: bool>(
         unroll_rows!(k in [0 1 2 3 4 5 6 7 8] if k < S * (N - 1) + 3 => {
             let iy = (S * (g.row0 + oy) + k) as isize - g.pad_top as isize;
             if iy >= 0 && iy < g.h as isize {
-                let first = iy * g.w as isize + (v * L * S) as isize - g.pad_left as isize;
-                let row = x.wrapping_offset(first);
-                // Where the vector's whole span lies inside the plane, unmasked loads: a lane
-                // whose tap column is outside the input row reads a neighbouring row's element
-                // there, and its multiply-add is masked off (`M`) or its output not stored.
-                let xs = if first >= 0 && first as usize + SPAN[S - 1] <= g.h * g.w {
-                    taps::<S, false>(g, v, row)
-                } else {
-                    taps::<S, true>(g, v, row)
-                };
-                // Output row `i` of the group reads this input row through kernel row `k − S·i`.
-                for (i, s) in s.iter_mut().enumerate() {
-                    if let Some(ky) = k.checked_sub(S * i).filter(|&ky| ky < 3) {
-                        for kx in 0..3 {
-                            *s = if M {
-                                _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[kx], *s, m[kx])
-                            } else {
-                                _mm512_fmadd_ps(w[ky * 3 + kx], xs[kx], *s)
-                            };
-                        }
-                    }
+                let mut xs = [[_mm512_setzero_ps(); 3]; P];
+                for (p, xs) in xs.iter_mut().enumerate() {
+                    let first = iy * g.w as isize + ((v + p) * L * S) as isize - g.pad_left as isize;
+                    let row = x.wrapping_offset(first);
+                    // Where the vector's whole span lies inside the plane, unmasked loads: a
+                    // lane whose tap column is outside the input row reads a neighbouring row's
+                    // element there, and its multiply-add is masked off (`M`) or its output not
+                    // stored.
+                    *xs = if first >= 0 && first as usize + SPAN[S - 1] <= g.h * g.w {
+                        taps::<S, false>(g, v + p, row)
+                    } else {
+                        taps::<S, true>(g, v + p, row)
+                    };
                 }
+                row_taps::<N, S, M, P>(k, &xs, w, e, &mut s);
             }
         });
-        for (i, s) in s.iter().enumerate() {
-            let o = out.add((oy + i) * g.ow + v * L);
-            _mm512_mask_storeu_ps(o, g.store[v], finish512::<A>(*s));
-        }
+        store::<N, A, P>(g, &s, oy, v, out);
     }
 }
 
@@ -330,7 +475,14 @@ unsafe fn taps<const S: usize, const MASKED: bool>(g: &Rows512, v: usize, row: *
             return [load!(m[0], 0), load!(m[1], 1), load!(m[2], 2)];
         }
         let m = g.loads[v];
-        let (lo, hi, next) = (load!(m[0], 0), load!(m[1], L), load!(m[2], 2 * L));
+        // The 33rd column alone: a broadcast where unmasked (a load of one element, which
+        // never crosses a cache line; a 16-lane load there read 15 elements past the span).
+        let next = if MASKED {
+            _mm512_maskz_loadu_ps(m[2], row.wrapping_add(2 * L))
+        } else {
+            _mm512_set1_ps(row.add(2 * L).read_unaligned())
+        };
+        let (lo, hi) = (load!(m[0], 0), load!(m[1], L));
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
         let e0 = _mm512_permutex2var_ps(lo, even, hi);
@@ -383,5 +535,59 @@ mod tests {
         assert!(Rows512::new(&d.dilation_h(2)).is_none());
         assert!(Rows512::new(&Conv2dDesc::new(Layout::Nchw, [1, 1, 5, 300], [3, 3])).is_none());
         assert!(Rows512::new(&Conv2dDesc::new(Layout::Nchw, [1, 1, 5, 20], [5, 5])).is_none());
+    }
+
+    /// The plane's taps read nothing past its last element: each input plane ends where a
+    /// page without access begins ([`PageEnd`]), so a load past its end faults. Rows of 8 to
+    /// 48 pixels at stride 1 and 2, padding 1 and 0, every output against the sum in kernel
+    /// order (the bias, then each tap inside the input, one fused multiply-add each), bit for
+    /// bit. (A full 16-lane load of the 33rd column at stride 2 read up to 15 elements past the
+    /// plane on rows of 32 to 46 pixels.)
+    #[test]
+    fn taps_stay_inside_the_plane() {
+        use super::super::super::simd::Isa;
+        use super::super::super::tests::PageEnd;
+        if Isa::detect() != Isa::Avx512 {
+            println!("SKIP taps_stay_inside_the_plane: this CPU has no AVX-512F");
+            return;
+        }
+        let wk = [0.5f32, -1.25, 2.0, 0.75, -0.5, 1.5, -2.25, 1.0, 0.25];
+        let bias = 0.125f32;
+        for stride in [1, 2] {
+            for pad in [1, 0] {
+                for w in 8..=48 {
+                    let h = 13;
+                    let d = Conv2dDesc::new(Layout::Nchw, [1, 1, h, w], [3, 3])
+                        .stride_h(stride)
+                        .stride_w(stride)
+                        .pad_top(pad)
+                        .pad_bottom(pad)
+                        .pad_left(pad)
+                        .pad_right(pad);
+                    let Some(g) = Rows512::new(&d) else { continue };
+                    let (oh, ow) = g.shape();
+                    let input: Vec<f32> = (0..h * w).map(|i| (i % 23) as f32 * 0.25 - 2.5).collect();
+                    let guarded = PageEnd::new(&input);
+                    let x = guarded.get();
+                    let mut out = vec![0.0f32; oh * ow];
+                    // SAFETY: AVX-512F was detected above.
+                    unsafe { plane::<{ super::super::nhwc3::avx::NONE }>(&g, x, &wk, bias, &mut out) };
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            let mut s = bias;
+                            for (t, &k) in wk.iter().enumerate() {
+                                let iy = (oy * stride + t / 3) as isize - pad as isize;
+                                let ix = (ox * stride + t % 3) as isize - pad as isize;
+                                if (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
+                                    s = k.mul_add(x[iy as usize * w + ix as usize], s);
+                                }
+                            }
+                            let at = format!("stride {stride}, pad {pad}, {h} x {w}: ({oy}, {ox})");
+                            assert_eq!(out[oy * ow + ox].to_bits(), s.to_bits(), "{at}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
