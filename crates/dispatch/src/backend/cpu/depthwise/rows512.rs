@@ -277,15 +277,39 @@ unsafe fn pair<const N: usize, const S: usize, const A: u8, const P: usize>(
     let first = top * g.w as isize + (v * L * S) as isize - g.pad_left as isize;
     let last = bottom * g.w as isize + ((v + P - 1) * L * S + SPAN[S - 1]) as isize - g.pad_left as isize;
     let inside = top >= 0 && bottom < g.h as isize && first >= 0 && last <= (g.h * g.w) as isize;
+    let part = Part { g, w, b, oy, v, e, out };
     // SAFETY: passed on from the caller; `inside` is `inner`'s condition.
     unsafe {
         match (inside, masked) {
-            (true, false) => inner::<N, S, A, false, P>(g, x.offset(first), w, b, oy, v, &e, out),
-            (true, true) => inner::<N, S, A, true, P>(g, x.offset(first), w, b, oy, v, &e, out),
-            (false, false) => vectors::<N, S, A, false, P>(g, x, w, b, oy, v, &e, out),
-            (false, true) => vectors::<N, S, A, true, P>(g, x, w, b, oy, v, &e, out),
+            (true, false) => inner::<N, S, A, false, P>(&part, x.offset(first)),
+            (true, true) => inner::<N, S, A, true, P>(&part, x.offset(first)),
+            (false, false) => vectors::<N, S, A, false, P>(&part, x),
+            (false, true) => vectors::<N, S, A, true, P>(&part, x),
         }
     }
+}
+
+/// Vectors `v..v + P` of output rows `oy..oy + N` of a plane: where [`inner`] and [`vectors`]
+/// write, with what.
+struct Part<'a, const P: usize> {
+    g: &'a Rows512,
+    /// The nine weights, broadcast.
+    w: &'a [__m512; 9],
+    /// The bias, broadcast.
+    b: __m512,
+    oy: usize,
+    v: usize,
+    /// Per vector and `kx`, the lanes whose multiply-add must run (masked where `M`).
+    e: [[u16; 3]; P],
+    /// The output plane.
+    out: *mut f32,
+}
+
+/// `s + w · x`, on the lanes of `m` only where `M` (the others keep `s`).
+#[inline(always)]
+unsafe fn fma<const M: bool>(w: __m512, x: __m512, s: __m512, m: u16) -> __m512 {
+    // SAFETY: register arithmetic (the caller has AVX-512F).
+    unsafe { if M { _mm512_mask3_fmadd_ps(w, x, s, m) } else { _mm512_fmadd_ps(w, x, s) } }
 }
 
 /// The multiply-adds of one input row (`xs`, the three tap vectors of each of the `P`
@@ -308,11 +332,7 @@ unsafe fn row_taps<const N: usize, const S: usize, const M: bool, const P: usize
             for (i, s) in s.iter_mut().enumerate() {
                 if let Some(ky) = k.checked_sub(S * i).filter(|&ky| ky < 3) {
                     for (p, s) in s.iter_mut().enumerate() {
-                        *s = if M {
-                            _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s, e[p][kx])
-                        } else {
-                            _mm512_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s)
-                        };
+                        *s = fma::<M>(w[ky * 3 + kx], xs[p][kx], *s, e[p][kx]);
                     }
                 }
             }
@@ -320,22 +340,16 @@ unsafe fn row_taps<const N: usize, const S: usize, const M: bool, const P: usize
     }
 }
 
-/// The sums of vectors `v..v + P` of output rows `oy..oy + N`, activated and stored.
+/// The part's sums, activated and stored.
 #[inline(always)]
-unsafe fn store<const N: usize, const A: u8, const P: usize>(
-    g: &Rows512,
-    s: &[[__m512; P]; N],
-    oy: usize,
-    v: usize,
-    out: *mut f32,
-) {
+unsafe fn store<const N: usize, const A: u8, const P: usize>(t: &Part<P>, s: &[[__m512; P]; N]) {
     use super::nhwc3::avx::finish512;
     // SAFETY: stores are masked to the row's `ow` outputs, rows below `oh` (the caller's).
     unsafe {
         for (i, s) in s.iter().enumerate() {
             for (p, s) in s.iter().enumerate() {
-                let o = out.add((oy + i) * g.ow + (v + p) * L);
-                _mm512_mask_storeu_ps(o, g.store[v + p], finish512::<A>(*s));
+                let o = t.out.add((t.oy + i) * t.g.ow + (t.v + p) * L);
+                _mm512_mask_storeu_ps(o, t.g.store[t.v + p], finish512::<A>(*s));
             }
         }
     }
@@ -353,40 +367,29 @@ unsafe fn store<const N: usize, const A: u8, const P: usize>(
 ///
 /// # Safety
 /// As [`vectors`]'s, and the condition above.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn inner<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
-    g: &Rows512,
+    t: &Part<P>,
     x: *const f32,
-    w: &[__m512; 9],
-    b: __m512,
-    oy: usize,
-    v: usize,
-    e: &[[u16; 3]; P],
-    out: *mut f32,
 ) {
-    let mut s = [[b; P]; N];
+    let mut s = [[t.b; P]; N];
     // SAFETY: the caller's promise: the rows and spans read lie inside the plane.
     unsafe {
         unroll_rows!(ky in [0 1 2] if true => {
             unroll_rows!(i in [0 1 2 3] if i < N => {
-                let row = x.add((S * i + ky) * g.w);
+                let row = x.add((S * i + ky) * t.g.w);
                 let mut xs = [[_mm512_setzero_ps(); 3]; P];
                 for (p, xs) in xs.iter_mut().enumerate() {
-                    *xs = taps::<S, false>(g, v + p, row.add(p * L * S));
+                    *xs = taps::<S, false>(t.g, t.v + p, row.add(p * L * S));
                 }
-                for kx in 0..3 {
+                for (kx, &wk) in t.w[ky * 3..][..3].iter().enumerate() {
                     for (p, s) in s[i].iter_mut().enumerate() {
-                        *s = if M {
-                            _mm512_mask3_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s, e[p][kx])
-                        } else {
-                            _mm512_fmadd_ps(w[ky * 3 + kx], xs[p][kx], *s)
-                        };
+                        *s = fma::<M>(wk, xs[p][kx], *s, t.e[p][kx]);
                     }
                 }
             });
         });
-        store::<N, A, P>(g, &s, oy, v, out);
+        store::<N, A, P>(t, &s);
     }
 }
 
@@ -399,26 +402,20 @@ unsafe fn inner<const N: usize, const S: usize, const A: u8, const M: bool, cons
 /// # Safety
 /// As [`group`]'s; `v + P ≤ vectors`, and without `M` every lane the `P` vectors store has its
 /// three taps inside the input.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn vectors<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
-    g: &Rows512,
+    t: &Part<P>,
     x: *const f32,
-    w: &[__m512; 9],
-    b: __m512,
-    oy: usize,
-    v: usize,
-    e: &[[u16; 3]; P],
-    out: *mut f32,
 ) {
-    let mut s = [[b; P]; N];
+    let (g, v) = (t.g, t.v);
+    let mut s = [[t.b; P]; N];
     // SAFETY: `taps` reads only lanes inside input row `iy`, which lies in `0..h` (rows
     // outside are skipped); stores are masked to the row's `ow` outputs, rows below `oh`.
     unsafe {
         // Written out for every `k` (at most 9 input rows, 2·3 + 3 at stride 2), so the sums
         // and weights stay in registers: as a loop the compiler kept it rolled.
         unroll_rows!(k in [0 1 2 3 4 5 6 7 8] if k < S * (N - 1) + 3 => {
-            let iy = (S * (g.row0 + oy) + k) as isize - g.pad_top as isize;
+            let iy = (S * (g.row0 + t.oy) + k) as isize - g.pad_top as isize;
             if iy >= 0 && iy < g.h as isize {
                 let mut xs = [[_mm512_setzero_ps(); 3]; P];
                 for (p, xs) in xs.iter_mut().enumerate() {
@@ -434,10 +431,10 @@ unsafe fn vectors<const N: usize, const S: usize, const A: u8, const M: bool, co
                         taps::<S, true>(g, v + p, row)
                     };
                 }
-                row_taps::<N, S, M, P>(k, &xs, w, e, &mut s);
+                row_taps::<N, S, M, P>(k, &xs, t.w, &t.e, &mut s);
             }
         });
-        store::<N, A, P>(g, &s, oy, v, out);
+        store::<N, A, P>(t, &s);
     }
 }
 
