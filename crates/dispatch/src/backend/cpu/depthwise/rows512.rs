@@ -349,7 +349,11 @@ unsafe fn store<const N: usize, const A: u8, const P: usize>(t: &Part<P>, s: &[[
         for (i, s) in s.iter().enumerate() {
             for (p, s) in s.iter().enumerate() {
                 let o = t.out.add((t.oy + i) * t.g.ow + (t.v + p) * L);
-                _mm512_mask_storeu_ps(o, t.g.store[t.v + p], finish512::<A>(*s));
+                if t.g.store[t.v + p] == u16::MAX {
+                    _mm512_storeu_ps(o, finish512::<A>(*s));
+                } else {
+                    _mm512_mask_storeu_ps(o, t.g.store[t.v + p], finish512::<A>(*s));
+                }
             }
         }
     }
