@@ -476,6 +476,7 @@ pub(super) fn apply_isa<const FMA: bool>(act: Activation, v: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::tests::PageEnd;
 
     /// The f32 values at which each form is checked against `apply_f32` bit for bit in what
     /// it promises for non-finite inputs.
@@ -608,9 +609,11 @@ mod tests {
                     let x: Vec<f32> = (0..len).map(|i| (i as f32 - 30.0) * 0.37).collect();
                     let b: Vec<f32> = (0..len).map(|i| (i % 7) as f32 - 3.0).collect();
                     let mut out = vec![0.0f32; len];
-                    map(isa, act, &x, Some(&b), &mut out);
+                    // The operands end at an inaccessible page: a read past them faults.
+                    let (xg, bg) = (PageEnd::new(&x), PageEnd::new(&b));
+                    map(isa, act, xg.get(), Some(bg.get()), &mut out);
                     let mut inplace = x.clone();
-                    map_in_place(isa, act, &mut inplace, Some(&b));
+                    map_in_place(isa, act, &mut inplace, Some(bg.get()));
                     for i in 0..len {
                         let want = act.apply_f32(x[i] + b[i]);
                         assert_eq!(out[i].to_bits(), want.to_bits(), "{isa:?} {act} len {len} at {i}");
@@ -634,7 +637,9 @@ mod tests {
                 for len in [0, 1, 7, 8, 9, STAGE - 1, STAGE, STAGE + 1, 2 * STAGE + 5, 5 * STAGE - 3] {
                     let x: Vec<f32> = (0..len).map(spread).collect();
                     let b: Vec<f32> = (0..len).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
-                    for bias in [None, Some(&b[..])] {
+                    // The operands end at an inaccessible page: a read past them faults.
+                    let (xg, bg) = (PageEnd::new(&x), PageEnd::new(&b));
+                    for bias in [None, Some(bg.get())] {
                         let pre: Vec<f32> =
                             x.iter().enumerate().map(|(i, &v)| v + bias.map_or(0.0, |b| b[i])).collect();
                         let mut want = vec![0.0f32; len];
@@ -646,7 +651,7 @@ mod tests {
                             composed(isa, act, &pre, &mut want);
                         }
                         let mut out = vec![0.0f32; len];
-                        map(isa, act, &x, bias, &mut out);
+                        map(isa, act, xg.get(), bias, &mut out);
                         let mut inplace = x.clone();
                         map_in_place(isa, act, &mut inplace, bias);
                         for i in 0..len {
