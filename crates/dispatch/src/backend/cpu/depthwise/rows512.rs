@@ -371,7 +371,10 @@ unsafe fn store<const N: usize, const A: u8, const P: usize>(t: &Part<P>, s: &[[
 ///
 /// # Safety
 /// As [`vectors`]'s, and the condition above.
-#[inline(always)]
+// Written out whole in optimised builds; in unoptimised ones (tests) a call of its own, so
+// that `plane`'s frame does not hold every variant's registers at once (2 MiB of stack).
+#[cfg_attr(not(debug_assertions), inline(always))]
+#[cfg_attr(debug_assertions, inline(never))]
 unsafe fn inner<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
     t: &Part<P>,
     x: *const f32,
@@ -406,7 +409,10 @@ unsafe fn inner<const N: usize, const S: usize, const A: u8, const M: bool, cons
 /// # Safety
 /// As [`group`]'s; `v + P ≤ vectors`, and without `M` every lane the `P` vectors store has its
 /// three taps inside the input.
-#[inline(always)]
+// Written out whole in optimised builds; in unoptimised ones (tests) a call of its own, so
+// that `plane`'s frame does not hold every variant's registers at once (2 MiB of stack).
+#[cfg_attr(not(debug_assertions), inline(always))]
+#[cfg_attr(debug_assertions, inline(never))]
 unsafe fn vectors<const N: usize, const S: usize, const A: u8, const M: bool, const P: usize>(
     t: &Part<P>,
     x: *const f32,
