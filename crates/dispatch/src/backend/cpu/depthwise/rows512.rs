@@ -364,10 +364,12 @@ unsafe fn store<const N: usize, const A: u8, const P: usize>(t: &Part<P>, s: &[[
 /// input row's column `S·16·v − pad_left`. The multiply-adds go kernel row by kernel row,
 /// each output row's three taps of it in turn: every one of the `N · P` sums advances at
 /// each kernel row, so `N · P` independent chains of multiply-adds are interleaved, where
-/// going input row by input row advanced only the one or two output rows that read it (at
-/// stride 2 the sums waited on each other: about 18 cycles a vector of a row with the plane
-/// in L1). Input rows that two output rows read (`S·i + 2 = S·(i + 1)` at stride 2, more at
-/// stride 1) are loaded, and at stride 2 split, once for each.
+/// going input row by input row advanced only the one or two output rows that read it. That
+/// gained less than the chains suggest (0.94–0.96 of the input-row order's time at 144 × 56²
+/// stride 2): with the plane in L1 a vector of a row still takes about 18 cycles at stride 2,
+/// where the ports would allow about 8, and what holds it is not known. Input rows that two
+/// output rows read (`S·i + 2 = S·(i + 1)` at stride 2, more at stride 1) are loaded, and at
+/// stride 2 split, once for each.
 ///
 /// # Safety
 /// As [`vectors`]'s, and the condition above.
