@@ -365,8 +365,9 @@ unsafe fn store<const N: usize, const A: u8, const P: usize>(t: &Part<P>, s: &[[
 /// each output row's three taps of it in turn: every one of the `N · P` sums advances at
 /// each kernel row, so `N · P` independent chains of multiply-adds are interleaved, where
 /// going input row by input row advanced only the one or two output rows that read it. That
-/// gained less than the chains suggest (0.94–0.96 of the input-row order's time at 144 × 56²
-/// stride 2): with the plane in L1 a vector of a row still takes about 18 cycles at stride 2,
+/// gained less than the chains suggest: 0.90–0.97 of the input-row order's time with one
+/// plane in L1, level on the whole 144 × 56² stride-2 layer (1.01–1.02×, pairs and the
+/// broadcast in both). A vector of a row still takes about 18 cycles at stride 2 in L1,
 /// where the ports would allow about 8, and what holds it is not known. Input rows that two
 /// output rows read (`S·i + 2 = S·(i + 1)` at stride 2, more at stride 1) are loaded, and at
 /// stride 2 split, once for each.
