@@ -136,10 +136,10 @@ fn check_matmul(desc: &MatmulDesc, seed: u64) {
     let r = 2;
     let (ar, ac) = desc.a_stored();
     let (br, bc) = desc.b_stored();
-    let a = rng.ints(desc.a.required_len(desc.batch, ar, ac).unwrap_or(0) + 3, r);
-    let b = rng.ints(desc.b.required_len(desc.batch, br, bc).unwrap_or(0) + 3, r);
-    let bias = desc.bias_offset.map(|off| rng.ints(off + desc.n + 2, 3));
-    let c = desc.c.map(|cv| rng.ints(cv.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 2, 3));
+    let a = rng.ints(desc.a.required_len(desc.batch, ar, ac).unwrap_or(0), r);
+    let b = rng.ints(desc.b.required_len(desc.batch, br, bc).unwrap_or(0), r);
+    let bias = desc.bias_offset.map(|off| rng.ints(off + desc.n, 3));
+    let c = desc.c.map(|cv| rng.ints(cv.required_len(desc.batch, desc.m, desc.n).unwrap_or(0), 3));
     let out_len = desc.out.required_len(desc.batch, desc.m, desc.n).unwrap_or(0) + 4;
     let mut want = vec![SENTINEL as f64; out_len];
     let w = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
