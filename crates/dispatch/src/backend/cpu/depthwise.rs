@@ -7,7 +7,9 @@
 //!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), each tap's
 //!   inputs permuted out of the plane's 16-pixel blocks. MobileNetV2's 384 × 14² and 576 × 14²
 //!   took 0.77–0.78 of the 16-lane rows' time below, 192 × 28² 0.87, its 960 × 7² level with
-//!   the channel blocks' (2 threads, separate processes alternated, the same bits).
+//!   the channel blocks' (2 threads, separate processes alternated, the same bits). A thread's
+//!   planes then went one call each; as one run ([`flat512::planes`]) 960 × 7² took 0.7 of
+//!   that time, 576 × 14² 0.87, 192 × 28² 0.9.
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
 //!   stride 1, or at stride 2 of at most 64² where the 16-lane rows below do not take them
@@ -728,22 +730,40 @@ impl Conv<'_> {
         flat512::Flat512::new(&self.d)
     }
 
-    /// An NCHW layer through the flat planes ([`flat512::plane`]), one run of planes per
-    /// thread ([`in_tasks`]); `E` is f32.
+    /// An NCHW layer through the flat planes ([`flat512::planes`]), one run of planes per
+    /// thread ([`in_tasks`]); `E` is f32. ReLU and ReLU6 are applied in registers, other
+    /// activations over each plane after it (in L1).
     #[cfg(target_arch = "x86_64")]
     fn nchw_flat<E: Elem>(&self, f: &flat512::Flat512, out: &mut [E]) {
+        use nhwc3::avx::{NONE, RELU, RELU6};
+        use tilekit_kernels::Activation;
         let d = &self.d;
-        let (plane, occ) = (f.pixels(), d.out_channels());
+        let plane = f.pixels();
+        let act = d.activation;
         let run = |first: usize, dst: &mut [E]| {
             let dst = E::as_f32_mut(dst).expect("the flat planes take f32 outputs only");
-            for (i, o) in dst.chunks_mut(plane).enumerate() {
-                // Multiplier 1: output plane `p` (image · channels + channel) reads input plane `p`.
-                let p = first + i;
-                let oc = p % occ;
-                let wk: [f32; 9] =
-                    std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { self.w[oc * 9 + t] });
-                let bias = self.bias.map_or(0.0, |b| b[oc]);
-                plane512(f, d.activation, &self.x[p * plane..][..plane], &wk, bias, o);
+            let r = flat512::Run {
+                x: &self.x[first * plane..],
+                first,
+                channels: d.out_channels(),
+                w: self.w,
+                packed: self.packed,
+                bias: self.bias,
+            };
+            let each = |o: &mut [f32]| {
+                if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
+                    super::activation::map_in_place(Isa::Avx512, act, o, None);
+                }
+            };
+            // SAFETY: the flat planes are chosen only where `isa` is `Isa::Avx512`
+            // (`Conv::flat`), which `Isa::detect` reports only where the CPU has AVX-512F,
+            // AVX2 and FMA.
+            unsafe {
+                match act {
+                    Activation::Relu => flat512::planes::<RELU>(f, &r, dst, each),
+                    Activation::Relu6 => flat512::planes::<RELU6>(f, &r, dst, each),
+                    _ => flat512::planes::<NONE>(f, &r, dst, each),
+                }
             }
         };
         in_tasks(out, plane, plane * 9, 1, run);
@@ -1147,14 +1167,6 @@ impl Plane512 for rows512::Rows512 {
     unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
         // SAFETY: passed on from the caller.
         unsafe { rows512::plane::<A>(self, x, wk, bias, out) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Plane512 for flat512::Flat512 {
-    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
-        // SAFETY: passed on from the caller.
-        unsafe { flat512::plane::<A>(self, x, wk, bias, out) }
     }
 }
 

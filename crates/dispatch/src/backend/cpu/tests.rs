@@ -1095,6 +1095,45 @@ fn depthwise_nchw_flat_planes_are_exact() {
     }
 }
 
+/// The NCHW flat planes with an activation they do not apply in registers (GELU, its tanh
+/// form, SiLU: over each plane after it is stored) give the bits of the band kernel, which
+/// applies it over its rows, on MobileNetV2's plane sizes and others, several channels and
+/// images, packed weights or not; and write nothing past the output.
+#[test]
+fn depthwise_nchw_flat_planes_other_activations() {
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: the flat planes need AVX-512, which this CPU lacks");
+        return;
+    }
+    let acts = [Activation::Gelu, Activation::GeluTanh, Activation::Silu];
+    for (seed, (h, w)) in (8700u64..).zip([(7, 7), (14, 14), (28, 28), (5, 9), (9, 20)]) {
+        let d = conv_geometry(Layout::Nchw, [2, 3, h, w], [3, 3], [1, 1], [1, 1], [1; 4])
+            .has_bias(seed % 2 == 0)
+            .activation(acts[seed as usize % 3]);
+        let mut rng = Rng(seed);
+        let x = rng.ints(2 * 3 * h * w, 3);
+        let wk = rng.ints(3 * 9, 3);
+        let wp: Vec<f32> = (0..27).map(|i| wk[(i % 3) * 9 + i / 3]).collect();
+        let bias = rng.ints(3, 5);
+        let bias = d.has_bias.then_some(&bias[..]);
+        let out_len = 2 * 3 * h * w;
+        for (w, packed) in [(&wk, false), (&wp, true)] {
+            let conv = Conv { d, x: &x, xh: None, w, packed, bias };
+            assert!(conv.has_small_plane_kernel(Isa::Avx512), "{d:?}");
+            let run = |tile: bool| {
+                let mut o = vec![SENTINEL; out_len + GUARD];
+                conv.run_kernel(Isa::Avx512, tile, &mut o).expect("run");
+                o
+            };
+            let (flat, band) = (run(true), run(false));
+            assert!(flat[out_len..].iter().all(|&v| v == SENTINEL), "{d:?}: wrote past the output");
+            for (i, (f, b)) in flat.iter().zip(&band).enumerate() {
+                assert!(f.to_bits() == b.to_bits(), "{d:?} packed {packed}: output {i} is {f}, the band's {b}");
+            }
+        }
+    }
+}
+
 /// The NCHW 16-lane rows at stride 2 (`depthwise::rows512`: both strides 2, dilation 1): rows of
 /// 8 outputs (the fewest) to 256 (the most) and one past, each vector's 33 input columns
 /// inside the row, past its end (odd and even widths, so the 33rd column is there or not) or
