@@ -1,7 +1,7 @@
 //! Depthwise 2-D convolution on the CPU, both layouts, any kernel size, stride, dilation,
 //! padding and channel multiplier.
 //!
-//! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, f32, rows
+//! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, rows
 //!   of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes of at most
 //!   1024, on AVX-512 ([`flat512`]): each plane as one flat run of pixels, 16 outputs a vector
 //!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), each tap's
@@ -9,10 +9,15 @@
 //!   took 0.77–0.78 of the 16-lane rows' time below, 192 × 28² 0.87, its 960 × 7² level with
 //!   the channel blocks' (2 threads, separate processes alternated, the same bits). A thread's
 //!   planes then went one call each; as one run ([`flat512::planes`]) 960 × 7² took 0.7 of
-//!   that time, 576 × 14² 0.87, 192 × 28² 0.9.
+//!   that time, 576 × 14² 0.87, 192 × 28² 0.9. Half-precision inputs are widened, and outputs
+//!   rounded, [`FLAT_CHUNK`] elements of whole planes at a time through the thread's buffers
+//!   ([`Conv::nchw_flat`]): in f16, 576 × 14² took 0.7 of the channel blocks' time below,
+//!   384 × 14² 0.75, 960 × 7² 0.83, and 192 × 28² was level with the 16-lane rows (2
+//!   threads, separate processes alternated twice, the same sums).
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
-//!   stride 1, or at stride 2 of at most 64² where the 16-lane rows below do not take them
+//!   stride 1 where the flat planes do not take them, or at stride 2 of at most 64² where the
+//!   16-lane rows below do not take them
 //!   (rows of fewer than 8 outputs, vertical dilation, unequal strides), on AVX-512
 //!   ([`Conv::nchw_blocks`]): 16 planes at a time are transposed into a pixel-major block
 //!   (16 × 16 transposes in registers, f16 and bf16 widened there), run through the NHWC
@@ -616,9 +621,9 @@ impl Conv<'_> {
             self.nhwc_blocks(lanes, oh, ow, out);
             return Ok(());
         }
-        // Small NCHW "same" planes in f32 go through the flat planes on AVX-512.
+        // Small NCHW "same" planes go through the flat planes on AVX-512.
         #[cfg(target_arch = "x86_64")]
-        if allow_tile && let Some(f) = self.flat(isa).filter(|_| is_f32::<E>()) {
+        if allow_tile && let Some(f) = self.flat(isa) {
             self.nchw_flat(&f, out);
             return Ok(());
         }
@@ -744,20 +749,22 @@ impl Conv<'_> {
         Ok(())
     }
 
-    /// The flat planes' geometry ([`flat512`]) where they take the layer in `isa`: AVX-512, an
-    /// f32 input, the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of at most 15
+    /// The flat planes' geometry ([`flat512`]) where they take the layer in `isa`: AVX-512 and
+    /// the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of at most 15
     /// pixels or of 17 to 31, planes of at most 256 or 1024 pixels).
     #[cfg(target_arch = "x86_64")]
     fn flat(&self, isa: Isa) -> Option<flat512::Flat512> {
-        if isa != Isa::Avx512 || self.xh.is_some() {
+        if isa != Isa::Avx512 {
             return None;
         }
         flat512::Flat512::new(&self.d)
     }
 
     /// An NCHW layer through the flat planes ([`flat512::planes`]), one run of planes per
-    /// thread ([`in_tasks`]); `E` is f32. ReLU and ReLU6 are applied in registers, other
-    /// activations over each plane after it (in L1).
+    /// thread ([`in_tasks`]). ReLU and ReLU6 are applied in registers, other activations over
+    /// each plane after it (in L1). An f32 layer runs straight from the input to the output; a
+    /// half-precision input is widened, and a half-precision output rounded, [`FLAT_CHUNK`]
+    /// elements of whole planes at a time through the thread's buffers.
     #[cfg(target_arch = "x86_64")]
     fn nchw_flat<E: Elem>(&self, f: &flat512::Flat512, out: &mut [E]) {
         use nhwc3::avx::{NONE, RELU, RELU6};
@@ -765,16 +772,10 @@ impl Conv<'_> {
         let d = &self.d;
         let plane = f.pixels();
         let act = d.activation;
-        let run = |first: usize, dst: &mut [E]| {
-            let dst = E::as_f32_mut(dst).expect("the flat planes take f32 outputs only");
-            let r = flat512::Run {
-                x: &self.x[first * plane..],
-                first,
-                channels: d.out_channels(),
-                w: self.w,
-                packed: self.packed,
-                bias: self.bias,
-            };
+        // Planes `first ..` from the f32 input planes `x` into the f32 outputs `o`.
+        let go = |first: usize, x: &[f32], o: &mut [f32]| {
+            let r =
+                flat512::Run { x, first, channels: d.out_channels(), w: self.w, packed: self.packed, bias: self.bias };
             let each = |o: &mut [f32]| {
                 if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
                     super::activation::map_in_place(Isa::Avx512, act, o, None);
@@ -785,11 +786,43 @@ impl Conv<'_> {
             // AVX2 and FMA.
             unsafe {
                 match act {
-                    Activation::Relu => flat512::planes::<RELU>(f, &r, dst, each),
-                    Activation::Relu6 => flat512::planes::<RELU6>(f, &r, dst, each),
-                    _ => flat512::planes::<NONE>(f, &r, dst, each),
+                    Activation::Relu => flat512::planes::<RELU>(f, &r, o, each),
+                    Activation::Relu6 => flat512::planes::<RELU6>(f, &r, o, each),
+                    _ => flat512::planes::<NONE>(f, &r, o, each),
                 }
             }
+        };
+        let run = |first: usize, dst: &mut [E]| {
+            if self.xh.is_none()
+                && let Some(o) = E::as_f32_mut(dst)
+            {
+                return go(first, &self.x[first * plane..], o);
+            }
+            let mut xbuf = HALF_IN.take();
+            let mut obuf = NHWC_ROW.take();
+            let most = (FLAT_CHUNK / plane).max(1) * plane;
+            xbuf.resize(xbuf.len().max(most), 0.0);
+            obuf.resize(obuf.len().max(most), 0.0);
+            for (i, dst) in dst.chunks_mut(most).enumerate() {
+                let p0 = first + i * most / plane;
+                let n = dst.len();
+                let x = match self.xh {
+                    Some(xh) => {
+                        xh.widen_range(p0 * plane, &mut xbuf[..n]);
+                        &xbuf[..n]
+                    }
+                    None => &self.x[p0 * plane..][..n],
+                };
+                match E::as_f32_mut(dst) {
+                    Some(o) => go(p0, x, o),
+                    None => {
+                        go(p0, x, &mut obuf[..n]);
+                        E::narrow_into(&obuf[..n], dst);
+                    }
+                }
+            }
+            HALF_IN.set(xbuf);
+            NHWC_ROW.set(obuf);
         };
         in_tasks(out, plane, plane * 9, 1, run);
     }
@@ -1259,6 +1292,10 @@ struct Band {
     /// never written: the buffer, zeroed for the layer (`LayerBufs`), stays zero there.
     phase: [(usize, usize); MAX_STRIDE],
 }
+
+/// Elements of whole planes the flat planes widen or round at a time (16 KiB of f32, L1).
+#[cfg(target_arch = "x86_64")]
+const FLAT_CHUNK: usize = 4096;
 
 /// The widest horizontal stride the band kernel takes.
 const MAX_STRIDE: usize = 8;

@@ -1066,8 +1066,9 @@ fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64
 /// of at most 1024, f32 on AVX-512): every row width from 1 to 31, plane heights that leave
 /// every remainder of the 4-vector groups and a last vector of one pixel (7², 16 × 1), the
 /// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
-/// several images and channels, no activation, ReLU and ReLU6, and the f16 and bf16 storages
-/// beside them (the channel blocks and rows take those).
+/// several images and channels, no activation, ReLU and ReLU6, the f16 and bf16 storages
+/// beside them (widened and rounded a chunk of planes at a time), and layers of more planes
+/// than one chunk.
 #[test]
 fn depthwise_nchw_flat_planes_are_exact() {
     let d = conv_geometry(Layout::Nchw, [1, 1, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
@@ -1092,6 +1093,12 @@ fn depthwise_nchw_flat_planes_are_exact() {
             .has_bias(!seed.is_multiple_of(3))
             .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
         check_conv(&d, seed);
+    }
+    // More planes than one chunk of the half-precision buffers (`FLAT_CHUNK`, 4096 elements:
+    // 83 planes of 7², 5 of 28²), so later chunks start at their own planes and channels.
+    for (seed, shape) in (8690u64..).zip([[2, 50, 7, 7], [1, 7, 28, 28], [3, 2, 14, 14]]) {
+        let d = conv_geometry(Layout::Nchw, shape, [3, 3], [1, 1], [1, 1], [1; 4]);
+        check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
     }
 }
 
