@@ -691,13 +691,8 @@ impl Conv<'_> {
                         let dst = E::as_f32_mut(dst).expect("f32 output");
                         let mut oc = first % occ;
                         for (i, o) in dst.chunks_mut(plane).enumerate() {
-                            let wk: [f32; 9] = if self.packed {
-                                std::array::from_fn(|t| self.w[t * occ + oc])
-                            } else {
-                                self.w[oc * 9..][..9].try_into().expect("nine taps")
-                            };
                             let bias = self.bias.map_or(0.0, |b| b[oc]);
-                            plane512(f, d.activation, &self.x[(first + i) * hw..][..hw], &wk, bias, o);
+                            plane512(f, d.activation, &self.x[(first + i) * hw..][..hw], &self.taps9(oc), bias, o);
                             oc = if oc + 1 == occ { 0 } else { oc + 1 };
                         }
                     };
@@ -749,6 +744,14 @@ impl Conv<'_> {
         Ok(())
     }
 
+    /// Output channel `oc`'s nine weights of a 3 × 3 layer, in tap order: packed weights
+    /// (`[tap][out channel]`) read as they are.
+    #[cfg(target_arch = "x86_64")]
+    fn taps9(&self, oc: usize) -> [f32; 9] {
+        let occ = self.d.out_channels();
+        std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { self.w[oc * 9 + t] })
+    }
+
     /// The flat planes' geometry ([`flat512`]) where they take the layer in `isa`: AVX-512 and
     /// the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of at most 15
     /// pixels or of 17 to 31, planes of at most 256 or 1024 pixels).
@@ -776,11 +779,7 @@ impl Conv<'_> {
         let go = |first: usize, x: &[f32], o: &mut [f32]| {
             let r =
                 flat512::Run { x, first, channels: d.out_channels(), w: self.w, packed: self.packed, bias: self.bias };
-            let each = |o: &mut [f32]| {
-                if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
-                    super::activation::map_in_place(Isa::Avx512, act, o, None);
-                }
-            };
+            let each = |o: &mut [f32]| act_after_registers(act, o);
             // SAFETY: the flat planes are chosen only where `isa` is `Isa::Avx512`
             // (`Conv::flat`), which `Isa::detect` reports only where the CPU has AVX-512F,
             // AVX2 and FMA.
@@ -1057,8 +1056,7 @@ impl Conv<'_> {
         let bias = self.bias.map_or(0.0, |b| b[oc]);
         #[cfg(target_arch = "x86_64")]
         if let PlaneKernel::Rows512(f) = kernel {
-            // Packed weights (`[tap][out channel]`) are read as they are.
-            let wk: [f32; 9] = std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { wk[t] });
+            let wk = self.taps9(oc);
             match E::as_f32_mut(dst) {
                 Some(dst) => plane512(f, d.activation, xp, &wk, bias, dst),
                 None => {
@@ -1208,32 +1206,11 @@ enum PlaneKernel<'g> {
     Rows,
 }
 
-/// An NCHW plane kernel on AVX-512 that applies ReLU and ReLU6 in registers: the 16-lane rows
-/// ([`rows512`]) and the flat planes ([`flat512`]).
+/// One NCHW plane through the 16-lane rows ([`rows512`]), `dst` all its outputs: ReLU and
+/// ReLU6 applied in registers, other activations over the plane after it (in L1).
 #[cfg(target_arch = "x86_64")]
-trait Plane512 {
-    /// One plane, `out` all its outputs, with the activation `A` (`nhwc3::avx`'s `NONE`,
-    /// `RELU` or `RELU6`).
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, AVX2 and FMA.
-    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]);
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Plane512 for rows512::Rows512 {
-    unsafe fn plane<const A: u8>(&self, x: &[f32], wk: &[f32; 9], bias: f32, out: &mut [f32]) {
-        // SAFETY: passed on from the caller.
-        unsafe { rows512::plane::<A>(self, x, wk, bias, out) }
-    }
-}
-
-/// One NCHW plane through an AVX-512 plane kernel (the 16-lane rows or the flat planes),
-/// `dst` all its outputs: ReLU and ReLU6 applied in registers, other activations over the
-/// plane after it (in L1).
-#[cfg(target_arch = "x86_64")]
-fn plane512<K: Plane512>(
-    f: &K,
+fn plane512(
+    f: &rows512::Rows512,
     act: tilekit_kernels::Activation,
     x: &[f32],
     wk: &[f32; 9],
@@ -1242,15 +1219,23 @@ fn plane512<K: Plane512>(
 ) {
     use nhwc3::avx::{NONE, RELU, RELU6};
     use tilekit_kernels::Activation;
-    // SAFETY: both kernels are chosen only where `isa` is `Isa::Avx512` (`Conv::kernel`,
-    // `Conv::flat`), which `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
+    // SAFETY: the rows are chosen only where `isa` is `Isa::Avx512` (`Conv::kernel`), which
+    // `Isa::detect` reports only where the CPU has AVX-512F, AVX2 and FMA.
     unsafe {
         match act {
-            Activation::Relu => f.plane::<RELU>(x, wk, bias, dst),
-            Activation::Relu6 => f.plane::<RELU6>(x, wk, bias, dst),
-            _ => f.plane::<NONE>(x, wk, bias, dst),
+            Activation::Relu => rows512::plane::<RELU>(f, x, wk, bias, dst),
+            Activation::Relu6 => rows512::plane::<RELU6>(f, x, wk, bias, dst),
+            _ => rows512::plane::<NONE>(f, x, wk, bias, dst),
         }
     }
+    act_after_registers(act, dst);
+}
+
+/// The activation over an AVX-512 plane kernel's outputs `dst` where the kernel did not apply
+/// it in registers (those apply ReLU and ReLU6 there).
+#[cfg(target_arch = "x86_64")]
+fn act_after_registers(act: tilekit_kernels::Activation, dst: &mut [f32]) {
+    use tilekit_kernels::Activation;
     if !matches!(act, Activation::None | Activation::Relu | Activation::Relu6) {
         super::activation::map_in_place(Isa::Avx512, act, dst, None);
     }
