@@ -54,7 +54,6 @@ fn load<E: Elem>(v: &[E]) -> Vec<f32> {
     out
 }
 
-/// What the words of an output outside its view hold before and after a product.
 /// A copy of a slice that ends where a page without access begins (Linux): a kernel that
 /// reads past the slice's last element faults there, where a read past a `Vec`'s end goes
 /// unnoticed. Elsewhere, a plain copy.
@@ -126,6 +125,7 @@ impl<T> Drop for PageEnd<T> {
     }
 }
 
+/// What the words of an output outside its view hold before and after a product.
 const SENTINEL: f32 = -77.0;
 
 /// Runs a matmul case in every dtype and compares every output word with the reference (and
