@@ -22,7 +22,7 @@
 //!   twice.
 //! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
 //!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
-//!   [`E_BUDGET`] (128 KiB of L2), expanding the input rows the band needs (its rows and the
+//!   [`E_BUDGET`] (128 KiB of L2; at least [`MIN_CHUNK`] channels), expanding the input rows the band needs (its rows and the
 //!   3 × 3 halo), filtering them and adding the chunk's projection onto the band's output.
 //!
 //! The two 1 × 1 stages are single-threaded calls of the `gemm` crate (the micro-kernels of
@@ -94,6 +94,15 @@ use tilekit_kernels::{Activation, Conv2dDesc, InvertedResidualDesc, Layout};
 const VB: usize = 16;
 /// The budget of one chunk's expanded rows, f32 elements (128 KiB: half a typical L2).
 const E_BUDGET: usize = 32 * 1024;
+/// The fewest hidden channels of a band's chunk, whatever [`E_BUDGET`] allows: each chunk's
+/// projection is one `gemm` call with the chunk's channels as its `K`, and at `K` = 16 the
+/// call's packing weighed as much as its multiply-adds. MobileNetV2's block 2 (16 → 96 → 24
+/// at 112², stride 2: bands of 29 expanded rows of 112 pixels, 16 channels within the budget)
+/// took 0.80–0.87 of the time alone with chunks of 32 (48: 0.79–0.83, 64 and 96 no better), in
+/// both layouts, and 0.85–0.88 in the network (2 threads, alternated run by run, 2-core
+/// AVX-512 Xeon). The chunk's rows then take 406 KiB of L2, not 128. The other blocks' chunks
+/// at 224² are at least this wide already.
+const MIN_CHUNK: usize = 2 * VB;
 /// Images of fewer than this many pixels per thread split their channels over the threads
 /// ([`Block::by_channels`]), not their rows.
 const CHANNEL_SPLIT_PIXELS: usize = 64;
@@ -475,7 +484,7 @@ impl Block<'_> {
         };
         let hc = match image {
             Some(_) => p.hp,
-            None => ((E_BUDGET / (erows * w)).max(VB) / VB * VB).min(p.hp),
+            None => ((E_BUDGET / (erows * w)).max(MIN_CHUNK) / VB * VB).min(p.hp),
         };
         let own_len = if image.is_some() { 0 } else { erows * w * hc };
         let mut own_buf = Reused::take(&ROWS_BUF, own_len)?;

@@ -1581,7 +1581,8 @@ fn activation_op_in_every_dtype() {
 /// three paths (images expanded whole, bands that expand their own rows chunk by chunk of
 /// hidden channels, and images split by channels into 1–3 ranges), in every instruction set:
 /// both layouts, strides 1 and 2, with and without expand and residual, hidden widths around
-/// the 16-channel blocks, rows of 1–70 pixels, several chunks per band, images of several
+/// the 16-channel blocks, rows of 1–300 pixels, several chunks per band (down to the least
+/// chunk on the widest rows), images of several
 /// bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
@@ -1603,6 +1604,10 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
         (1, 9, 20, 13, 0, 5, 2),
         (1, 4, 10, 67, 100, 5, 1),
         (1, 3, 11, 70, 130, 4, 2),
+        // Rows so wide that the chunk budget holds fewer than `MIN_CHUNK` channels: chunks of
+        // 32, then one of 16 with 4 or 8 real channels.
+        (1, 5, 6, 260, 36, 5, 1),
+        (1, 3, 9, 300, 40, 3, 2),
         // More input channels than the small-K expansion takes (gemm, then bias and ReLU6).
         (1, 70, 6, 5, 24, 70, 1),
         (1, 66, 4, 9, 20, 8, 2),
