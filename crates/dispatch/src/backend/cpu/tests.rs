@@ -1582,8 +1582,7 @@ fn activation_op_in_every_dtype() {
 /// hidden channels, and images split by channels into 1–3 ranges), in every instruction set:
 /// both layouts, strides 1 and 2, with and without expand and residual, hidden widths around
 /// the 16-channel blocks, rows of 1–300 pixels, several chunks per band (down to the least
-/// chunk on the widest rows), images of several
-/// bands, batches, every output dtype.
+/// chunk on the widest rows), images of several bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
     use super::block::{Block, Split, Transposed};
