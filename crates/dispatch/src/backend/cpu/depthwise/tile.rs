@@ -144,8 +144,15 @@ impl Tile {
         // for bands.
         let mut pos = [0u16; TBUF / G];
         if band == oh {
-            for (q, p) in pos.iter_mut().enumerate().take(d.height * d.width) {
-                *p = ((q / d.width + d.pad_top) * wp + d.pad_left + q % d.width) as u16;
+            // Row by row, with no division per pixel (this runs once per call): pixel by
+            // pixel, with a division each, MobileNetV2's 144 × 56² stride 2 on AVX2 (its 3136
+            // input pixels) took 1.07–1.12× the time (2 threads, separate processes
+            // alternated three times, the same sums); its 14² and 7² layers were level.
+            for y in 0..d.height {
+                let first = (y + d.pad_top) * wp + d.pad_left;
+                for x in 0..d.width {
+                    pos[y * d.width + x] = (first + x) as u16;
+                }
             }
         } else {
             for (x, p) in pos.iter_mut().enumerate().take(d.width) {
