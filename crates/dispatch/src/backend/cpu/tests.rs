@@ -1063,7 +1063,7 @@ fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64
 
 /// The NCHW flat planes (`depthwise::flat512`: 3 × 3, stride and dilation 1, padding 1 all
 /// round, rows of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes
-/// of at most 1024, f32 on AVX-512): every row width from 1 to 31, plane heights that leave
+/// of at most 1024, on AVX-512): every row width from 1 to 31, plane heights that leave
 /// every remainder of the 4-vector groups and a last vector of one pixel (7², 16 × 1), the
 /// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
 /// several images and channels, no activation, ReLU and ReLU6, the f16 and bf16 storages
