@@ -394,13 +394,16 @@ fn skinny_k_chunks_are_exact() {
 /// and portable tiles): `K` within and across the 256-element chunks with every 16-lane tail
 /// (masked loads) and none, every row-group remainder (M mod 4), widths leaving every
 /// remainder of the 6-row tiles, within one 64-column block and across blocks, A transposed or
-/// not, every epilogue, padded views, in every instruction set.
+/// not, every epilogue, padded views, rows of `A` 512 and 1024 elements apart (copied further
+/// apart from 9 rows, `unalias_rows`), in every instruction set.
 #[test]
 fn skinny_nk_dot_products_are_exact() {
     in_each_isa(|_| {
         let mut seed = 2100;
         for m in [1, 2, 3, 4, 6, 9, 16] {
-            for &(n, k) in &[(1, 1), (5, 15), (6, 16), (7, 17), (64, 255), (11, 256), (70, 257), (131, 530)] {
+            let shapes =
+                [(1, 1), (5, 15), (6, 16), (7, 17), (64, 255), (11, 256), (70, 257), (131, 530), (13, 512), (8, 1024)];
+            for &(n, k) in &shapes {
                 let d = matmul_desc(m, n, k, (m + n) % 2 == 0, true, seed as usize);
                 check_matmul(&d, seed);
                 seed += 1;
