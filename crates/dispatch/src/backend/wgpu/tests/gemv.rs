@@ -36,7 +36,7 @@ fn kernel_of(dev: &Device, m: usize) -> String {
 
 /// A device of its own with the options of `device(packed)`: a profile on it sees only the
 /// launches of the thread that owns it (the shared devices also carry other tests' ops).
-fn own_reduction_device(packed: bool) -> Option<Device> {
+pub(super) fn own_reduction_device(packed: bool) -> Option<Device> {
     device(packed)?;
     let opts =
         WgpuOptions { allow_software: true, force_packed_f16: packed, no_subgroups: packed, ..WgpuOptions::default() };

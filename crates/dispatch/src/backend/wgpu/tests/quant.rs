@@ -74,7 +74,7 @@ fn profiled_kernel(dev: &Device, q: &crate::QTensor, m: usize) -> String {
     dev.profile_begin().unwrap();
     dev.matmul_quant(&a, q, &o).unwrap();
     let p = dev.profile_end().unwrap();
-    // Other tests share the device: take this op's record.
+    // This op's record (the caller's device is its own: no other test's launches land here).
     let shape = format!("m{m} n{n} k{k}");
     p.records
         .iter()
@@ -154,11 +154,14 @@ fn exact_case(
 
 /// Both reductions, every format, M = 1, 16 (decode) and 17 (tiled), N prime, integer data:
 /// bit-exact; the kernel switch at 16 | 17 and the reduction of each device are checked in
-/// the profile.
+/// the profile, on a device of the test's own with the options of `device(packed)`: a profile
+/// records every launch on its device, and on the shared one another test's tiled Q4_K
+/// launch was once taken for this test's Q8_0 decode kernel.
 #[test]
 fn quantized_kernels_are_exact_on_integer_data_both_reductions() {
     for packed in [false, true] {
-        let Some(dev) = device(packed) else { return };
+        let Some(own) = super::gemv::own_reduction_device(packed) else { return };
+        let dev = &own;
         let sg = backend(dev).subgroups;
         if !packed && !sg {
             eprintln!("SKIP qgemv subgroup path: the adapter has no SUBGROUP");
