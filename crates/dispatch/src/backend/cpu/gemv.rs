@@ -1628,10 +1628,6 @@ pub(super) mod avx512 {
         macro_rules! by_rows {
             ($c:literal) => {
                 match r {
-                    8 => dot_tile::<8, $c, T>(a, lda, b, ldb, kl, part, prefetch),
-                    7 => dot_tile::<7, $c, T>(a, lda, b, ldb, kl, part, prefetch),
-                    6 => dot_tile::<6, $c, T>(a, lda, b, ldb, kl, part, prefetch),
-                    5 => dot_tile::<5, $c, T>(a, lda, b, ldb, kl, part, prefetch),
                     4 => dot_tile::<4, $c, T>(a, lda, b, ldb, kl, part, prefetch),
                     3 => dot_tile::<3, $c, T>(a, lda, b, ldb, kl, part, prefetch),
                     2 => dot_tile::<2, $c, T>(a, lda, b, ldb, kl, part, prefetch),
