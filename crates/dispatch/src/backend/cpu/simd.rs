@@ -21,7 +21,8 @@ fn has_avx2() -> bool {
 /// The instruction sets the CPU kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
-    /// x86-64 with AVX-512F (and AVX2, FMA, F16C).
+    /// x86-64 with AVX-512F and AVX-512DQ (and AVX2, FMA, F16C): every AVX-512 CPU but the
+    /// Xeon Phi has both.
     #[cfg(target_arch = "x86_64")]
     Avx512,
     /// x86-64 with AVX2 and FMA (and F16C, which every such CPU has: the quantized kernels
@@ -42,7 +43,10 @@ impl Isa {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") && has_avx2() {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && has_avx2()
+            {
                 return Isa::Avx512;
             }
             if has_avx2() {

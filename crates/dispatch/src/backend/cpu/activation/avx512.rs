@@ -5,14 +5,28 @@
 //! `act(x) = max(x, 0) + a·g(a)` in one fused multiply-add, which is `x − x·g(−x)` for x ≥ 0
 //! and `x·g(x)` below, neither cancelling ([`gated`]). The table ([`Table`]) holds 32
 //! polynomials of degree 6, one per interval of width `w` (¼ for the GELUs, 1 for SiLU), each
-//! interpolating the f64 reference at Chebyshev nodes; it is built on first use. Per 16 lanes:
-//! the interval from the low bits of `a/w + 1.5·2^23` (no conversion), the offset in it
-//! (exact), seven `vpermt2ps` (each picks a coefficient out of 32 held in two registers) and
-//! six multiply-adds: 20 instructions on the two ports that run 512-bit arithmetic (0 and 5)
-//! in the compiled loop, besides register copies (`vpermt2ps` overwrites a table register),
-//! where a formula form (a rational fit or an `exp`, then a quotient) takes about 30. At 512 × 3072 (2 threads, separate processes alternated) GELU took 0.25 ms against
-//! 0.32–0.33 with the formula form, GELU-tanh 0.25 against 0.36–0.39, SiLU (512 × 4096) 0.33
-//! against 0.41–0.43, f16 GELU 0.25 against 0.34; in L2 (512 × 768) GELU 0.057 against 0.079.
+//! interpolating the f64 reference at Chebyshev nodes; it is built on first use. Per 16 lanes
+//! the compiled loop has 19 vector instructions besides the load, the store and register
+//! copies (`vpermt2ps` overwrites a table register; read off `perf annotate`):
+//!
+//! - `a = −min(|x|, 31·w)`, one `vrangeps`;
+//! - the interval, from the low bits of `a + 1.5·2^23·w` (one addition, no conversion), and
+//!   the offset in it, one `vreduceps` (exact);
+//! - seven `vpermt2ps` (each picks a coefficient out of 32 held in two registers) and six
+//!   multiply-adds for the gate;
+//! - `max(0, x)` and one multiply-add for the result, and one comparison for the lanes that
+//!   take the formula form (below).
+//!
+//! A formula form (a rational fit or an `exp`, then a quotient) takes about 30. At 512 × 3072
+//! on a 2-core Xeon (2 threads) GELU took 0.25 ms against 0.32–0.33 with the formula form,
+//! GELU-tanh 0.25 against 0.36–0.39, SiLU (512 × 4096) 0.33 against 0.41–0.43.
+//!
+//! On Zen 4, which splits each 512-bit instruction in two halves, `vpermt2ps` and the
+//! multiply-adds contend for the same units: eight of each take about 15 cycles, where eight of
+//! either take 8. The loop ran at about 16 cycles per 16 lanes (one thread, 512 × 3072), in
+//! 0.84 of the time of the 21-instruction loop before it (`vpor` and `vmaxps` for `a`, a
+//! multiply-add for the interval, a subtraction and a multiply-add for the offset,
+//! `vfixupimmps` for `max(x, 0)`), on one thread and on two, with the same results.
 //!
 //! Far in the negative tail the gate falls too fast for a piece to keep its relative error
 //! inside the bound, so the lanes below [`Form::FAST_FROM`] (−7.75 for GELU, −6 for its tanh
@@ -34,7 +48,8 @@
 //!   adds the integer bits. The result is `v · 2^n` exactly as there (it is always normal).
 //! - **`max(x, 0)` keeping NaN, −0 and −∞ is one `vfixupimmps`** ([`positive_part`]: every
 //!   finite negative input, subnormal included, to +0; everything else kept) in place of two
-//!   comparisons and two masked moves. The table's forms use it too.
+//!   comparisons and two masked moves. (The table's loop takes `vmaxps(0, x)`, which gives
+//!   +0 for −∞; there −∞ takes the formula form.)
 //!
 //! Both kinds stay inside [`Activation::error_bound`](tilekit_kernels::Activation::error_bound)
 //! (the parent's sweep test). Half-precision storage ([`Io`]: f16 and bf16) is widened as it
@@ -59,8 +74,8 @@ pub(super) fn handles(act: Activation) -> bool {
 /// from `out`). `x` and `bias`, where given, are as long as `out`.
 ///
 /// # Safety
-/// The CPU has AVX-512F and F16C (`Isa::Avx512`).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+/// The CPU has AVX-512F, AVX-512DQ and F16C (`Isa::Avx512`).
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
 pub(super) unsafe fn run<T: Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>, out: &mut [T]) {
     // SAFETY: the caller's promise.
     unsafe { run_any(act, x, bias, out) }
@@ -69,8 +84,8 @@ pub(super) unsafe fn run<T: Io>(act: Activation, x: Option<&[T]>, bias: Option<&
 /// [`run`] on bf16 storage rounded by `vcvtneps2bf16` ([`NativeBf16`]).
 ///
 /// # Safety
-/// The CPU has AVX-512F, F16C and AVX512_BF16 ([`native_bf16`]).
-#[target_feature(enable = "avx512f,avx2,fma,f16c,avx512bf16")]
+/// The CPU has AVX-512F, AVX-512DQ, F16C and AVX512_BF16 ([`native_bf16`]).
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c,avx512bf16")]
 pub(super) unsafe fn run_native_bf16(act: Activation, x: Option<&[bf16]>, bias: Option<&[f32]>, out: &mut [bf16]) {
     // SAFETY: `NativeBf16` is a transparent wrapper of `bf16` (same layout); the caller's
     // promise for the rest.
@@ -96,7 +111,7 @@ unsafe fn run_any<T: Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>,
     let len = out.len();
     let dst = out.as_mut_ptr();
     let src = Src { x: x.map_or(dst as *const T, <[T]>::as_ptr), bias: bias.map(<[f32]>::as_ptr) };
-    // SAFETY: the caller's promise that the CPU has AVX-512F and F16C; `src` and `dst` cover
+    // SAFETY: the caller's promise that the CPU has AVX-512F, AVX-512DQ and F16C; `src` and `dst` cover
     // `len` elements (asserted above).
     unsafe {
         match act {
@@ -463,6 +478,13 @@ fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64) -> [f64; DEG + 1] {
 trait Form {
     /// Interval width of the table: a power of two, so `a − k·w` is exact.
     const WIDTH: f32;
+    /// `a − k·w` for the `k` nearest `a/w` (ties to even, as adding `1.5·2^23·w` rounds):
+    /// `vreduceps` keeping `log2(1/w)` fraction bits (immediate bits 7–4), rounding to
+    /// nearest (bits 1–0). Exact: at most `w/2` and a multiple of `a`'s ulp.
+    ///
+    /// # Safety
+    /// AVX-512DQ.
+    unsafe fn offset(a: __m512) -> __m512;
     /// Inputs below this take [`Form::formula`]: there the gate falls too fast for one piece of
     /// degree [`DEG`] to keep its relative error inside the bound. At least the lowest
     /// interval's centre, `LOWEST · WIDTH`, where `a` is clamped.
@@ -485,6 +507,11 @@ struct Silu;
 
 impl Form for GeluErf {
     const WIDTH: f32 = 0.25;
+    #[inline(always)]
+    unsafe fn offset(a: __m512) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_reduce_ps::<0x20>(a) }
+    }
     /// The whole table: its pieces measure inside the bound down to −7.75 (the sweep's worst
     /// is then the formula form's, 0.373 of the bound at −11.66).
     const FAST_FROM: f32 = LOWEST * 0.25;
@@ -522,6 +549,11 @@ impl Form for GeluErf {
 
 impl Form for GeluTanh {
     const WIDTH: f32 = 0.25;
+    #[inline(always)]
+    unsafe fn offset(a: __m512) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_reduce_ps::<0x20>(a) }
+    }
     /// `σ(2u)` falls faster than Φ (`u` is cubic): the sweep measured 1.04 of the bound at
     /// −6.37 with the piece below −6.125 in use, 0.351 at worst with none below −6. Above −6
     /// the pieces below it serve x ≥ 6 only, where `x·g(−x)` is far below half an ulp of x.
@@ -554,6 +586,11 @@ impl Form for Silu {
     /// `σ` falls only as `e^a`: pieces of width 1 keep it, out to −31 (and x ≥ 31 needs no
     /// correction: `x·σ(−x)` is far below half an ulp of x).
     const WIDTH: f32 = 1.0;
+    #[inline(always)]
+    unsafe fn offset(a: __m512) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_reduce_ps::<0>(a) }
+    }
     const FAST_FROM: f32 = LOWEST;
     fn table() -> &'static Table {
         static TABLE: OnceLock<Table> = OnceLock::new();
@@ -611,31 +648,32 @@ impl Coeffs {
 /// x ≥ 0 (no cancellation: `g ≤ 1/2`), `x·g(x)` below (the gate's symmetry,
 /// `g(x) = 1 − g(−x)`).
 ///
-/// NaN gives NaN (the clamp makes `a` a number, `max(x, 0)` keeps the NaN), +∞ gives +∞ (`a`
-/// is clamped), −∞ is below `FAST_FROM`, ±0 keeps its sign (`a` is −0, `max(x, 0)` keeps −0).
+/// NaN gives NaN (`a` is NaN, and `max(0, x)` keeps the NaN), +∞ gives +∞ (`a` is
+/// clamped), −∞ is below `FAST_FROM`, ±0 keeps its sign (`a` is −0, `max(0, x)` keeps −0).
 ///
 /// # Safety
-/// AVX-512F.
+/// AVX-512F and AVX-512DQ.
 #[inline(always)]
 unsafe fn gated<F: Form>(x: __m512, c: &Coeffs) -> (__m512, __mmask16) {
     // SAFETY: the caller's promise.
     unsafe {
-        let minus_abs = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN)));
-        // `max` returns its second operand for a NaN.
-        let a = _mm512_max_ps(minus_abs, splat(LOWEST * F::WIDTH));
-        // a/w is exact; adding 1.5·2^23 rounds it to the nearest integer k, whose low five bits
-        // (two's complement) are the low five of the sum's bits: the slot.
-        let u = _mm512_fmadd_ps(a, splat(1.0 / F::WIDTH), splat(MAGIC));
-        let k = _mm512_sub_ps(u, splat(MAGIC));
-        // Exact: k·w is, and the difference is at most w/2 and a multiple of a's ulp.
-        let r = _mm512_fnmadd_ps(k, splat(F::WIDTH), a);
+        // `vrangeps` 0b1110: of x and the bound, the one of smaller magnitude, sign bit set
+        // (−min(|x|, 31·w)). NaN gives NaN.
+        let a = _mm512_range_ps::<0b1110>(x, splat(-LOWEST * F::WIDTH));
+        // Adding 1.5·2^23·w rounds `a` to the nearest multiple k·w (the sum's ulp is w), and
+        // the sum's bits are 1.5·2^23·w's (low five bits 0) plus k: its low five bits are k's
+        // (two's complement), the slot.
+        let u = _mm512_add_ps(a, splat(MAGIC * F::WIDTH));
+        let r = F::offset(a);
         let slot = _mm512_castps_si512(u);
         let mut g = _mm512_permutex2var_ps(c.lo[DEG], slot, c.hi[DEG]);
         for d in (0..DEG).rev() {
             g = _mm512_fmadd_ps(g, r, _mm512_permutex2var_ps(c.lo[d], slot, c.hi[d]));
         }
         // `a` is x for x < 0 and −x for 0 ≤ x ≤ 31·w; above, `a·g` is far below half an ulp of x.
-        let y = _mm512_fmadd_ps(a, g, positive_part(x));
+        // `max(0, x)`: `vmaxps` returns its second operand where either is NaN, or both are zero
+        // (−0 stays −0); −∞ gives +0, but lies below `FAST_FROM`.
+        let y = _mm512_fmadd_ps(a, g, _mm512_max_ps(splat(0.0), x));
         (y, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(F::FAST_FROM)))
     }
 }
@@ -667,7 +705,7 @@ const PASS: usize = 16;
 /// read or written.
 ///
 /// # Safety
-/// AVX-512F and F16C; `src` readable and `dst` writable for `len` elements.
+/// AVX-512F, AVX-512DQ and F16C; `src` readable and `dst` writable for `len` elements.
 #[inline(always)]
 unsafe fn run_form<T: Io, F: Form>(src: Src<T>, dst: *mut T, len: usize) {
     // SAFETY: the caller's promises; every vector's lanes lie inside `len`, and each vector is
@@ -796,10 +834,10 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX512_BF16");
             return;
         }
-        #[target_feature(enable = "avx512f,avx2,fma,f16c,avx512bf16")]
+        #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c,avx512bf16")]
         unsafe fn both(v: &[u32; 16], m: __mmask16) -> ([u16; 16], [u16; 16]) {
             let (mut a, mut b) = ([0u16; 16], [0u16; 16]);
-            // SAFETY: AVX-512F, F16C and AVX512_BF16 (checked above); 16 elements each.
+            // SAFETY: AVX-512F, AVX-512DQ, F16C and AVX512_BF16 (checked above); 16 elements each.
             unsafe {
                 let x = _mm512_loadu_ps(v.as_ptr().cast());
                 NativeBf16::store(a.as_mut_ptr().cast(), m, x);
