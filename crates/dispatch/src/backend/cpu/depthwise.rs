@@ -58,7 +58,8 @@
 //!   input planes of at most 64² pixels (32² in half precision) and whole 8-channel blocks, on AVX2 and AVX-512
 //!   ([`Conv::nhwc_blocks`]; f16 and bf16 on AVX-512 with whole 16-channel blocks): one
 //!   channel block of one image at a time, its nine weight vectors loaded once for the whole
-//!   plane (gathered from the stored `[channel][tap]` weights, so no transposition), the
+//!   plane (taken from the stored `[channel][tap]` weights in the block's task: gathered in
+//!   8 lanes, split out of nine loads by permutes in 16, `nhwc3`'s `stored_taps`), the
 //!   block's input, three rows at a time, in L1 from one output row to the next; one run of
 //!   blocks per thread. MobileNetV2's layers up to 56² took 0.46–0.66 of the time of the rows
 //!   below in f32; in f16 (each block's input widened into a buffer and its output rounded
@@ -884,8 +885,8 @@ impl Conv<'_> {
 
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
     /// block's nine weight vectors and bias are loaded once for the whole plane (packed
-    /// weights one vector a tap, stored `[channel][tap]` ones gathered: no transposition on
-    /// the calling thread), and its input, three rows at a time, stays in L1 from one output
+    /// weights one vector a tap, stored `[channel][tap]` ones taken apart in the task by
+    /// `Vector::stored_taps`: no transposition on the calling thread), and its input, three rows at a time, stays in L1 from one output
     /// row to the next ([`nhwc3::avx::plane_for`]). Where each output row ran every channel,
     /// its input rows came from L2 once per output row that reads them. A half-precision
     /// block is widened into the thread's buffer first ([`widen_pixels`]) and its sums rounded
