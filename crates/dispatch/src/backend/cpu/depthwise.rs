@@ -234,13 +234,13 @@ unsafe fn pixels_to_planes_as<T: super::activation::avx512::Io>(src: &[f32], ohw
 
 /// The 16 × 16 transposition of `r` (`out[j]` lane `i` = `r[i]` lane `j`): unpacks of pairs of
 /// floats and of doubles (4 × 4 blocks within each 128-bit lane), then two rounds of 128-bit
-/// lane shuffles.
+/// lane shuffles. (`gemv`'s `N × K` panels use it too.)
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+pub(super) unsafe fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
     use std::arch::x86_64::*;
     // SAFETY: register operations only; the caller promises AVX-512F. (Plain loops, not
     // closures: a closure does not inherit its caller's target features, so its intrinsics

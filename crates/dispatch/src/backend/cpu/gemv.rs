@@ -29,7 +29,7 @@
 //!   quantized decode kernels, `quant.rs`, run these tiles too, on dequantized chunks.)
 //!   On AVX-512, instead, up to 16 rows of `A` meet `B` as dot products in 16 lanes, both
 //!   operands read in place, 4 rows of `A` × 6 of `B` a register tile ([`avx512::cols_dot`]);
-//!   from 17 rows (the mid-sized products) `B` is gathered into panels of two 16-column
+//!   from 17 rows (the mid-sized products) `B` is transposed into panels of two 16-column
 //!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
 //!   tiles ([`avx512::cols_panels`]).
 //!
@@ -778,6 +778,8 @@ mod avx {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::super::Halves;
+    use super::super::activation::avx512::lanes;
+    use super::super::depthwise::transpose16;
     use super::{Block, STRIP};
     use std::arch::x86_64::*;
 
@@ -1335,8 +1337,9 @@ pub(super) mod avx512 {
 
     /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` (rows `ldb` apart, `ldb` below 2^31 / 16)
     /// and more than 16 rows of `A` ([`super::nk_panels`]): panel by panel of two strips (32 rows
-    /// of `B`) × [`NK_PANEL_K`], each strip gathered into the packed weight's layout (a `K` step's
-    /// 16 columns side by side: one 16-lane gather of a column of 16 rows), then every group of up
+    /// of `B`) × [`NK_PANEL_K`], each strip transposed into the packed weight's layout (a `K`
+    /// step's 16 columns side by side: 16 columns of its 16 rows loaded and transposed in
+    /// registers at a time, `depthwise::transpose16`), then every group of up
     /// to 8 rows of `A` meets the panel with [`tile`]'s sums in registers. The panels go along `K`
     /// first, so the 32 rows of `B` are read as 32 sequential streams. In the strips the sums run
     /// in `K` order, one fused multiply-add a step: the same bits as the `K × N` kernels. The last
@@ -1359,13 +1362,10 @@ pub(super) mod avx512 {
         if buf.len() < 2 * NK_PANEL_K * STRIP {
             buf.resize(2 * NK_PANEL_K * STRIP, 0.0);
         }
-        // SAFETY (the gathers): the caller promises AVX-512F; a gather reads B[j][q] for the
-        // 16 rows j of a strip (j < j0 + full) at q < k, inside B (asserted above).
+        // SAFETY (the loads): the caller promises AVX-512F; a load reads B[j][q0 + q + c] for the
+        // 16 rows j of a strip (j < j0 + full) at c < n, q + n ≤ kb, so at columns below
+        // q0 + kb ≤ k, inside B (asserted above).
         unsafe {
-            let rows = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32(ldb as i32),
-            );
             let mut s0 = 0;
             while s0 < full {
                 let w = 2.min((full - s0) / STRIP);
@@ -1374,9 +1374,24 @@ pub(super) mod avx512 {
                     for st in 0..w {
                         let base = p.b.as_ptr().add((j0 + s0 + st * STRIP) * ldb + q0);
                         let dst = buf.as_mut_ptr().add(st * kb * STRIP);
-                        for q in 0..kb {
-                            let v = _mm512_i32gather_ps::<4>(rows, base.add(q));
-                            _mm512_storeu_ps(dst.add(q * STRIP), v);
+                        // 16 columns of the strip's 16 rows at a time, transposed in registers
+                        // (the last columns of the panel in masked loads).
+                        let mut q = 0;
+                        while q < kb {
+                            let n = STRIP.min(kb - q);
+                            let mut r = [_mm512_setzero_ps(); STRIP];
+                            for (l, r) in r.iter_mut().enumerate() {
+                                let src = base.add(l * ldb + q);
+                                *r = if n == STRIP {
+                                    _mm512_loadu_ps(src)
+                                } else {
+                                    _mm512_maskz_loadu_ps(lanes(0, n), src)
+                                };
+                            }
+                            for (c, v) in transpose16(r).into_iter().enumerate().take(n) {
+                                _mm512_storeu_ps(dst.add((q + c) * STRIP), v);
+                            }
+                            q += STRIP;
                         }
                     }
                     let panel = &buf[..w * kb * STRIP];
@@ -2015,7 +2030,8 @@ multiversion! {
 }
 
 /// Whether `B` stored `N × K` takes [`avx512::cols_dot`] at `m` rows: on AVX-512, up to
-/// [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the gathered panels were faster).
+/// [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the panels were faster; at 16 the
+/// transposed panels took 1.4–1.7× the dot products' time on a 2-core Zen 4).
 fn nk_dot(isa: Isa, m: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && m <= super::matmul::SKINNY_M;
@@ -2030,9 +2046,12 @@ fn nk_dot(isa: Isa, m: usize) -> bool {
 /// on AVX-512 above [`SKINNY_M`](super::matmul::SKINNY_M) rows (the mid-sized products of
 /// [`PANELS_KN_M`](super::matmul::PANELS_KN_M) rows at most; up to 16 [`nk_dot`] takes them).
 /// In alternated runs on a 2-core AVX-512 Xeon (medians, ms), against `gemm`: 32, 64 and 96 ×
-/// 4096 × 4096 6.9–8.6, 13–20 and 16.5–19 against 14.6–19.4, 17–39 and 26–27.7. A 16 × 16
-/// in-register transpose (64 shuffles, masked loads) in place of the gathers was level or
-/// slower.
+/// 4096 × 4096 6.9–8.6, 13–20 and 16.5–19 against 14.6–19.4, 17–39 and 26–27.7 (with the
+/// panels gathered; there the 16 × 16 transposes that build them now were level or slower).
+/// On a 2-core Zen 4, where a 16-lane gather took about 21 cycles, the gathers took 59% of
+/// 32 × 4096 × 4096 on one thread; with the transposes it took 0.68 of the time on one thread
+/// and 0.66 on two, 64 × 4096 × 4096 0.76, 24 × 4096 × 11008 0.78 (separate processes
+/// alternated, the same sums).
 pub(super) fn nk_panels(isa: Isa, m: usize, ldb: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && m > super::matmul::SKINNY_M && ldb < 1 << 27;

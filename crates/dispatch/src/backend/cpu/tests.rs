@@ -442,14 +442,17 @@ fn skinny_panels_are_exact() {
 /// stored `K × N` where the CPU has AVX2 and FMA (on AVX-512 the direct kernel up to 32 rows),
 /// `N × K` on AVX-512 (`gemm` otherwise), with
 /// the last `N mod 16` columns (here 6) streamed row by row or as dot products for all rows;
-/// `N` a multiple of 16 with `K` not, and the reverse.
+/// `N` a multiple of 16 with `K` not, and the reverse; and `K` = 1000, whose last panel of
+/// `N × K` (232 columns of `K`) ends in 8 columns past the transposed 16-column blocks.
 #[test]
 fn mid_m_panels_are_exact() {
     in_each_isa(|_| {
         for (i, &(m, n, k)) in
-            [(17, 1024, 1024), (96, 1030, 1020), (17, 1030, 1024), (96, 1024, 1030)].iter().enumerate()
+            [(17, 1024, 1024), (96, 1030, 1020), (17, 1030, 1024), (96, 1024, 1030), (33, 1040, 1000)]
+                .iter()
+                .enumerate()
         {
-            // The last two with B stored N × K (the AVX-512 gathered panels).
+            // From the third with B stored N × K (the AVX-512 transposed panels).
             check_matmul(&matmul_desc(m, n, k, i % 2 == 1, i >= 2, i), 1700 + i as u64);
         }
     });
