@@ -332,7 +332,8 @@ multiversion! {
 pub(crate) fn map(isa: Isa, act: Activation, x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && avx512::handles(act) {
-        // SAFETY: `Isa::Avx512` is only made after the CPU reported AVX-512F.
+        // SAFETY: `Isa::Avx512` is only made after the CPU reported AVX-512F and AVX-512DQ
+        // (and AVX2, FMA and F16C: `simd.rs`).
         return unsafe { avx512::run(act, Some(x), bias, out) };
     }
     map_auto(isa, act, x, bias, out);
@@ -413,7 +414,7 @@ fn chunk<E: Elem>(isa: Isa, act: Activation, x: Option<&[E]>, bias: Option<&[f32
         /// The forms over `out`, split at the bias period.
         fn forms<T: avx512::Io>(act: Activation, x: Option<&[T]>, bias: Option<&[f32]>, out: &mut [T], base: usize) {
             // SAFETY: `Isa::Avx512` (checked by the caller) is only made after the CPU reported
-            // AVX-512F and F16C.
+            // AVX-512F, AVX-512DQ and F16C.
             segments(out.len(), base, bias, |r, b| unsafe {
                 avx512::run(act, x.map(|x| &x[r.clone()]), b, &mut out[r])
             });
