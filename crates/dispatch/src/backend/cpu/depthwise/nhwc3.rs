@@ -965,27 +965,23 @@ mod tests {
         let w: Vec<f32> = (0..160).map(|i| i as f32).collect();
         for start in 0..16 {
             let p = w[start..].as_ptr();
-            // SAFETY: AVX2 was detected above; 72 floats from `p`.
+            // Tap `t`'s lanes as stored (`lanes` of them): channel `i`'s weight `9i + t`.
+            let check = |lanes: usize, taps: Vec<Vec<f32>>| {
+                for (t, got) in taps.iter().enumerate() {
+                    let want: Vec<f32> = (0..lanes).map(|i| (start + 9 * i + t) as f32).collect();
+                    assert_eq!(*got, want, "{lanes} lanes, tap {t}, from {start}");
+                }
+            };
+            // SAFETY: AVX2 was detected above; 72 floats from `p`; a vector's 8 lanes are 8 floats.
             let taps = unsafe { <__m256 as Vector>::stored_taps(p) };
-            for (t, v) in taps.iter().enumerate() {
-                let mut got = [0.0f32; 8];
-                // SAFETY: AVX2; 8 floats.
-                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), *v) };
-                let want: Vec<f32> = (0..8).map(|i| (start + 9 * i + t) as f32).collect();
-                assert_eq!(got.to_vec(), want, "8 lanes, tap {t}, from {start}");
-            }
+            check(8, taps.iter().map(|v| unsafe { std::mem::transmute::<__m256, [f32; 8]>(*v) }.to_vec()).collect());
             if !is_x86_feature_detected!("avx512f") {
                 continue;
             }
             // SAFETY: AVX-512F was detected just above; 144 floats from `p`.
             let taps = unsafe { <__m512 as Vector>::stored_taps(p) };
-            for (t, v) in taps.iter().enumerate() {
-                let mut got = [0.0f32; 16];
-                // SAFETY: AVX-512F; 16 floats.
-                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), *v) };
-                let want: Vec<f32> = (0..16).map(|i| (start + 9 * i + t) as f32).collect();
-                assert_eq!(got.to_vec(), want, "16 lanes, tap {t}, from {start}");
-            }
+            // SAFETY: a vector's 16 lanes are 16 floats.
+            check(16, taps.iter().map(|v| unsafe { std::mem::transmute::<__m512, [f32; 16]>(*v) }.to_vec()).collect());
         }
     }
 
