@@ -93,6 +93,25 @@ pub fn entries(scale: Scale) -> Vec<Entry> {
             );
         }
     }
+    if !scale.quick {
+        // A prefill chunk of 64 tokens against the attention projection, the weight stored
+        // both ways: the mid-sized products between the decode rows and the square ones (on
+        // the CPU, `B` stored [N, K] is transposed into panels from 17 rows).
+        for trans_b in [false, true] {
+            push(
+                "decode",
+                Case::Matmul {
+                    m: 64,
+                    n: 4096,
+                    k: 4096,
+                    bias: false,
+                    activation: Activation::None,
+                    trans_b,
+                    packed: false,
+                },
+            );
+        }
+    }
     if scale.gpu && !scale.quick {
         // Between the decode rows: the GEMV kernels' row tiles (CUDA: 4 rows in registers,
         // 16 and 32 through the shared-memory ring), up to where the tiled kernel takes over.
