@@ -391,7 +391,7 @@ mod avx {
     const TILE_M: usize = 6;
     /// The largest packed `A` a thread keeps for its next product (1 MiB: 16 rows at K = 16384);
     /// a larger one is freed after its product.
-    const APACK_KEEP: usize = 1 << 18;
+    pub(super) const APACK_KEEP: usize = 1 << 18;
 
     thread_local! {
         /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] × [`PANEL_N`]
@@ -402,7 +402,7 @@ mod avx {
         static PANEL: std::cell::Cell<AlignedBuf<f32>> = const { std::cell::Cell::new(AlignedBuf::empty()) };
         /// This thread's copy of `A`'s rows packed for the register tiles ([`pack_rows`]),
         /// kept between products as [`PANEL`] is while it holds at most [`APACK_KEEP`] elements.
-        static APACK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+        pub(super) static APACK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows ×
@@ -412,10 +412,11 @@ mod avx {
     /// each group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
     /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and stored
     /// once per panel). While a panel is computed, the next one's rows of `B` are prefetched in
-    /// storage order, spread over its tiles, so the copy finds them in L1. The AVX2 tiles read
-    /// `A` packed ([`pack_rows`], once per block), whose six rows in place are `lda` elements
-    /// apart (`K` for a dense `A`): at 4096 all in one L1 set. On a Zen 3 EPYC packing took 0.92–0.98 of the time
-    /// on the M = 16 decode shapes and 0.93 at 64 × 4096 × 4096 (in-process A/B).
+    /// storage order, spread over its tiles, so the copy finds them in L1. The tiles read `A`
+    /// packed ([`pack_rows`], once per block, in groups of the tile's rows), whose rows in place
+    /// are `lda` elements apart (`K` for a dense `A`): at 4096 all in one L1 set. On a Zen 3
+    /// EPYC packing took 0.92–0.98 of the time on the M = 16 decode shapes and 0.93 at 64 ×
+    /// 4096 × 4096 (in-process A/B, the AVX2 tiles).
     ///
     /// Against the row-streaming kernel ([`rows_plain`](super::rows_plain)), whose two rows of
     /// accumulators per pass come from L2 for every four multiply-adds: 1.4× in cache (16 ×
@@ -439,11 +440,15 @@ mod avx {
         if !p.carry {
             acc.fill(0.0);
         }
-        // A's rows, packed for the AVX2 tiles (the AVX-512 tiles read them in place).
+        // Strips side by side and rows of A per register tile.
+        let (width, rows) = if WIDE { (2, super::avx512::ROWS) } else { (1, TILE_M) };
+        // A's rows, packed for the AVX2 tiles (the AVX-512 tiles read them in place: packed
+        // once per block, 1 MiB at 64 × 4096, they took 1.06–1.1× the time at 48 and 64 ×
+        // 4096 × 4096).
         let mut apk = Vec::new();
         if !WIDE {
             apk = APACK.take();
-            pack_rows(p, &mut apk);
+            pack_rows(p, rows, &mut apk);
         }
         let mut buf = PANEL.take();
         if buf.len() < panel_k * panel_n {
@@ -469,8 +474,6 @@ mod avx {
             let (nq, ns0) = next(q0, s0);
             let (nkb, lines) =
                 if nq < k { (panel_k.min(k - nq), panel_n.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
-            // Strips side by side and rows of A per register tile.
-            let (width, rows) = if WIDE { (2, super::avx512::ROWS) } else { (1, TILE_M) };
             let tiles = strips.div_ceil(width) * m.div_ceil(rows);
             let per_tile = (nkb * lines).div_ceil(tiles);
             let mut line = 0;
@@ -492,7 +495,7 @@ mod avx {
                     unsafe {
                         if WIDE {
                             let a = &p.a[g0 * p.lda + q0..];
-                            super::avx512::tile_any(r, w, a, p.lda, panel, kb, 0, kb, c, nb, false);
+                            super::avx512::tile_any(r, w, a, Some(p.lda), panel, kb, 0, kb, c, nb, false);
                         } else {
                             let a = &apk[g0 * k + q0 * r..];
                             match r {
@@ -549,7 +552,7 @@ mod avx {
             &p.a[..k]
         } else {
             buf = APACK.take();
-            pack_rows(p, &mut buf);
+            pack_rows(p, TILE_M, &mut buf);
             &buf[..]
         };
         // One group of at most three rows: its few sums would leave the FMA units waiting on
@@ -604,15 +607,15 @@ mod avx {
         }
     }
 
-    /// `A`'s rows in groups of [`TILE_M`] (the last 1–6 rows), each group step by step: the
-    /// group's `r` values of column `q` side by side at `g0·k + q·r`.
-    fn pack_rows(p: &Block, buf: &mut Vec<f32>) {
+    /// `A`'s rows in groups of `group` (the last 1 to `group` rows), each group step by step:
+    /// the group's `r` values of column `q` side by side at `g0·k + q·r`.
+    pub(super) fn pack_rows(p: &Block, group: usize, buf: &mut Vec<f32>) {
         let (m, k) = (p.m, p.k);
         buf.clear();
         buf.resize(m * k, 0.0);
         let mut g0 = 0;
         while g0 < m {
-            let r = TILE_M.min(m - g0);
+            let r = group.min(m - g0);
             let dst = &mut buf[g0 * k..][..r * k];
             for i in 0..r {
                 let row = &p.a[(g0 + i) * p.lda..][..k];
@@ -786,22 +789,33 @@ pub(super) mod avx512 {
     /// Rows of `A` per register tile.
     pub(super) const ROWS: usize = 8;
 
-    /// `K` rows per pass of [`strips`] over its three strips (12 KiB of `B`, which the other
-    /// row groups of `A` read from L1), and the prefetch distance of the first row group (the
-    /// same rows of the next pass). Against the AVX2 kernel's 256 rows ([`super::STRIP_KC`]:
-    /// 48 KiB with three strips, all of L1) on the 2-core AVX-512 Xeon (2 threads, separate
-    /// processes alternated three times, the same bits): 16 × 11008 × 4096 in 6.2–6.3 ms
-    /// against 7.1–7.7 (32 rows: 6.1–6.3), 16 × 4096 × 4096 in 1.92–1.98 against 2.04–2.06
-    /// (32 rows: 2.06–2.14), 1 × 1000 × 1280 (MobileNetV2's classifier) in 84–87 µs against
-    /// 87–90; 4 × 4096 × 4096, 1 × 4096 × 4096 and the network's head level; 64 × 1024 × 1024
-    /// 1.0–1.1× (its tiles reload and store their sums once a pass).
-    const STRIP_PASS: usize = 64;
+    /// `K` rows per pass of [`strips`] over its three strips (192 KiB of f32 `B`, which the
+    /// other row groups of `A` read from L2).
+    ///
+    /// On a 2-core Zen 4 EPYC (1 MiB of L2 a core), with the prefetch [`STRIP_AHEAD`] rows on
+    /// into L2, against the 64-row passes that prefetched the next pass's lines into L1 (2
+    /// threads, separate processes alternated four times, the same bits): 16 × 4096 × 4096 in
+    /// 0.63–0.68 of the time, 16 × 11008 × 4096 0.78, 64 × 4096 × 4096 0.68, 1 × 4096 × 4096
+    /// 0.85, 4 × 4096 × 4096 0.9, MobileNetV2's head (49 × 1280 × 320) 0.85; 512 and 2048
+    /// rows were level with 1024. One thread at 16 × 4096 × 4096, each change alone: passes
+    /// of 32, 64, 128, 256, 1024 and 4096 rows (prefetch one pass on into L1) 8.7, 7.8, 7.8,
+    /// 6.9, 6.0 (256 on into L2) and 5.6 ms; with 1024-row passes, the prefetch into L2 64,
+    /// 128, 256 and 512 rows on 5.5, 5.2, 5.5 and 5.4 ms, into L1 5.7–5.9. (On the 2-core
+    /// AVX-512 Xeon, where the 64-row passes and L1 prefetch were measured, 64 rows had beaten
+    /// 256 against the AVX2 kernel's passes: 16 × 4096 × 4096 in 1.92–1.98 ms against
+    /// 2.04–2.06; this pass length has not been measured there.)
+    const STRIP_PASS: usize = 1024;
+    /// Rows of each strip ahead of the one read at which [`strips`]'s first row group
+    /// prefetches a line into L2 (see [`STRIP_PASS`]).
+    const STRIP_AHEAD: usize = 128;
 
     /// [`super::strips_inner`] (the same sums in the same order: the same bits) with three
     /// strips per register tile (the last tile one or two when their count is not a multiple
-    /// of three), [`STRIP_PASS`] rows of `K` a pass. The first row group prefetches the line
-    /// [`STRIP_PASS`] rows on in each strip, as the AVX2 kernel does [`super::STRIP_KC`] rows
-    /// on.
+    /// of three), [`STRIP_PASS`] rows of `K` a pass. The first row group prefetches into L2 the
+    /// line [`STRIP_AHEAD`] rows on in each strip. The tiles read `A` packed in groups of
+    /// [`ROWS`] (`super::avx::pack_rows`, once per call): a group's rows in place lie `lda`
+    /// apart, in one L1 set when `lda` is a multiple of 1024 (one thread, 16 × 4096 × 4096:
+    /// 0.95–0.97 of the time, the same bits).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -838,6 +852,8 @@ pub(super) mod avx512 {
     #[inline(always)]
     unsafe fn strips_of<T: Lanes16>(p: &Block, b: &[T], s0: usize, ns: usize, acc: &mut [f32], ldc: usize) {
         let (m, k) = (p.m, p.k);
+        let mut apk = super::avx::APACK.take();
+        super::avx::pack_rows(p, ROWS, &mut apk);
         let mut s = 0;
         while s < ns {
             let width = 3.min(ns - s);
@@ -847,14 +863,17 @@ pub(super) mod avx512 {
                 let mut g0 = 0;
                 while g0 < m {
                     let r = ROWS.min(m - g0);
-                    let a = &p.a[g0 * p.lda + q0..];
+                    let a = &apk[g0 * k + q0 * r..];
                     let c = &mut acc[g0 * ldc + s * STRIP..];
                     // SAFETY: the caller promises AVX-512F.
-                    unsafe { tile_any(r, width, a, p.lda, strips, k, q0, kb, c, ldc, g0 == 0) };
+                    unsafe { tile_any(r, width, a, None, strips, k, q0, kb, c, ldc, g0 == 0) };
                     g0 += r;
                 }
             }
             s += width;
+        }
+        if apk.capacity() <= super::avx::APACK_KEEP {
+            super::avx::APACK.set(apk);
         }
     }
 
@@ -1400,7 +1419,7 @@ pub(super) mod avx512 {
                         let r = ROWS.min(m - g0);
                         let a = &p.a[g0 * p.lda + q0..];
                         let c = &mut acc[g0 * nb + s0..];
-                        tile_any(r, w, a, p.lda, panel, kb, 0, kb, c, nb, false);
+                        tile_any(r, w, a, Some(p.lda), panel, kb, 0, kb, c, nb, false);
                         g0 += r;
                     }
                 }
@@ -1739,7 +1758,8 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 to 3).
+    /// [`tile`] for `r` rows (1..=[`ROWS`]) and `w` strips (1 to 3), `A` packed (`lda` `None`)
+    /// or in place (rows `lda` apart).
     ///
     /// # Safety
     /// The CPU has AVX-512F.
@@ -1750,7 +1770,7 @@ pub(super) mod avx512 {
         r: usize,
         w: usize,
         a: &[f32],
-        lda: usize,
+        lda: Option<usize>,
         strips: &[T],
         k: usize,
         q0: usize,
@@ -1761,32 +1781,37 @@ pub(super) mod avx512 {
     ) {
         // SAFETY: the caller promises AVX-512F; `tile` asserts its bounds.
         unsafe {
+            let (packed, lda) = (lda.is_none(), lda.unwrap_or(0));
             macro_rules! by_rows {
-                ($w:literal) => {
+                ($w:literal, $p:literal) => {
                     match r {
-                        8 => tile::<8, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        7 => tile::<7, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        6 => tile::<6, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        5 => tile::<5, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        4 => tile::<4, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        3 => tile::<3, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        2 => tile::<2, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
-                        _ => tile::<1, $w, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        8 => tile::<8, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        7 => tile::<7, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        6 => tile::<6, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        5 => tile::<5, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        4 => tile::<4, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        3 => tile::<3, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        2 => tile::<2, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
+                        _ => tile::<1, $w, $p, T>(a, lda, strips, k, q0, kb, c, ldc, prefetch),
                     }
                 };
             }
-            match w {
-                3 => by_rows!(3),
-                2 => by_rows!(2),
-                _ => by_rows!(1),
+            match (w, packed) {
+                (3, true) => by_rows!(3, true),
+                (2, true) => by_rows!(2, true),
+                (_, true) => by_rows!(1, true),
+                (3, false) => by_rows!(3, false),
+                (2, false) => by_rows!(2, false),
+                (_, false) => by_rows!(1, false),
             }
         }
     }
 
     /// One `R × 16·W` tile over rows `q0..q0 + kb` of `W` consecutive strips (`strips`, each
-    /// `k` rows of 16): `a` from `A[g0][q0]` (rows `lda` apart), the sums from and back to `c`
-    /// (rows `ldc` apart). `prefetch`: each row also prefetches, in every strip, the line
-    /// [`STRIP_PASS`] rows on.
+    /// `k` rows of 16): `a` holds the group's `A` from column `q0`, with `PACKED` step by step
+    /// (`R` values a step, `super::avx::pack_rows`), else in place (rows `lda` apart); the sums
+    /// come from and go back to `c` (rows `ldc` apart). `prefetch`: each row also prefetches into L2, in every strip, the line
+    /// [`STRIP_AHEAD`] rows on.
     ///
     /// What bounds the 16-row products here (in-process, 2 threads, 2-core AVX-512 Xeon whose
     /// measured multiply-add peak is 341 GFLOP/s): with the packed `B` in cache the tiles ran at
@@ -1796,14 +1821,15 @@ pub(super) mod avx512 {
     /// the same weight at 29 GB/s). The prefetch: without it 0.92 of the time at 64 MB, but
     /// 1.2× at 180 and 512 MB; 128 rows ahead into L1, or 512 and 1024 rows ahead into L2,
     /// were level with 256 (the pass length then) at 512 MB. (Those figures are from tiles of
-    /// two strips and passes of 256 rows; see [`STRIP_PASS`] for the passes of 64.)
+    /// two strips, passes of 256 rows and `A` read in place; see [`STRIP_PASS`] for the
+    /// passes now.)
     ///
     /// # Safety
     /// The CPU has AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const W: usize, T: Lanes16>(
+    unsafe fn tile<const R: usize, const W: usize, const PACKED: bool, T: Lanes16>(
         a: &[f32],
         lda: usize,
         strips: &[T],
@@ -1817,7 +1843,7 @@ pub(super) mod avx512 {
         assert!(
             kb > 0
                 && q0 + kb <= k
-                && (R - 1) * lda + kb <= a.len()
+                && (if PACKED { kb * R } else { (R - 1) * lda + kb }) <= a.len()
                 && W * k * STRIP <= strips.len()
                 && (R - 1) * ldc + W * STRIP <= c.len(),
             "register tile past its operands"
@@ -1839,11 +1865,11 @@ pub(super) mod avx512 {
                 let bv: [__m512; W] = std::array::from_fn(|w| T::load16(bp[w].add(q * STRIP)));
                 if prefetch {
                     for b in bp {
-                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add((q + STRIP_PASS) * STRIP) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add((q + STRIP_AHEAD) * STRIP) as *const i8);
                     }
                 }
                 for (i, row) in sum.iter_mut().enumerate() {
-                    let av = _mm512_set1_ps(*ap.add(i * lda + q));
+                    let av = _mm512_set1_ps(*ap.add(if PACKED { q * R + i } else { i * lda + q }));
                     for (v, b) in row.iter_mut().zip(&bv) {
                         *v = _mm512_fmadd_ps(av, *b, *v);
                     }

@@ -552,8 +552,8 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
 }
 
 /// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
-/// kernel's own edges: K within and across its passes (256 rows; 64 on AVX-512), M across its
-/// 6-row groups and 64-row tasks, N around the strips (the last one zero-padded) and the
+/// kernel's own edges: K within and across its passes (256 rows; 1024 on AVX-512), M across its
+/// 6-row groups (8 on AVX-512) and 64-row tasks, N around the strips (the last one zero-padded) and the
 /// AVX-512 tiles' three strips (4 and 5 strips: a last tile of one and of two), A transposed
 /// or not, every epilogue, in every instruction set.
 #[test]
@@ -569,6 +569,7 @@ fn strips_are_exact() {
             (130, 31, 20),
             (3, 64, 257),
             (9, 70, 300),
+            (20, 40, 1030),
         ] {
             for variant in 0..4 {
                 check_matmul(&matmul_desc(m, n, k, variant % 2 == 1, variant == 2, variant), seed);
