@@ -29,7 +29,10 @@
 //!   quantized decode kernels, `quant.rs`, run these tiles too, on dequantized chunks.)
 //!   On AVX-512, instead, up to 16 rows of `A` meet `B` as dot products in 16 lanes, both
 //!   operands read in place, 4 rows of `A` × 6 of `B` a register tile ([`avx512::cols_dot`]);
-//!   from 17 rows (the mid-sized products) `B` is transposed into panels of two 16-column
+//!   from 13 to 16 rows with `B` in f32, the rows of `A` are the 16 lanes instead: `Aᵀ` meets
+//!   16 rows of `B` at a time, one broadcast element of `B` per multiply-add, the rows copied
+//!   chunk by chunk into an L1 buffer ([`avx512::cols_bcast`], the same bits as the `K × N`
+//!   kernels); from 17 rows (the mid-sized products) `B` is transposed into panels of two 16-column
 //!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
 //!   tiles ([`avx512::cols_panels`]).
 //!
@@ -73,7 +76,8 @@ pub(super) struct Block<'a> {
     /// `op(A)` as a dense `m × k` array with row stride `lda`.
     a: &'a [f32],
     lda: usize,
-    /// `A` packed by [`pack_groups`] (`B` stored `N × K` only; empty otherwise).
+    /// `A` packed by [`pack_groups`], or `Aᵀ` by [`pack_lanes`] where `bcast` (`B` stored `N × K`
+    /// only; empty otherwise).
     apack: &'a [f32],
     /// `B` from this batch's first element.
     b: &'a [f32],
@@ -83,6 +87,9 @@ pub(super) struct Block<'a> {
     k: usize,
     /// `B` stored `K × N` goes through [`avx512::rows_direct`] ([`direct_kn`]).
     direct: bool,
+    /// `B` stored `N × K` goes through [`avx512::cols_bcast`] or, in half precision,
+    /// [`avx512::cols_bcast_half`] ([`nk_bcast`]; `apack` holds `Aᵀ`).
+    bcast: bool,
     /// `B` stored `K × N`: the sums go on from `acc` (the product of the `K` rows before this
     /// block's) instead of from zero. Every `K × N` kernel sums in `K` order, one fused
     /// multiply-add a step, so a product cut along `K` gives the bits of the whole.
@@ -1448,6 +1455,206 @@ pub(super) mod avx512 {
         }
     }
 
+    /// Rows of `B` per tile of [`cols_bcast`]: one vector of sums each, transposed 16 × 16 into
+    /// the output at the end of the tile.
+    const BC_ROWS: usize = 16;
+    /// `K` per chunk of [`cols_bcast`]: a tile's rows of `B` over a chunk are copied into an L1
+    /// buffer (two of 9 KiB) beside `Aᵀ`'s chunk (8 KiB).
+    const BC_KC: usize = 128;
+    /// Elements between a buffer's rows: one line more than a chunk, so that the 16 rows a
+    /// step reads fall in 16 different L1 sets (rows of `B` a multiple of 4 KiB apart all fall
+    /// in one).
+    const BC_LD: usize = BC_KC + STRIP;
+
+    /// One chunk of [`cols_bcast`]: its rows of `B` (`rows` of them from `src`, `ldb` apart,
+    /// `kb` long) and where the copy or the prefetch of its lines has got to (row `r`, line `l`).
+    struct Chunk<T> {
+        src: *const T,
+        rows: usize,
+        kb: usize,
+        r: usize,
+        l: usize,
+    }
+
+    impl<T: Lanes16> Chunk<T> {
+        /// Chunk `(jj, q0)` of the block's rows of `B` from `b` (`nb` rows, `k` long, `ldb` apart),
+        /// or an empty one.
+        fn at(at: Option<(usize, usize)>, b: *const T, ldb: usize, nb: usize, k: usize) -> Chunk<T> {
+            match at {
+                Some((jj, q0)) => Chunk {
+                    src: b.wrapping_add(jj * ldb + q0),
+                    rows: BC_ROWS.min(nb - jj),
+                    kb: BC_KC.min(k - q0),
+                    r: 0,
+                    l: 0,
+                },
+                None => Chunk { src: b, rows: 0, kb: 0, r: 0, l: 0 },
+            }
+        }
+
+        /// The next line (row, first column) of its rows, row by row (16 elements a line), or
+        /// `None` once past them.
+        #[inline(always)]
+        fn step(&mut self) -> Option<(usize, usize)> {
+            if self.r == self.rows {
+                return None;
+            }
+            let at = (self.r, self.l * STRIP);
+            self.l += 1;
+            if self.l * STRIP >= self.kb {
+                (self.r, self.l) = (self.r + 1, 0);
+            }
+            Some(at)
+        }
+
+        /// Line `l` (its first column) of row `r`, as f32, the lanes past the chunk zero.
+        ///
+        /// # Safety
+        /// AVX-512F and F16C; row `r` is one of the chunk's, `l` below its length.
+        #[inline(always)]
+        unsafe fn load(&self, ldb: usize, r: usize, l: usize) -> __m512 {
+            // SAFETY: the caller's promises: the row's elements from l to the chunk's end.
+            unsafe {
+                let at = self.src.add(r * ldb + l);
+                if self.kb - l >= STRIP { T::load16(at) } else { T::load_first(at, self.kb - l) }
+            }
+        }
+    }
+
+    /// `acc = A · B[j0..j0 + nb]ᵀ` for `B` stored `N × K` and at most 16 rows of `A`, with the
+    /// rows of `A` in the lanes: `Aᵀ` (`p.apack`, [`super::pack_lanes`]: `K` steps of 16 lanes,
+    /// zero past `m`) meets [`BC_ROWS`] rows of `B` at a time, one broadcast element of `B`
+    /// and one multiply-add per row a step (the broadcast folded into the multiply-add's
+    /// operand), the 16 sums in registers across all of `K`: one load of `Aᵀ` per 16
+    /// multiply-adds. Chunk by chunk of [`BC_KC`], each step also copies one line of the next
+    /// chunk's rows into the other of two buffers, whose rows fall in different L1 sets, and
+    /// prefetches one line of the chunk after it into L2. Each output is summed in `K` order,
+    /// one fused multiply-add a step from zero: the same bits as the `K × N` kernels and the
+    /// packed weight's strips.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn cols_bcast(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+        // SAFETY: the caller promises AVX-512F.
+        unsafe { bcast_of(p, p.b, j0, nb, acc) }
+    }
+
+    /// [`cols_bcast`] with `B` in half precision (`h`, stored `N × K`, row `j` from `b0 + j ·
+    /// ldb`), converted as its chunks are copied into the buffers: read once, at 2 bytes an
+    /// element, the same bits as the product with `B` widened whole.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn cols_bcast_half(p: &Block, h: &Halves, b0: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+        // SAFETY: the caller promises AVX-512F and F16C.
+        unsafe {
+            match h {
+                Halves::F16(v) => bcast_of(p, &v[b0..], j0, nb, acc),
+                Halves::Bf16(v) => bcast_of(p, &v[b0..], j0, nb, acc),
+            }
+        }
+    }
+
+    /// [`cols_bcast`] on `b` (f32 or half precision).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, and F16C for a half-precision `b`.
+    #[inline(always)]
+    unsafe fn bcast_of<T: Lanes16>(p: &Block, b: &[T], j0: usize, nb: usize, acc: &mut [f32]) {
+        let (m, k, ldb) = (p.m, p.k, p.ldb);
+        assert!(
+            (1..=STRIP).contains(&m)
+                && k > 0
+                && nb > 0
+                && p.apack.len() >= k * STRIP
+                && (j0 + nb - 1) * ldb + k <= b.len()
+                && acc.len() >= m * nb,
+            "broadcast tile past its operands"
+        );
+        let mut bufs = [[0.0f32; BC_ROWS * BC_LD]; 2];
+        // The chunk after `(jj, q0)`: these rows further on, or the next tile's first.
+        let after = |(jj, q0): (usize, usize)| {
+            if q0 + BC_KC < k {
+                Some((jj, q0 + BC_KC))
+            } else if jj + BC_ROWS < nb {
+                Some((jj + BC_ROWS, 0))
+            } else {
+                None
+            }
+        };
+        // SAFETY (every intrinsic and pointer offset below): the caller promises AVX-512F; the
+        // assert bounds every access: Aᵀ's steps q < k of 16, B's rows j0 + jj + r < j0 + nb
+        // at columns q0 + q < k (a chunk's masked loads read only those), a buffer's rows
+        // r < 16 at columns below BC_KC + 16 = BC_LD, `acc`'s rows i < m at columns jj + j <
+        // nb (the masked stores write only those). A prefetch never faults.
+        unsafe {
+            let (at, b) = (p.apack.as_ptr(), b.as_ptr().add(j0 * ldb));
+            // In the block's last tile, where it has fewer than 16 rows, the buffers' other
+            // rows hold earlier chunks' values (or zero): their sums are never stored.
+            let mut cur = Some((0, 0));
+            let mut ch = Chunk::at(cur, b, ldb, nb, k);
+            while let Some((r, q)) = ch.step() {
+                _mm512_storeu_ps(bufs[0].as_mut_ptr().add(r * BC_LD + q), ch.load(ldb, r, q));
+            }
+            let mut which = 0;
+            let mut sum = [_mm512_setzero_ps(); BC_ROWS];
+            while let Some((jj, q0)) = cur {
+                let kb = BC_KC.min(k - q0);
+                let next = after((jj, q0));
+                let mut fill = Chunk::at(next, b, ldb, nb, k);
+                let (bb, nbuf) = (bufs[which].as_ptr(), bufs[which ^ 1].as_mut_ptr());
+                let mut pf = Chunk::at(next.and_then(after), b, ldb, nb, k);
+                let whole = kb == BC_KC && fill.rows == BC_ROWS && fill.kb == BC_KC;
+                if whole {
+                    // Whole chunks: one line of the next chunk a step, row by row, without
+                    // the cursor (the chunk after it prefetched where it is whole too).
+                    let full = pf.rows == BC_ROWS && pf.kb == BC_KC;
+                    let ahead = if full { pf.src } else { fill.src };
+                    for r in 0..BC_ROWS {
+                        for l in 0..BC_KC / STRIP {
+                            let q = r * (BC_KC / STRIP) + l;
+                            let v = T::load16(fill.src.add(r * ldb + l * STRIP));
+                            _mm512_storeu_ps(nbuf.add(r * BC_LD + l * STRIP), v);
+                            _mm_prefetch::<_MM_HINT_T1>(ahead.add(r * ldb + l * STRIP) as *const i8);
+                            let a = _mm512_loadu_ps(at.add((q0 + q) * STRIP));
+                            for (j, v) in sum.iter_mut().enumerate() {
+                                *v = _mm512_fmadd_ps(_mm512_set1_ps(*bb.add(j * BC_LD + q)), a, *v);
+                            }
+                        }
+                    }
+                    fill.r = fill.rows;
+                }
+                for q in 0..if whole { 0 } else { kb } {
+                    if let Some((r, l)) = fill.step() {
+                        _mm512_storeu_ps(nbuf.add(r * BC_LD + l), fill.load(ldb, r, l));
+                    }
+                    if let Some((r, l)) = pf.step() {
+                        _mm_prefetch::<_MM_HINT_T1>(pf.src.add(r * ldb + l) as *const i8);
+                    }
+                    let a = _mm512_loadu_ps(at.add((q0 + q) * STRIP));
+                    for (j, v) in sum.iter_mut().enumerate() {
+                        *v = _mm512_fmadd_ps(_mm512_set1_ps(*bb.add(j * BC_LD + q)), a, *v);
+                    }
+                }
+                // A short last chunk leaves some of the next one to copy.
+                while let Some((r, l)) = fill.step() {
+                    _mm512_storeu_ps(nbuf.add(r * BC_LD + l), fill.load(ldb, r, l));
+                }
+                if q0 + kb == k {
+                    let c = BC_ROWS.min(nb - jj);
+                    for (i, v) in transpose16(sum).into_iter().enumerate().take(m) {
+                        _mm512_mask_storeu_ps(acc.as_mut_ptr().add(i * nb + jj), lanes(0, c), v);
+                    }
+                    sum = [_mm512_setzero_ps(); BC_ROWS];
+                }
+                which ^= 1;
+                cur = next;
+            }
+        }
+    }
+
     /// Rows of `A` per register tile of [`cols_dot`].
     pub(in crate::backend::cpu) const DOT_A: usize = 4;
     /// Rows of `B` per register tile of [`cols_dot`]: 4 × 6 sums, 6 vectors of `B` and one of
@@ -2055,8 +2262,40 @@ multiversion! {
     fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
 }
 
-/// Whether `B` stored `N × K` takes [`avx512::cols_dot`] at `m` rows: on AVX-512, up to
-/// [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the panels were faster; at 16 the
+/// Rows of `A` from which `B` stored `N × K` in f32 takes [`avx512::cols_bcast`] (up to 16)
+/// in place of the dot products ([`avx512::cols_dot`]). On a 2-core Zen 4 (2 threads,
+/// separate processes alternated three times, `B` 4096 × 4096), against the dot products: 16
+/// rows 2.98 ms against 3.53, 15 rows 2.80 against 3.28, 14 rows 2.82 against 3.14, 13 rows
+/// 2.77 against 2.97, but 12 rows 2.97 against 2.74 and 8 rows 2.83 against 2.26 (the
+/// broadcast kernel's time hardly depends on the rows: its 16 lanes are rows of `A`, zero past
+/// `m`); 16 × 11008 × 4096 8.0 against 9.4, 16 × 4096 × 11008 8.2 against 10.3.
+const BCAST_MIN_M: usize = 13;
+
+/// Whether `B` stored `N × K` in f32 takes [`avx512::cols_bcast`] at `m` rows.
+fn nk_bcast(isa: Isa, m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512 && (BCAST_MIN_M..=LANES).contains(&m);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, m);
+        false
+    }
+}
+
+/// `Aᵀ` for [`avx512::cols_bcast`]: `K` steps of [`LANES`] values, step `q` holding column `q`
+/// of `A`'s `m` rows (zero past them).
+fn pack_lanes(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
+    let mut out = scratch(k * LANES)?;
+    for i in 0..m {
+        for (q, &v) in a[i * lda..][..k].iter().enumerate() {
+            out[q * LANES + i] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `B` stored `N × K` takes [`avx512::cols_dot`] at `m` rows (where [`nk_bcast`] does
+/// not take them): on AVX-512, up to [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the panels were faster; at 16 the
 /// transposed panels took 1.4–1.7× the dot products' time on a 2-core Zen 4).
 fn nk_dot(isa: Isa, m: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -2149,6 +2388,13 @@ fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &
         return;
     }
     #[cfg(target_arch = "x86_64")]
+    if !by_rows && p.bcast {
+        // SAFETY: `nk_bcast` is only true for `Isa::Avx512`, which is only made where the CPU
+        // reported AVX-512F.
+        unsafe { avx512::cols_bcast(p, j0, nb, acc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if !by_rows && nk_dot(isa, p.m) {
         // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where the CPU
         // reported AVX-512F.
@@ -2229,13 +2475,29 @@ impl MatmulOperands<'_> {
         let (m, n, k) = (desc.m, desc.n, desc.k);
         let (a, lda) = self.dense_a(g, m, k)?;
         let by_rows = g.b_cs == 1;
-        let (a, lda) = if !by_rows && nk_dot(isa, m) { unalias_rows(a, lda, m, k)? } else { (a, lda) };
+        let bcast = !by_rows && nk_bcast(isa, m);
+        let (a, lda) = if !by_rows && !bcast && nk_dot(isa, m) { unalias_rows(a, lda, m, k)? } else { (a, lda) };
         let ldb = if by_rows { g.b_rs } else { g.b_cs };
-        let apack =
-            if by_rows || nk_dot(isa, m) || nk_panels(isa, m, ldb) { Vec::new() } else { pack_groups(&a, lda, m, k)? };
+        let apack = if bcast {
+            pack_lanes(&a, lda, m, k)?
+        } else if by_rows || nk_dot(isa, m) || nk_panels(isa, m, ldb) {
+            Vec::new()
+        } else {
+            pack_groups(&a, lda, m, k)?
+        };
         let b = if self.b_half.is_some() { &[][..] } else { &self.b[g.b0..] };
-        let block =
-            Block { a: &a, lda, apack: &apack, b, ldb, m, k, direct: by_rows && direct_kn(isa, m), carry: false };
+        let block = Block {
+            a: &a,
+            lda,
+            apack: &apack,
+            b,
+            ldb,
+            m,
+            k,
+            direct: by_rows && direct_kn(isa, m),
+            bcast,
+            carry: false,
+        };
         // Column blocks: with B stored K × N as wide as the accumulators allow (long contiguous
         // runs of each row of B for the prefetchers), in the fewest equal blocks that are a
         // multiple of the thread count (two per thread where one would do made the runs half
@@ -2269,8 +2531,11 @@ impl MatmulOperands<'_> {
                 // first touch of 64 MB of new pages.
                 match &self.b_half {
                     Some(h) if by_rows => half_kn(isa, &block, h, g.b0, j0, nb, acc),
-                    // SAFETY: `nk_dot` is only true for `Isa::Avx512`, which is only made where
-                    // the CPU reported AVX-512F and F16C.
+                    // SAFETY: `nk_bcast` and `nk_dot` are only true for `Isa::Avx512`, which is
+                    // only made where the CPU reported AVX-512F and F16C.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(h) if bcast => unsafe { avx512::cols_bcast_half(&block, h, g.b0, j0, nb, acc) },
+                    // SAFETY: as above.
                     #[cfg(target_arch = "x86_64")]
                     Some(h) if nk_dot(isa, m) => unsafe { avx512::cols_dot_half(&block, h, g.b0, j0, nb, acc) },
                     Some(h) => cols_block_half(isa, &block, h, g.b0, j0, nb, acc),
@@ -2433,6 +2698,7 @@ impl MatmulOperands<'_> {
                 m: r,
                 k,
                 direct: false,
+                bcast: false,
                 carry: false,
             };
             ACC_BUF.with_borrow_mut(|buf| {

@@ -551,6 +551,57 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
     });
 }
 
+/// With `B` stored `N × K` and 13 to 16 rows of `A`, AVX-512 takes the broadcast tiles
+/// (`gemv::avx512::cols_bcast`), which sum each output in `K` order, one multiply-add a step:
+/// on random data they give the bits of the same product with `B` stored `K × N`, across
+/// their 128-element chunks (whole, short, one alone) and 16-row tiles (the block's last one
+/// short), and write nothing past the output (`check_matmul` and `parallel_paths_are_exact`
+/// hold them to the reference with every epilogue).
+#[test]
+fn nk_broadcast_tiles_match_kn_bit_for_bit() {
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: the N x K broadcast tiles need AVX-512, which this CPU lacks");
+        return;
+    }
+    in_each_isa(|isa| {
+        if isa != Isa::Avx512 {
+            return;
+        }
+        let mut rng = Rng(91);
+        let shapes = [(16, 70, 1030), (13, 17, 100), (15, 33, 128), (14, 64, 257), (16, 1, 1), (16, 16, 384)];
+        for &(m, n, k) in &shapes {
+            let a: Vec<f32> = (0..m * k).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+            let bt: Vec<f32> = (0..n * k).map(|i| b[i % k * n + i / k]).collect();
+            let run = |b: &[f32], trans_b: bool| {
+                let mut desc = MatmulDesc::new(m, n, k);
+                desc.trans_b = trans_b;
+                let (br, bc) = desc.b_stored();
+                desc.b = MatrixView::new(0, bc, br * bc);
+                let ops = MatmulOperands {
+                    a: F32s::Borrowed(&a),
+                    b: F32s::Borrowed(b),
+                    b_half: None,
+                    bias: None,
+                    c: None,
+                    strips: false,
+                };
+                let mut o = vec![SENTINEL; m * n + 16];
+                ops.run(&desc, &mut o[..m * n]).expect("run");
+                assert!(
+                    o[m * n..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()),
+                    "{m}x{n}x{k}: wrote past the output"
+                );
+                o
+            };
+            let (kn, nk) = (run(&b, false), run(&bt, true));
+            for (i, (x, y)) in kn.iter().zip(&nk).enumerate() {
+                assert!(x.to_bits() == y.to_bits(), "{m}x{n}x{k}: element {i} is {x} with B stored K x N, {y} N x K");
+            }
+        }
+    });
+}
+
 /// `B` packed in strips (every case above runs it too, through [`check_matmul`]) on the strip
 /// kernel's own edges: K within and across its passes (256 rows; 1024 on AVX-512), M across its
 /// 6-row groups (8 on AVX-512) and 64-row tasks, N around the strips (the last one zero-padded) and the
