@@ -33,7 +33,7 @@
 //!   16 rows of `B` at a time, one broadcast element of `B` per multiply-add, the rows copied
 //!   chunk by chunk into an L1 buffer ([`avx512::cols_bcast`], the same bits as the `K × N`
 //!   kernels); from 17 rows (the mid-sized products) `B` is transposed into panels of two 16-column
-//!   strips × 256 rows of `K` (the packed weight's layout) and met by the AVX-512 register
+//!   strips × 1024 rows of `K` (the packed weight's layout) and met by the AVX-512 register
 //!   tiles ([`avx512::cols_panels`]).
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
@@ -1352,11 +1352,16 @@ pub(super) mod avx512 {
         }
     }
 
-    /// `K` rows per panel of [`cols_panels`] (runs of 1 KiB from each row of `B`).
-    const NK_PANEL_K: usize = 256;
+    /// `K` rows per panel of [`cols_panels`] (runs of 4 KiB from each row of `B`; the panel,
+    /// 128 KiB, is read back from L2). On a 2-core Zen 4 (2 threads, separate processes
+    /// alternated three times, the same bits), against 256 rows (32 KiB, L1): 32 × 4096 × 4096
+    /// in 0.89 of the time, 64 × 4096 × 4096 0.92, 96 × 4096 × 4096 0.96, 24 × 4096 × 11008
+    /// 0.79; 512 rows took 0.93 at 64 × 4096 × 4096, 2048 0.86 at 32 × 4096 × 4096 but 1.02
+    /// at 96; three strips a panel in place of two were level.
+    const NK_PANEL_K: usize = 1024;
 
     thread_local! {
-        /// This thread's panel for [`cols_panels`] (two strips of [`NK_PANEL_K`] rows, 32 KiB).
+        /// This thread's panel for [`cols_panels`] (two strips of [`NK_PANEL_K`] rows, 128 KiB).
         /// Taken out for the call and put back (see `avx::PANEL`).
         static NK_PANEL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }

@@ -442,8 +442,9 @@ fn skinny_panels_are_exact() {
 /// stored `K × N` where the CPU has AVX2 and FMA (on AVX-512 the direct kernel up to 32 rows),
 /// `N × K` on AVX-512 (`gemm` otherwise), with
 /// the last `N mod 16` columns (here 6) streamed row by row or as dot products for all rows;
-/// `N` a multiple of 16 with `K` not, and the reverse; and `K` = 1000, whose last panel of
-/// `N × K` (232 columns of `K`) ends in 8 columns past the transposed 16-column blocks.
+/// `N` a multiple of 16 with `K` not, and the reverse; `K` = 1030, whose second panel of
+/// `N × K` (1024 columns of `K` a panel) is 6 columns, all in the masked block; and `K` = 1000,
+/// whose one panel ends in 8 columns past the transposed 16-column blocks.
 #[test]
 fn mid_m_panels_are_exact() {
     in_each_isa(|_| {
