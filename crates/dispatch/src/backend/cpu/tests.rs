@@ -507,6 +507,18 @@ fn direct_kn_is_exact() {
     });
 }
 
+/// The product `desc` of dense f32 operands (`strips`: `b` packed in strips) with no bias or
+/// `C`, checked to write nothing past its `m × n` outputs.
+fn run_f32(a: &[f32], b: &[f32], desc: &MatmulDesc, strips: bool) -> Vec<f32> {
+    let ops = MatmulOperands { a: F32s::Borrowed(a), b: F32s::Borrowed(b), b_half: None, bias: None, c: None, strips };
+    let len = desc.m * desc.n;
+    let mut o = vec![SENTINEL; len + 16];
+    ops.run(desc, &mut o[..len]).expect("run");
+    assert!(o[len..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()), "{desc:?}: wrote past the output");
+    o.truncate(len);
+    o
+}
+
 /// With `B` stored `K × N`, the skinny kernels (row-streaming, direct, panels) sum each output
 /// in `K` order, one multiply-add a step, as the packed weight's strips do: on random data
 /// (inexact sums) the packed and unpacked products give the same bits, in every instruction
@@ -531,20 +543,7 @@ fn kn_kernels_match_the_strips_bit_for_bit() {
                     s[(j / 16 * k + q) * 16 + j % 16] = b[q * n + j];
                 }
             }
-            let run = |b: &[f32], strips: bool| {
-                let ops = MatmulOperands {
-                    a: F32s::Borrowed(&a),
-                    b: F32s::Borrowed(b),
-                    b_half: None,
-                    bias: None,
-                    c: None,
-                    strips,
-                };
-                let mut o = vec![0.0f32; m * n];
-                ops.run(&desc, &mut o).expect("run");
-                o
-            };
-            let (plain, packed) = (run(&b, false), run(&s, true));
+            let (plain, packed) = (run_f32(&a, &b, &desc, false), run_f32(&a, &s, &desc, true));
             for (i, (x, y)) in plain.iter().zip(&packed).enumerate() {
                 assert!(x.to_bits() == y.to_bits(), "{isa:?} {m}x{n}x{k}: element {i} is {x} unpacked, {y} packed");
             }
@@ -579,21 +578,7 @@ fn nk_broadcast_tiles_match_kn_bit_for_bit() {
                 desc.trans_b = trans_b;
                 let (br, bc) = desc.b_stored();
                 desc.b = MatrixView::new(0, bc, br * bc);
-                let ops = MatmulOperands {
-                    a: F32s::Borrowed(&a),
-                    b: F32s::Borrowed(b),
-                    b_half: None,
-                    bias: None,
-                    c: None,
-                    strips: false,
-                };
-                let mut o = vec![SENTINEL; m * n + 16];
-                ops.run(&desc, &mut o[..m * n]).expect("run");
-                assert!(
-                    o[m * n..].iter().all(|v| v.to_bits() == SENTINEL.to_bits()),
-                    "{m}x{n}x{k}: wrote past the output"
-                );
-                o
+                run_f32(&a, b, &desc, false)
             };
             let (kn, nk) = (run(&b, false), run(&bt, true));
             for (i, (x, y)) in kn.iter().zip(&nk).enumerate() {
