@@ -29,12 +29,12 @@
 //!   quantized decode kernels, `quant.rs`, run these tiles too, on dequantized chunks.)
 //!   On AVX-512, instead, up to 16 rows of `A` meet `B` as dot products in 16 lanes, both
 //!   operands read in place, 4 rows of `A` × 6 of `B` a register tile ([`avx512::cols_dot`]);
-//!   from 13 to 16 rows with `B` in f32, the rows of `A` are the 16 lanes instead: `Aᵀ` meets
-//!   16 rows of `B` at a time, one broadcast element of `B` per multiply-add, the rows copied
-//!   chunk by chunk into an L1 buffer ([`avx512::cols_bcast`], the same bits as the `K × N`
-//!   kernels); from 17 rows (the mid-sized products) `B` is transposed into panels of two 16-column
-//!   strips × 1024 rows of `K` (the packed weight's layout) and met by the AVX-512 register
-//!   tiles ([`avx512::cols_panels`]).
+//!   from 13 to 16 rows, the rows of `A` are the 16 lanes instead: `Aᵀ` meets 16 rows of `B`
+//!   at a time, one broadcast element of `B` per multiply-add, the rows copied (and a
+//!   half-precision `B` widened) chunk by chunk into an L1 buffer ([`avx512::cols_bcast`], the
+//!   same bits as the `K × N` kernels); from 17 rows (the mid-sized products) `B` is
+//!   transposed into panels of two 16-column strips × 1024 rows of `K` (the packed weight's
+//!   layout) and met by the AVX-512 register tiles ([`avx512::cols_panels`]).
 //!
 //! The epilogue runs on each block right after it is computed, then the block is rounded into
 //! the output.
@@ -1734,7 +1734,8 @@ pub(super) mod avx512 {
     /// there, where each of three or four row groups would convert it again, each tile's chunk
     /// ([`DOT_B`] rows × [`DOT_KC`]) is widened into an L1 buffer just before the row groups
     /// meet it. Either way the tiles, chunks and sums are [`cols_dot`]'s on the widened values:
-    /// the same bits as the product with `B` widened whole.
+    /// the same bits as the product with `B` widened whole. (From 13 rows [`cols_bcast_half`]
+    /// takes the product instead.)
     ///
     /// In f16 (2 threads, the 2-core AVX-512 Xeon, separate processes alternated): converted
     /// as loaded, 1 × 4096 × 4096 in 0.62–0.66 ms, 1 × 11008 × 4096 in 1.67–1.71, 1 × 4096 ×
@@ -2022,8 +2023,8 @@ pub(super) mod avx512 {
     /// One `R × 16·W` tile over rows `q0..q0 + kb` of `W` consecutive strips (`strips`, each
     /// `k` rows of 16): `a` holds the group's `A` from column `q0`, with `PACKED` step by step
     /// (`R` values a step, `super::avx::pack_rows`), else in place (rows `lda` apart); the sums
-    /// come from and go back to `c` (rows `ldc` apart). `prefetch`: each row also prefetches into L2, in every strip, the line
-    /// [`STRIP_AHEAD`] rows on.
+    /// come from and go back to `c` (rows `ldc` apart). `prefetch`: each row also prefetches
+    /// into L2, in every strip, the line [`STRIP_AHEAD`] rows on.
     ///
     /// What bounds the 16-row products here (in-process, 2 threads, 2-core AVX-512 Xeon whose
     /// measured multiply-add peak is 341 GFLOP/s): with the packed `B` in cache the tiles ran at
@@ -2267,16 +2268,17 @@ multiversion! {
     fn cols_block(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) => cols_inner
 }
 
-/// Rows of `A` from which `B` stored `N × K` in f32 takes [`avx512::cols_bcast`] (up to 16)
-/// in place of the dot products ([`avx512::cols_dot`]). On a 2-core Zen 4 (2 threads,
+/// Rows of `A` from which `B` stored `N × K` takes [`avx512::cols_bcast`] (up to 16; a
+/// half-precision `B`, [`avx512::cols_bcast_half`]) in place of the dot products ([`avx512::cols_dot`]). On a 2-core Zen 4 (2 threads,
 /// separate processes alternated three times, `B` 4096 × 4096), against the dot products: 16
 /// rows 2.98 ms against 3.53, 15 rows 2.80 against 3.28, 14 rows 2.82 against 3.14, 13 rows
 /// 2.77 against 2.97, but 12 rows 2.97 against 2.74 and 8 rows 2.83 against 2.26 (the
 /// broadcast kernel's time hardly depends on the rows: its 16 lanes are rows of `A`, zero past
-/// `m`); 16 × 11008 × 4096 8.0 against 9.4, 16 × 4096 × 11008 8.2 against 10.3.
+/// `m`); 16 × 11008 × 4096 8.0 against 9.4, 16 × 4096 × 11008 8.2 against 10.3 (f32).
 const BCAST_MIN_M: usize = 13;
 
-/// Whether `B` stored `N × K` in f32 takes [`avx512::cols_bcast`] at `m` rows.
+/// Whether `B` stored `N × K` takes [`avx512::cols_bcast`] (or [`avx512::cols_bcast_half`])
+/// at `m` rows.
 fn nk_bcast(isa: Isa, m: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && (BCAST_MIN_M..=LANES).contains(&m);
@@ -2300,8 +2302,9 @@ fn pack_lanes(a: &[f32], lda: usize, m: usize, k: usize) -> Result<Vec<f32>> {
 }
 
 /// Whether `B` stored `N × K` takes [`avx512::cols_dot`] at `m` rows (where [`nk_bcast`] does
-/// not take them): on AVX-512, up to [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the panels were faster; at 16 the
-/// transposed panels took 1.4–1.7× the dot products' time on a 2-core Zen 4).
+/// not take them): on AVX-512, up to [`SKINNY_M`](super::matmul::SKINNY_M) rows (from 32 the
+/// panels were faster; at 16 the transposed panels took 1.4–1.7× the dot products' time on a
+/// 2-core Zen 4).
 fn nk_dot(isa: Isa, m: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && m <= super::matmul::SKINNY_M;
