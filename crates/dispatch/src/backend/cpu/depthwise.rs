@@ -5,7 +5,9 @@
 //!   of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes of at most
 //!   1024, on AVX-512 ([`flat512`]): each plane as one flat run of pixels, 16 outputs a vector
 //!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), each tap's
-//!   inputs permuted out of the plane's 16-pixel blocks. MobileNetV2's 384 × 14² and 576 × 14²
+//!   inputs permuted out of the plane's 16-pixel blocks (on those three plane sizes by a
+//!   `valignd` with a constant shift, which on Zen 4 contends less with the multiply-adds
+//!   than `vpermt2ps`: 0.76–0.98 of the time on one thread). MobileNetV2's 384 × 14² and 576 × 14²
 //!   took 0.77–0.78 of the 16-lane rows' time below, 192 × 28² 0.87, its 960 × 7² level with
 //!   the channel blocks' (2 threads, separate processes alternated, the same bits). A thread's
 //!   planes then went one call each; as one run ([`flat512::planes`]) 960 × 7² took 0.7 of

@@ -5,8 +5,8 @@
 //! With the padding 1 all round the output plane is the input's size, and output pixel `p`
 //! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. A
 //! vector of outputs `16·j …` takes each tap's inputs from two of the plane's 16-pixel blocks by
-//! one two-source permute (`vpermt2ps`, the indices set once per layer from the row width):
-//! blocks `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the
+//! one two-source permute (`vpermt2ps`, the indices set once per layer from the row width; on
+//! MobileNetV2's planes one `valignd` by a constant shift instead, [`tap_input`]): blocks `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the
 //! others, where rows are at most 15 pixels ([`NEAR_FIRST`]); from 17, `j − 2` and `j − 1` for
 //! the taps above and `j + 1` and `j + 2` for those below ([`FAR_FIRST`]). The plane's blocks
 //! are loaded once per group of vectors, never per tap. The padding is zeros, as in the tile
@@ -23,7 +23,7 @@
 //! A thread's run of planes is one call ([`planes`]): the taps' permute indices are loaded
 //! once for the run, each plane's channel is counted along (no division per plane), and
 //! MobileNetV2's plane sizes (49, 196 and 784 pixels) are compiled with the size known, so
-//! the blocks' bounds and the groups fold to constants. One call per plane, with the size read
+//! the blocks' bounds and the groups fold to constants and the taps' shifts are immediates. One call per plane, with the size read
 //! from the geometry, took 1.4× the time at 960 × 7² (11.1–11.7 µs against 7.9–8.0),
 //! 1.15× at 576 × 14² and 1.1× at 192 × 28² (bias + ReLU6, 2 threads, separate processes
 //! alternated three times, the same sums).
@@ -137,7 +137,8 @@ pub(super) struct Run<'a> {
 /// Output planes `r.first ..` (`out`, whole planes): each from its input plane, its channel's
 /// nine weights and bias, with the activation `A` (`nhwc3::avx`'s `NONE`, `RELU` or `RELU6`)
 /// applied in registers, and `each` called on every plane's output after it is stored (in
-/// L1). The taps' permute indices are loaded once for the run, not per plane.
+/// L1). The taps' permute indices, where the plane size takes them, are loaded once for the
+/// run, not per plane.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
@@ -150,37 +151,58 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
         r.x.len() >= n * hw && r.w.len() >= c * taps && r.bias.is_none_or(|b| b.len() >= c) && c > 0,
         "NCHW 3 x 3 planes past their operands"
     );
-    let mut idx = [_mm512_setzero_si512(); 9];
-    for (v, i) in idx.iter_mut().zip(&g.idx) {
-        // SAFETY: 16 `i32`s.
-        *v = unsafe { _mm512_loadu_si512(i.as_ptr().cast()) };
+    // SAFETY: the caller's promise of AVX-512F; the operands are checked above.
+    unsafe {
+        // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds and
+        // the groups fold to constants, and the shifts are `valignd`s by constants.
+        match (g.far, hw) {
+            (false, 49) => run::<false, A, 49>(g, r, out, each),
+            (false, 196) => run::<false, A, 196>(g, r, out, each),
+            (true, 784) => run::<true, A, 784>(g, r, out, each),
+            (true, _) => run::<true, A, 0>(g, r, out, each),
+            (false, _) => run::<false, A, 0>(g, r, out, each),
+        }
     }
-    // The channel counted along the planes, not divided out of each plane's index.
-    let mut ch = r.first % c;
-    for (i, o) in out.chunks_exact_mut(hw).enumerate() {
-        let w: [__m512; 9] = if r.packed {
-            std::array::from_fn(|t| _mm512_set1_ps(r.w[t * c + ch]))
-        } else {
-            let wk = &r.w[ch * taps..][..taps];
-            std::array::from_fn(|t| _mm512_set1_ps(wk[t]))
-        };
-        let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
-        ch = if ch + 1 == c { 0 } else { ch + 1 };
-        let x = &r.x[i * hw..][..hw];
-        // SAFETY: the CPU has AVX-512F (the caller's promise); `x` and `o` are whole planes.
-        unsafe {
-            let (x, o) = (x.as_ptr(), o.as_mut_ptr());
-            // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds
-            // and the groups fold to constants.
-            match (g.far, hw) {
-                (false, 49) => groups::<false, A, 49>(g, x, &w, &idx, b, o),
-                (false, 196) => groups::<false, A, 196>(g, x, &w, &idx, b, o),
-                (true, 784) => groups::<true, A, 784>(g, x, &w, &idx, b, o),
-                (true, _) => groups::<true, A, 0>(g, x, &w, &idx, b, o),
-                (false, _) => groups::<false, A, 0>(g, x, &w, &idx, b, o),
+}
+
+/// [`planes`] for one plane size (`HW`, 0 for the layer's): the taps' permute indices are
+/// loaded once for the run where the size is not known (with it, the shifts need none, and
+/// nine index registers held over the run made the compiler spill the weights).
+///
+/// # Safety
+/// As [`planes`]'s, with the operands checked there.
+#[inline(always)]
+unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
+    g: &Flat512,
+    r: &Run,
+    out: &mut [f32],
+    each: impl Fn(&mut [f32]),
+) {
+    // SAFETY: the caller's promise of AVX-512F; `x` and `o` are whole planes, the index
+    // vectors 16 `i32`s each.
+    unsafe {
+        let (hw, c, taps) = (g.hw, r.channels, 9);
+        let mut idx = [_mm512_setzero_si512(); 9];
+        if HW == 0 {
+            for (v, i) in idx.iter_mut().zip(&g.idx) {
+                *v = _mm512_loadu_si512(i.as_ptr().cast());
             }
         }
-        each(o);
+        // The channel counted along the planes, not divided out of each plane's index.
+        let mut ch = r.first % c;
+        for (i, o) in out.chunks_exact_mut(hw).enumerate() {
+            let w: [__m512; 9] = if r.packed {
+                std::array::from_fn(|t| _mm512_set1_ps(r.w[t * c + ch]))
+            } else {
+                let wk = &r.w[ch * taps..][..taps];
+                std::array::from_fn(|t| _mm512_set1_ps(wk[t]))
+            };
+            let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
+            ch = if ch + 1 == c { 0 } else { ch + 1 };
+            let x = &r.x[i * hw..][..hw];
+            groups::<FAR, A, HW>(g, x.as_ptr(), &w, &idx, b, o.as_mut_ptr());
+            each(o);
+        }
     }
 }
 
@@ -269,25 +291,108 @@ unsafe fn group<const N: usize, const FAR: bool, const A: u8, const HW: usize>(
             *v = block::<HW>(g, x, j as isize + k as isize - 2);
         }
         let mut s = [b; N];
-        for t in 0..9 {
-            for (v, s) in s.iter_mut().enumerate() {
-                // The left taps (kx = 0) zero the lanes at x = 0, the right ones those at
-                // x = w − 1; the blocks are zero above and below the plane.
-                let m = match t % 3 {
-                    0 => g.cols[j + v][0],
-                    2 => g.cols[j + v][1],
-                    _ => u16::MAX,
-                };
-                // The tap's first block, `j − 2 + k` for vector `j + v`.
-                let k = (v as isize + if FAR { FAR_FIRST[t] } else { NEAR_FIRST[t] } + 2) as usize;
-                let input = if t == 4 { blk[k] } else { _mm512_maskz_permutex2var_ps(m, blk[k], idx[t], blk[k + 1]) };
-                *s = _mm512_fmadd_ps(w[t], input, *s);
-            }
+        // The taps written out one by one: with the shifts as inline assembly, LLVM kept
+        // a loop over them.
+        macro_rules! tap {
+            ($t:literal) => {
+                for (v, s) in s.iter_mut().enumerate() {
+                    // The left taps (kx = 0) zero the lanes at x = 0, the right ones those at
+                    // x = w − 1; the blocks are zero above and below the plane.
+                    let m = match $t % 3 {
+                        0 => g.cols[j + v][0],
+                        2 => g.cols[j + v][1],
+                        _ => u16::MAX,
+                    };
+                    // The tap's first block, `j − 2 + k` for vector `j + v`.
+                    let k = (v as isize + if FAR { FAR_FIRST[$t] } else { NEAR_FIRST[$t] } + 2) as usize;
+                    let input = if $t == 4 { blk[k] } else { tap_input::<HW>($t, m, blk[k], blk[k + 1], idx[$t]) };
+                    *s = _mm512_fmadd_ps(w[$t], input, *s);
+                }
+            };
         }
+        tap!(0);
+        tap!(1);
+        tap!(2);
+        tap!(3);
+        tap!(4);
+        tap!(5);
+        tap!(6);
+        tap!(7);
+        tap!(8);
         for (v, s) in s.iter().enumerate() {
             let first = (j + v) * L;
             _mm512_mask_storeu_ps(out.add(first), lanes(first, pixels::<HW>(g)), finish512::<A>(*s));
         }
+    }
+}
+
+/// MobileNetV2's plane sizes (7², 14², 28²) and, for each, every tap's shift into its two
+/// blocks: the index of lane 0 (as [`Flat512`]'s permute indices, lane `l` at `shift + l`),
+/// `(t / 3 − 1)·w + t % 3 − 1 − 16·first` with `first` from [`NEAR_FIRST`] or [`FAR_FIRST`].
+/// The centre tap (4) is its block itself.
+const SHIFTS: [(usize, [i32; 9]); 3] = [
+    (49, [8, 9, 10, 15, 0, 1, 6, 7, 8]),
+    (196, [1, 2, 3, 15, 0, 1, 13, 14, 15]),
+    (784, [3, 4, 5, 15, 0, 1, 11, 12, 13]),
+];
+
+/// Tap `t`'s inputs out of its two blocks `lo` and `hi`, the lanes outside `m` zero: on the
+/// plane sizes of [`SHIFTS`] (`HW`) one `valignd` by the tap's shift, else the permute by
+/// `idx`.
+///
+/// On Zen 4 `vpermt2ps` and the multiply-adds contend for the same units (8 of each in about
+/// 14.6 cycles, where 8 multiply-adds take 8), and a `valignd` less (8 with 8 multiply-adds in
+/// 10.7). One thread, ReLU6, against the permutes (separate processes alternated three
+/// times, the same sums): 960 × 7² in 0.76–0.87 of the time, 576 × 14² 0.92–0.98, 384 × 14²
+/// 0.85–0.98, 192 × 28² 0.83–0.87.
+///
+/// The shifts are inline assembly: LLVM turns `_mm512_maskz_alignr_epi32` into `vpermt2ps`.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn tap_input<const HW: usize>(t: usize, m: __mmask16, lo: __m512, hi: __m512, idx: __m512i) -> __m512 {
+    macro_rules! align {
+        ($s:literal, $t:literal) => {{
+            let r: __m512;
+            // SAFETY: the caller's promise of AVX-512F; registers only.
+            unsafe {
+                std::arch::asm!(
+                    "valignd {r}{{{m}}}{{z}}, {hi}, {lo}, {imm}",
+                    r = lateout(zmm_reg) r,
+                    m = in(kreg) m,
+                    hi = in(zmm_reg) hi,
+                    lo = in(zmm_reg) lo,
+                    imm = const SHIFTS[$s].1[$t],
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            r
+        }};
+    }
+    macro_rules! taps {
+        ($s:literal) => {
+            match t {
+                0 => align!($s, 0),
+                1 => align!($s, 1),
+                2 => align!($s, 2),
+                3 => align!($s, 3),
+                5 => align!($s, 5),
+                6 => align!($s, 6),
+                7 => align!($s, 7),
+                _ => align!($s, 8),
+            }
+        };
+    }
+    if HW == SHIFTS[0].0 {
+        taps!(0)
+    } else if HW == SHIFTS[1].0 {
+        taps!(1)
+    } else if HW == SHIFTS[2].0 {
+        taps!(2)
+    } else {
+        _mm512_maskz_permutex2var_ps(m, lo, idx, hi)
     }
 }
 
@@ -324,6 +429,21 @@ mod tests {
         assert!(Flat512::new(&d.height(33).width(31)).is_some());
         assert!(Flat512::new(&d.height(34).width(31)).is_none());
         assert!(Flat512::new(&d.height(3).width(32)).is_none());
+    }
+
+    /// The `valignd` shifts of MobileNetV2's planes are the permute indices the geometry
+    /// builds for them, plane by plane and tap by tap.
+    #[test]
+    fn shifts_are_the_permute_indices() {
+        let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
+        for (hw, shifts) in SHIFTS {
+            let w = (1..=MAX_WIDTH).find(|w| w * w == hw).expect("a square plane");
+            let g = Flat512::new(&d.height(w).width(w)).expect("flat");
+            for (t, lanes) in g.idx.iter().enumerate() {
+                let expected: Vec<i32> = (0..L as i32).map(|l| shifts[t] + l).collect();
+                assert_eq!(lanes[..], expected[..], "{w}², tap {t}");
+            }
+        }
     }
 
     /// The lanes with neighbours left and right, built row by row, are those of the
