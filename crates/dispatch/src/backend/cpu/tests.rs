@@ -1110,9 +1110,10 @@ fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64
 /// of at most 1024, on AVX-512): every row width from 1 to 31, plane heights that leave
 /// every remainder of the 4-vector groups and a last vector of one pixel (7², 16 × 1), the
 /// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
-/// several images and channels, no activation, ReLU and ReLU6, the f16 and bf16 storages
-/// beside them (widened and rounded a chunk of planes at a time), and layers of more planes
-/// than one chunk.
+/// planes of MobileNetV2's sizes in other shapes (49 × 1, 28 × 7, whose shifts are not the
+/// square planes' compiled in), several images and channels, no activation, ReLU and ReLU6,
+/// the f16 and bf16 storages beside them (widened and rounded a chunk of planes at a time),
+/// and layers of more planes than one chunk.
 #[test]
 fn depthwise_nchw_flat_planes_are_exact() {
     let d = conv_geometry(Layout::Nchw, [1, 1, 7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
@@ -1121,7 +1122,13 @@ fn depthwise_nchw_flat_planes_are_exact() {
     for isa in Isa::available() {
         assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
     }
-    let near = (1..=15).map(|w| (1 + (w * 7) % 17, w)).chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)]);
+    // MobileNetV2's plane sizes in other shapes (49 × 1; 28 × 7, 49 × 4 and 98 × 2, 196
+    // pixels): the shifts compiled in for 7² and 14² are not theirs.
+    let other = [(49, 1), (28, 7), (49, 4), (98, 2)];
+    let near = (1..=15)
+        .map(|w| (1 + (w * 7) % 17, w))
+        .chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)])
+        .chain(other);
     let far = (17..=31).map(|w| (1 + (w * 5) % 13, w)).chain([(28, 28), (33, 31), (34, 31), (5, 16), (3, 32)]);
     let shapes = near.chain(far);
     for (seed, (h, w)) in (8600u64..).zip(shapes) {

@@ -6,9 +6,10 @@
 //! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. A
 //! vector of outputs `16·j …` takes each tap's inputs from two of the plane's 16-pixel blocks by
 //! one two-source permute (`vpermt2ps`, the indices set once per layer from the row width; on
-//! MobileNetV2's planes one `valignd` by a constant shift instead, [`tap_input`]): blocks `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the
-//! others, where rows are at most 15 pixels ([`NEAR_FIRST`]); from 17, `j − 2` and `j − 1` for
-//! the taps above and `j + 1` and `j + 2` for those below ([`FAR_FIRST`]). The plane's blocks
+//! MobileNetV2's planes one `valignd` by a constant shift instead, [`tap_input`]): blocks
+//! `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the others,
+//! where rows are at most 15 pixels ([`NEAR_FIRST`]); from 17, `j − 2` and `j − 1` for the
+//! taps above and `j + 1` and `j + 2` for those below ([`FAR_FIRST`]). The plane's blocks
 //! are loaded once per group of vectors, never per tap. The padding is zeros, as in the tile
 //! and band kernels: the blocks are zero past the plane's ends (the rows above and below), and
 //! the permutes of the left and right taps zero the lanes whose tap column lies outside the
@@ -20,11 +21,12 @@
 //! With a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks
 //! per vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
 //!
-//! A thread's run of planes is one call ([`planes`]): the taps' permute indices are loaded
-//! once for the run, each plane's channel is counted along (no division per plane), and
-//! MobileNetV2's plane sizes (49, 196 and 784 pixels) are compiled with the size known, so
-//! the blocks' bounds and the groups fold to constants and the taps' shifts are immediates. One call per plane, with the size read
-//! from the geometry, took 1.4× the time at 960 × 7² (11.1–11.7 µs against 7.9–8.0),
+//! A thread's run of planes is one call ([`planes`]): the taps' permute indices (where the
+//! plane size takes them) are loaded once for the run, each plane's channel is counted along
+//! (no division per plane), and MobileNetV2's plane sizes (49, 196 and 784 pixels) are
+//! compiled with the size known, so the blocks' bounds and the groups fold to constants and
+//! the taps' shifts are immediates. One call per plane, with the size read from the geometry,
+//! took 1.4× the time at 960 × 7² (11.1–11.7 µs against 7.9–8.0),
 //! 1.15× at 576 × 14² and 1.1× at 192 × 28² (bias + ReLU6, 2 threads, separate processes
 //! alternated three times, the same sums).
 
@@ -58,6 +60,8 @@ const FAR_FIRST: [isize; 9] = [-2, -2, -2, -1, 0, 0, 1, 1, 1];
 pub(super) struct Flat512 {
     /// Pixels per plane (input and output).
     hw: usize,
+    /// Pixels per row.
+    w: usize,
     /// Rows of 17 to 31 pixels ([`FAR_FIRST`]), else of up to 15 ([`NEAR_FIRST`]).
     far: bool,
     /// Per tap, the lanes' indices into its two blocks (16 · 2 elements).
@@ -113,7 +117,7 @@ impl Flat512 {
             cols[first / L][0] &= !(1 << (first % L));
             cols[last / L][1] &= !(1 << (last % L));
         }
-        Some(Flat512 { hw, far, idx, cols })
+        Some(Flat512 { hw, w, far, idx, cols })
     }
 
     /// Pixels per plane.
@@ -154,20 +158,22 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
     // SAFETY: the caller's promise of AVX-512F; the operands are checked above.
     unsafe {
         // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds and
-        // the groups fold to constants, and the shifts are `valignd`s by constants.
-        match (g.far, hw) {
-            (false, 49) => run::<false, A, 49>(g, r, out, each),
-            (false, 196) => run::<false, A, 196>(g, r, out, each),
-            (true, 784) => run::<true, A, 784>(g, r, out, each),
-            (true, _) => run::<true, A, 0>(g, r, out, each),
-            (false, _) => run::<false, A, 0>(g, r, out, each),
+        // the groups fold to constants, and the shifts are `valignd`s by constants. The width
+        // too: 49 pixels are also a 49 × 1 plane, 196 a 28 × 7 one, whose shifts differ.
+        match (g.far, hw, g.w) {
+            (false, 49, 7) => run::<false, A, 49>(g, r, out, each),
+            (false, 196, 14) => run::<false, A, 196>(g, r, out, each),
+            (true, 784, 28) => run::<true, A, 784>(g, r, out, each),
+            (true, ..) => run::<true, A, 0>(g, r, out, each),
+            (false, ..) => run::<false, A, 0>(g, r, out, each),
         }
     }
 }
 
-/// [`planes`] for one plane size (`HW`, 0 for the layer's): the taps' permute indices are
-/// loaded once for the run where the size is not known (with it, the shifts need none, and
-/// nine index registers held over the run made the compiler spill the weights).
+/// [`planes`] for one plane size (`HW`, a square plane's; 0 for the layer's, any shape): the
+/// taps' permute indices are loaded once for the run where the size is not known (with it,
+/// the shifts need none, and nine index registers held over the run made the compiler spill
+/// the weights).
 ///
 /// # Safety
 /// As [`planes`]'s, with the operands checked there.
@@ -326,10 +332,10 @@ unsafe fn group<const N: usize, const FAR: bool, const A: u8, const HW: usize>(
     }
 }
 
-/// MobileNetV2's plane sizes (7², 14², 28²) and, for each, every tap's shift into its two
-/// blocks: the index of lane 0 (as [`Flat512`]'s permute indices, lane `l` at `shift + l`),
-/// `(t / 3 − 1)·w + t % 3 − 1 − 16·first` with `first` from [`NEAR_FIRST`] or [`FAR_FIRST`].
-/// The centre tap (4) is its block itself.
+/// MobileNetV2's plane sizes (7², 14², 28², square planes only) and, for each, every tap's
+/// shift into its two blocks: the index of lane 0 (as [`Flat512`]'s permute indices, lane `l`
+/// at `shift + l`), `(t / 3 − 1)·w + t % 3 − 1 − 16·first` with `first` from [`NEAR_FIRST`]
+/// or [`FAR_FIRST`]. The centre tap (4) is its block itself.
 const SHIFTS: [(usize, [i32; 9]); 3] = [
     (49, [8, 9, 10, 15, 0, 1, 6, 7, 8]),
     (196, [1, 2, 3, 15, 0, 1, 13, 14, 15]),
