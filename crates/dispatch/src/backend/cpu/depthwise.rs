@@ -4,18 +4,22 @@
 //! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, rows
 //!   of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes of at most
 //!   1024, on AVX-512 ([`flat512`]): each plane as one flat run of pixels, 16 outputs a vector
-//!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), each tap's
-//!   inputs permuted out of the plane's 16-pixel blocks (on those three plane sizes by a
-//!   `valignd` with a constant shift, which on Zen 4 contends less with the multiply-adds
-//!   than `vpermt2ps`: 0.76–0.98 of the time on one thread). MobileNetV2's 384 × 14² and 576 × 14²
-//!   took 0.77–0.78 of the 16-lane rows' time below, 192 × 28² 0.87, its 960 × 7² level with
-//!   the channel blocks' (2 threads, separate processes alternated, the same bits). A thread's
-//!   planes then went one call each; as one run ([`flat512::planes`]) 960 × 7² took 0.7 of
-//!   that time, 576 × 14² 0.87, 192 × 28² 0.9. Half-precision inputs are widened, and outputs
-//!   rounded, [`FLAT_CHUNK`] elements of whole planes at a time through the thread's buffers
+//!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), by column sums:
+//!   the kernel's three columns summed down the rows at every pixel (the rows above and below
+//!   each one shift out of the plane's 16-pixel blocks), then each pixel's sum plus its left
+//!   neighbour's left column and its right neighbour's right column (one `valignd` each, the
+//!   row's ends zeroed). That is another order of the sums than the other kernels' (exact
+//!   where every partial sum is): against the taps one by one in kernel order, MobileNetV2's
+//!   576 × 14² and 384 × 14² took 0.69–0.72 of the time, 192 × 28² 0.66, 960 × 7² 0.86 (one
+//!   thread; about 0.7 on two but 960 × 7² 0.85–0.95). That kernel order had taken 0.77–0.78
+//!   of the 16-lane rows' time below at 14², 0.87 at 28², and was level with the channel
+//!   blocks at 7². A thread's planes go as one run ([`flat512::planes`]; one call each had
+//!   taken 1.1–1.4× the time). Half-precision inputs are widened, and outputs rounded,
+//!   [`FLAT_CHUNK`] elements of whole planes at a time through the thread's buffers
 //!   ([`Conv::nchw_flat`]): in f16, 576 × 14² took 0.7 of the channel blocks' time below,
 //!   384 × 14² 0.75, 960 × 7² 0.83, and 192 × 28² was level with the 16-lane rows (2
-//!   threads, separate processes alternated twice, the same sums).
+//!   threads, separate processes alternated twice, the same sums), before the column sums
+//!   (576 × 14² in f16: 0.73 of that).
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
 //!   stride 1 where the flat planes do not take them, or at stride 2 of at most 64² where the

@@ -1107,8 +1107,9 @@ fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64
 
 /// The NCHW flat planes (`depthwise::flat512`: 3 × 3, stride and dilation 1, padding 1 all
 /// round, rows of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes
-/// of at most 1024, on AVX-512): every row width from 1 to 31, plane heights that leave
-/// every remainder of the 4-vector groups and a last vector of one pixel (7², 16 × 1), the
+/// of at most 1024, on AVX-512; their own order of the sums, exact on these integers): every
+/// row width from 1 to 31, plane heights of one to several vectors and a last vector of one
+/// pixel (7², 16 × 1), the
 /// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
 /// planes of MobileNetV2's sizes in other shapes (49 × 1, 28 × 7, whose shifts are not the
 /// square planes' compiled in), several images and channels, no activation, ReLU and ReLU6,
@@ -1155,7 +1156,8 @@ fn depthwise_nchw_flat_planes_are_exact() {
 
 /// The NCHW flat planes with an activation they do not apply in registers (GELU, its tanh
 /// form, SiLU: over each plane after it is stored) give the bits of the band kernel, which
-/// applies it over its rows, on MobileNetV2's plane sizes and others, several channels and
+/// applies it over its rows (integer inputs: the sums are exact in either kernel's order), on
+/// MobileNetV2's plane sizes and others, several channels and
 /// images, packed weights or not; and write nothing past the output.
 #[test]
 fn depthwise_nchw_flat_planes_other_activations() {

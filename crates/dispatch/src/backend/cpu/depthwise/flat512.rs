@@ -1,34 +1,42 @@
 //! NCHW 3 × 3 layers with stride and dilation 1, padding 1 on every side and rows of at most
 //! 15 pixels, or of 17 to 31 (MobileNetV2's 7², 14² and 28² planes) on AVX-512: each plane as
-//! one flat run of pixels, 16 outputs a vector whatever the row width.
+//! one flat run of pixels, 16 outputs a vector whatever the row width, by column sums.
 //!
 //! With the padding 1 all round the output plane is the input's size, and output pixel `p`
-//! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. A
-//! vector of outputs `16·j …` takes each tap's inputs from two of the plane's 16-pixel blocks by
-//! one two-source permute (`vpermt2ps`, the indices set once per layer from the row width; on
-//! MobileNetV2's planes one `valignd` by a constant shift instead, [`tap_input`]): blocks
-//! `j − 1` and `j` for the taps above and the one to the left, `j` and `j + 1` for the others,
-//! where rows are at most 15 pixels ([`NEAR_FIRST`]); from 17, `j − 2` and `j − 1` for the
-//! taps above and `j + 1` and `j + 2` for those below ([`FAR_FIRST`]). The plane's blocks
-//! are loaded once per group of vectors, never per tap. The padding is zeros, as in the tile
-//! and band kernels: the blocks are zero past the plane's ends (the rows above and below), and
-//! the permutes of the left and right taps zero the lanes whose tap column lies outside the
-//! row (one mask per vector for each side); every tap is then one unmasked multiply-add, in
-//! kernel order after the bias, so the sums are the tile's and the band's bits.
+//! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. The
+//! kernel's three columns are summed down the rows first, at every pixel `q` of a vector:
+//! `z_kx[q] = w[0][kx]·x[q − w] + w[1][kx]·x[q] + w[2][kx]·x[q + w]` (the centre column's
+//! from the bias), then `out[p] = (z_1[p] + z_0[p − 1]) + z_2[p + 1]` ([`plane`]).
 //!
-//! Rows as vectors use 7, 14 or 28 lanes of 16 or 32 on these planes; flat, every lane but the
-//! last vector's tail. Vectors go [`V`] at a time, `V` independent sums for each tap's weight.
-//! With a plane in L1 a 14² plane took about 140 cycles, the 16-lane rows' 185; the taps' masks
-//! per vector and tap (lanes outside skipped, not zero) took 185 too (2-core AVX-512 Xeon).
+//! - **The rows above and below** (`x[q ∓ w]`) are each one shift out of two of the plane's
+//!   16-pixel blocks: blocks `j − 1` and `j` for the row above and `j`, `j + 1` for the one
+//!   below where rows are at most 15 pixels, `j − 2`, `j − 1` and `j + 1`, `j + 2` from 17
+//!   ([`vertical`]). The blocks are zero past the plane's ends (the padding rows), so these
+//!   shifts take no mask; each block is loaded once per plane.
+//! - **The columns left and right** (`z_0[p − 1]`, `z_2[p + 1]`) are one `valignd` each out of
+//!   two vectors' sums, zeroing the lanes whose neighbour lies outside the row (one mask per
+//!   vector for each side, [`Flat512`]).
 //!
-//! A thread's run of planes is one call ([`planes`]): the taps' permute indices (where the
-//! plane size takes them) are loaded once for the run, each plane's channel is counted along
-//! (no division per plane), and MobileNetV2's plane sizes (49, 196 and 784 pixels) are
-//! compiled with the size known, so the blocks' bounds and the groups fold to constants and
-//! the taps' shifts are immediates. One call per plane, with the size read from the geometry,
-//! took 1.4× the time at 960 × 7² (11.1–11.7 µs against 7.9–8.0),
-//! 1.15× at 576 × 14² and 1.1× at 192 × 28² (bias + ReLU6, 2 threads, separate processes
-//! alternated three times, the same sums).
+//! Each vector takes 4 shifts, 9 multiply-adds and 2 additions; summed tap by tap in kernel
+//! order (as the tile and band kernels do) it took 8 shifts and 9 multiply-adds in a chain of
+//! 9. One thread, bias + ReLU6, against that (separate processes alternated twice, 2-core
+//! Zen 4): 576 × 14² in 0.72 of the time, 384 × 14² 0.69, 192 × 28² 0.66, 960 × 7² 0.86; other
+//! widths (10², 13², 20², 31²) 0.66–0.74. The sums are those of another order than the tile's
+//! and the band's: exact where every partial sum is (integers), within the depthwise
+//! tolerance elsewhere, and the bits of the order above (a test holds them to a scalar model).
+//!
+//! The shifts are `vpermt2ps` by indices set once per layer from the row width, and on
+//! MobileNetV2's planes `valignd` by an immediate (inline assembly: LLVM turns
+//! `_mm512_maskz_alignr_epi32` into `vpermt2ps`), which on Zen 4 contends less with the
+//! multiply-adds (8 `valignd` with 8 multiply-adds in 10.7 cycles, 8 `vpermt2ps` in 14.6).
+//!
+//! A thread's run of planes is one call ([`planes`]): the permute indices (where the plane
+//! size takes them) are loaded once for the run, each plane's channel is counted along (no
+//! division per plane), and MobileNetV2's plane sizes (49, 196 and 784 pixels, square) are
+//! compiled with the size known, so the blocks' bounds fold to constants and the shifts are
+//! immediates. One call per plane, with the size read from the geometry, had taken 1.4× the
+//! time at 960 × 7², 1.15× at 576 × 14² and 1.1× at 192 × 28² (bias + ReLU6, 2 threads,
+//! separate processes alternated three times, the same sums).
 
 use super::super::activation::avx512::lanes;
 use std::arch::x86_64::*;
@@ -37,35 +45,24 @@ use tilekit_kernels::{Conv2dDesc, Layout};
 /// Lanes per vector (AVX-512).
 const L: usize = 16;
 
-/// Vectors per group (independent sums).
-const V: usize = 4;
-
-/// The most pixels of a row: 15 (`NEAR_FIRST`), or 17 to 31 (`FAR_FIRST`).
+/// The most pixels of a row: 15 (`NEAR`), or 17 to 31 (`FAR`).
 const MAX_WIDTH: usize = 31;
 
 /// The most vectors of a plane (1024 pixels).
 const MAX_VECTORS: usize = 64;
 
-/// Rows of up to 15 pixels: the first of the two blocks tap `t` reads, from vector `j`'s block:
-/// `j − 1` for the kernel's top row and the left tap of its middle row (offsets −w − 1 … −1),
-/// else `j` (offsets 0 … w + 1).
-const NEAR_FIRST: [isize; 9] = [-1, -1, -1, -1, 0, 0, 0, 0, 0];
-
-/// Rows of 17 to 31 pixels: `j − 2` for the top row (offsets −w − 1 … −w + 1, −32 … −16),
-/// `j + 1` for the bottom row (16 … 32), the middle row as [`NEAR_FIRST`].
-const FAR_FIRST: [isize; 9] = [-2, -2, -2, -1, 0, 0, 1, 1, 1];
-
-/// A layer's geometry for the kernel: the plane's sizes, the taps' permute indices and the
-/// lanes each tap of each vector has inside the input.
+/// A layer's geometry for the kernel: the plane's sizes, the vertical shifts' permute indices
+/// and the lanes of each vector with a neighbour left and right in the row.
 pub(super) struct Flat512 {
     /// Pixels per plane (input and output).
     hw: usize,
     /// Pixels per row.
     w: usize,
-    /// Rows of 17 to 31 pixels ([`FAR_FIRST`]), else of up to 15 ([`NEAR_FIRST`]).
+    /// Rows of 17 to 31 pixels, else of up to 15.
     far: bool,
-    /// Per tap, the lanes' indices into its two blocks (16 · 2 elements).
-    idx: [[i32; L]; 9],
+    /// The row above's and the row below's indices into their two blocks (16 · 2 elements):
+    /// lane `l` of vector `j` reads pixel `16·j + l ∓ w`.
+    idx: [[i32; L]; 2],
     /// Per vector, the lanes whose left and whose right neighbour lie in the row (`x ≥ 1`,
     /// `x + 1 < w`).
     cols: [[u16; 2]; MAX_VECTORS],
@@ -96,13 +93,18 @@ impl Flat512 {
             return None;
         }
         let (hw, far) = (h * w, w > 16);
-        let mut idx = [[0i32; L]; 9];
-        for (t, lanes) in idx.iter_mut().enumerate() {
-            let o = (t / 3) as isize * w as isize + (t % 3) as isize - w as isize - 1;
-            let first = if far { FAR_FIRST[t] } else { NEAR_FIRST[t] } * L as isize;
+        let mut idx = [[0i32; L]; 2];
+        for (lanes, below) in idx.iter_mut().zip([false, true]) {
+            // The pixel's offset and the first of the two blocks its lanes lie in.
+            let (o, first) = match (below, far) {
+                (false, false) => (-(w as isize), -1),
+                (false, true) => (-(w as isize), -2),
+                (true, false) => (w as isize, 0),
+                (true, true) => (w as isize, 1),
+            };
             for (l, i) in lanes.iter_mut().enumerate() {
-                // Within the two blocks: 0 ≤ o − first + l < 32 for every width but 16.
-                *i = (o - first + l as isize) as i32;
+                // Within the two blocks: 0 ≤ o − 16·first + l < 32 for every width but 16.
+                *i = (o - first * L as isize + l as isize) as i32;
             }
         }
         // Every lane of the plane, then the rows' ends taken out: built vector by vector and
@@ -141,8 +143,8 @@ pub(super) struct Run<'a> {
 /// Output planes `r.first ..` (`out`, whole planes): each from its input plane, its channel's
 /// nine weights and bias, with the activation `A` (`nhwc3::avx`'s `NONE`, `RELU` or `RELU6`)
 /// applied in registers, and `each` called on every plane's output after it is stored (in
-/// L1). The taps' permute indices, where the plane size takes them, are loaded once for the
-/// run, not per plane.
+/// L1). The permute indices, where the plane size takes them, are loaded once for the run,
+/// not per plane.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
@@ -157,9 +159,9 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
     );
     // SAFETY: the caller's promise of AVX-512F; the operands are checked above.
     unsafe {
-        // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds and
-        // the groups fold to constants, and the shifts are `valignd`s by constants. The width
-        // too: 49 pixels are also a 49 × 1 plane, 196 a 28 × 7 one, whose shifts differ.
+        // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds
+        // fold to constants, and the shifts are `valignd`s by constants. The width too: 49
+        // pixels are also a 49 × 1 plane, 196 a 28 × 7 one, whose shifts differ.
         match (g.far, hw, g.w) {
             (false, 49, 7) => run::<false, A, 49>(g, r, out, each),
             (false, 196, 14) => run::<false, A, 196>(g, r, out, each),
@@ -171,9 +173,8 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
 }
 
 /// [`planes`] for one plane size (`HW`, a square plane's; 0 for the layer's, any shape): the
-/// taps' permute indices are loaded once for the run where the size is not known (with it,
-/// the shifts need none, and nine index registers held over the run made the compiler spill
-/// the weights).
+/// permute indices are loaded once for the run where the size is not known (with it, the
+/// shifts need none).
 ///
 /// # Safety
 /// As [`planes`]'s, with the operands checked there.
@@ -188,7 +189,7 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
     // vectors 16 `i32`s each.
     unsafe {
         let (hw, c, taps) = (g.hw, r.channels, 9);
-        let mut idx = [_mm512_setzero_si512(); 9];
+        let mut idx = [_mm512_setzero_si512(); 2];
         if HW == 0 {
             for (v, i) in idx.iter_mut().zip(&g.idx) {
                 *v = _mm512_loadu_si512(i.as_ptr().cast());
@@ -206,7 +207,7 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
             let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
             ch = if ch + 1 == c { 0 } else { ch + 1 };
             let x = &r.x[i * hw..][..hw];
-            groups::<FAR, A, HW>(g, x.as_ptr(), &w, &idx, b, o.as_mut_ptr());
+            plane::<FAR, A, HW>(g, x.as_ptr(), &w, &idx, b, o.as_mut_ptr());
             each(o);
         }
     }
@@ -216,36 +217,6 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
 #[inline(always)]
 fn pixels<const HW: usize>(g: &Flat512) -> usize {
     if HW > 0 { HW } else { g.hw }
-}
-
-/// The plane's vectors in groups of [`V`], then the rest.
-///
-/// # Safety
-/// As [`group`]'s.
-#[inline(always)]
-unsafe fn groups<const FAR: bool, const A: u8, const HW: usize>(
-    g: &Flat512,
-    x: *const f32,
-    w: &[__m512; 9],
-    idx: &[__m512i; 9],
-    b: __m512,
-    out: *mut f32,
-) {
-    let mut j = 0;
-    // SAFETY: passed on from the caller; every group lies inside the plane's vectors.
-    unsafe {
-        let vectors = pixels::<HW>(g).div_ceil(L);
-        while j + V <= vectors {
-            group::<V, FAR, A, HW>(g, x, w, idx, b, j, out);
-            j += V;
-        }
-        match vectors - j {
-            3 => group::<3, FAR, A, HW>(g, x, w, idx, b, j, out),
-            2 => group::<2, FAR, A, HW>(g, x, w, idx, b, j, out),
-            1 => group::<1, FAR, A, HW>(g, x, w, idx, b, j, out),
-            _ => {}
-        }
-    }
 }
 
 /// Block `k` of a plane (pixels `16·k …`), the lanes past the plane zero; zero for `k` outside
@@ -270,136 +241,138 @@ unsafe fn block<const HW: usize>(g: &Flat512, x: *const f32, k: isize) -> __m512
     }
 }
 
-/// Output vectors `j..j + N` of a plane: blocks `j − 2 … j + N + 1` loaded once (those the
-/// taps read: `j − 1 … j + N` for rows of up to 15 pixels), each tap's input
-/// vectors permuted out of them (the lanes whose tap column is outside the row zeroed), the
-/// `N` sums multiplied and added tap by tap.
+/// One plane by column sums ([`column_sums`]), vector by vector:
+/// `out = (z_1[p] + z_0[p − 1]) + z_2[p + 1]`, the left neighbours' sums shifted in from the
+/// vector before, the right ones' from the vector after (each a `valignd` zeroing the lanes at the row's ends), then
+/// the activation `A` and a store masked to the plane. The blocks go through a window of
+/// five, `j − 2 … j + 2`, each loaded once.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels; `j + N ≤ vectors`.
+/// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels.
 #[inline(always)]
-unsafe fn group<const N: usize, const FAR: bool, const A: u8, const HW: usize>(
+unsafe fn plane<const FAR: bool, const A: u8, const HW: usize>(
     g: &Flat512,
     x: *const f32,
     w: &[__m512; 9],
-    idx: &[__m512i; 9],
+    idx: &[__m512i; 2],
     b: __m512,
-    j: usize,
     out: *mut f32,
 ) {
     use super::nhwc3::avx::finish512;
     // SAFETY: the blocks read only the plane (`block`); the stores are masked to its pixels.
     unsafe {
-        // Blocks j − 2 … j + N + 1 (an array indexed by constants stays in registers; the
-        // loads no tap reads are dropped).
-        let mut blk = [_mm512_setzero_ps(); V + 4];
-        for (k, v) in blk.iter_mut().enumerate().take(N + 4) {
-            *v = block::<HW>(g, x, j as isize + k as isize - 2);
-        }
-        let mut s = [b; N];
-        // The taps written out one by one: with the shifts as inline assembly, LLVM kept
-        // a loop over them.
-        macro_rules! tap {
-            ($t:literal) => {
-                for (v, s) in s.iter_mut().enumerate() {
-                    // The left taps (kx = 0) zero the lanes at x = 0, the right ones those at
-                    // x = w − 1; the blocks are zero above and below the plane.
-                    let m = match $t % 3 {
-                        0 => g.cols[j + v][0],
-                        2 => g.cols[j + v][1],
-                        _ => u16::MAX,
-                    };
-                    // The tap's first block, `j − 2 + k` for vector `j + v`.
-                    let k = (v as isize + if FAR { FAR_FIRST[$t] } else { NEAR_FIRST[$t] } + 2) as usize;
-                    let input = if $t == 4 { blk[k] } else { tap_input::<HW>($t, m, blk[k], blk[k + 1], idx[$t]) };
-                    *s = _mm512_fmadd_ps(w[$t], input, *s);
-                }
+        let hw = pixels::<HW>(g);
+        let zero = _mm512_setzero_ps();
+        // Rows of up to 15 pixels read blocks j − 1 … j + 1 only: the window's ends stay zero.
+        let edge = |k: isize| if FAR { block::<HW>(g, x, k) } else { zero };
+        let mut win = [edge(-2), block::<HW>(g, x, -1), block::<HW>(g, x, 0), block::<HW>(g, x, 1), edge(2)];
+        // The sums of vector j − 1's left column, and vector j's three.
+        let mut before = zero;
+        let mut z = column_sums::<FAR, HW>(&win, w, idx, b);
+        for j in 0..hw.div_ceil(L) {
+            // The window moved on to vector j + 1.
+            let k = j as isize + 3;
+            win = if FAR {
+                [win[1], win[2], win[3], win[4], block::<HW>(g, x, k)]
+            } else {
+                [zero, win[2], win[3], block::<HW>(g, x, k - 1), zero]
             };
-        }
-        tap!(0);
-        tap!(1);
-        tap!(2);
-        tap!(3);
-        tap!(4);
-        tap!(5);
-        tap!(6);
-        tap!(7);
-        tap!(8);
-        for (v, s) in s.iter().enumerate() {
-            let first = (j + v) * L;
-            _mm512_mask_storeu_ps(out.add(first), lanes(first, pixels::<HW>(g)), finish512::<A>(*s));
+            // Past the plane's last vector its sums are never read unmasked: zero.
+            let after = if (j + 1) * L < hw { column_sums::<FAR, HW>(&win, w, idx, b) } else { [zero; 3] };
+            let [left, right] = g.cols[j];
+            let s =
+                _mm512_add_ps(_mm512_add_ps(z[1], align::<15>(left, z[0], before)), align::<1>(right, after[2], z[2]));
+            let first = j * L;
+            _mm512_mask_storeu_ps(out.add(first), lanes(first, hw), finish512::<A>(s));
+            before = z[0];
+            z = after;
         }
     }
 }
 
-/// MobileNetV2's plane sizes (7², 14², 28², square planes only) and, for each, every tap's
-/// shift into its two blocks: the index of lane 0 (as [`Flat512`]'s permute indices, lane `l`
-/// at `shift + l`), `(t / 3 − 1)·w + t % 3 − 1 − 16·first` with `first` from [`NEAR_FIRST`]
-/// or [`FAR_FIRST`]. The centre tap (4) is its block itself.
-const SHIFTS: [(usize, [i32; 9]); 3] = [
-    (49, [8, 9, 10, 15, 0, 1, 6, 7, 8]),
-    (196, [1, 2, 3, 15, 0, 1, 13, 14, 15]),
-    (784, [3, 4, 5, 15, 0, 1, 11, 12, 13]),
-];
+/// The three column sums of vector `j` from its window of blocks `j − 2 … j + 2`, in this
+/// order: `z_0 = (w0·x[p − w] + w3·x[p]) + w6·x[p + w]`, `z_1 = ((b + w1·x[p − w]) + w4·x[p]) +
+/// w7·x[p + w]`, `z_2` as `z_0` with `w2`, `w5`, `w8` (weights in tap order, `3·ky + kx`; each
+/// step one multiply-add, one rounding).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn column_sums<const FAR: bool, const HW: usize>(
+    win: &[__m512; 5],
+    w: &[__m512; 9],
+    idx: &[__m512i; 2],
+    b: __m512,
+) -> [__m512; 3] {
+    // SAFETY: the caller's promise of AVX-512F.
+    unsafe {
+        let (up, dn) = if FAR {
+            (vertical::<HW, false>(win[0], win[1], idx[0]), vertical::<HW, true>(win[3], win[4], idx[1]))
+        } else {
+            (vertical::<HW, false>(win[1], win[2], idx[0]), vertical::<HW, true>(win[2], win[3], idx[1]))
+        };
+        let mid = win[2];
+        let z0 = _mm512_fmadd_ps(w[6], dn, _mm512_fmadd_ps(w[3], mid, _mm512_mul_ps(w[0], up)));
+        let z1 = _mm512_fmadd_ps(w[7], dn, _mm512_fmadd_ps(w[4], mid, _mm512_fmadd_ps(w[1], up, b)));
+        let z2 = _mm512_fmadd_ps(w[8], dn, _mm512_fmadd_ps(w[5], mid, _mm512_mul_ps(w[2], up)));
+        [z0, z1, z2]
+    }
+}
 
-/// Tap `t`'s inputs out of its two blocks `lo` and `hi`, the lanes outside `m` zero: on the
-/// plane sizes of [`SHIFTS`] (`HW`) one `valignd` by the tap's shift, else the permute by
-/// `idx`.
-///
-/// On Zen 4 `vpermt2ps` and the multiply-adds contend for the same units (8 of each in about
-/// 14.6 cycles, where 8 multiply-adds take 8), and a `valignd` less (8 with 8 multiply-adds in
-/// 10.7). One thread, ReLU6, against the permutes (separate processes alternated three
-/// times, the same sums): 960 × 7² in 0.76–0.87 of the time, 576 × 14² 0.92–0.98, 384 × 14²
-/// 0.85–0.98, 192 × 28² 0.83–0.87.
-///
-/// The shifts are inline assembly: LLVM turns `_mm512_maskz_alignr_epi32` into `vpermt2ps`.
+/// MobileNetV2's plane sizes (7², 14², 28², square planes only) and, for each, the row
+/// above's and the row below's shift into their two blocks: the index of lane 0 (as
+/// [`Flat512`]'s permute indices, lane `l` at `shift + l`).
+const SHIFTS: [(usize, [u8; 2]); 3] = [(49, [9, 7]), (196, [2, 14]), (784, [4, 12])];
+
+/// The row above (`BELOW` false) or below the 16 pixels of a vector, out of its two blocks
+/// `lo` and `hi`: on the plane sizes of [`SHIFTS`] (`HW`) one `valignd` by the shift, else the
+/// permute by `idx`.
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn tap_input<const HW: usize>(t: usize, m: __mmask16, lo: __m512, hi: __m512, idx: __m512i) -> __m512 {
-    macro_rules! align {
-        ($s:literal, $t:literal) => {{
-            let r: __m512;
-            // SAFETY: the caller's promise of AVX-512F; registers only.
-            unsafe {
-                std::arch::asm!(
-                    "valignd {r}{{{m}}}{{z}}, {hi}, {lo}, {imm}",
-                    r = lateout(zmm_reg) r,
-                    m = in(kreg) m,
-                    hi = in(zmm_reg) hi,
-                    lo = in(zmm_reg) lo,
-                    imm = const SHIFTS[$s].1[$t],
-                    options(pure, nomem, nostack, preserves_flags),
-                );
-            }
-            r
-        }};
-    }
-    macro_rules! taps {
+unsafe fn vertical<const HW: usize, const BELOW: bool>(lo: __m512, hi: __m512, idx: __m512i) -> __m512 {
+    macro_rules! shift {
         ($s:literal) => {
-            match t {
-                0 => align!($s, 0),
-                1 => align!($s, 1),
-                2 => align!($s, 2),
-                3 => align!($s, 3),
-                5 => align!($s, 5),
-                6 => align!($s, 6),
-                7 => align!($s, 7),
-                _ => align!($s, 8),
+            // SAFETY: the caller's promise of AVX-512F.
+            unsafe {
+                if BELOW { align::<{ SHIFTS[$s].1[1] }>(!0, hi, lo) } else { align::<{ SHIFTS[$s].1[0] }>(!0, hi, lo) }
             }
         };
     }
     if HW == SHIFTS[0].0 {
-        taps!(0)
+        shift!(0)
     } else if HW == SHIFTS[1].0 {
-        taps!(1)
+        shift!(1)
     } else if HW == SHIFTS[2].0 {
-        taps!(2)
+        shift!(2)
     } else {
-        _mm512_maskz_permutex2var_ps(m, lo, idx, hi)
+        _mm512_permutex2var_ps(lo, idx, hi)
     }
+}
+
+/// `valignd` by `S`: lanes `S …` of `lo` then `hi`, the lanes outside `m` zero.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn align<const S: u8>(m: __mmask16, hi: __m512, lo: __m512) -> __m512 {
+    let r: __m512;
+    // SAFETY: the caller's promise of AVX-512F; registers only.
+    unsafe {
+        std::arch::asm!(
+            "valignd {r}{{{m}}}{{z}}, {hi}, {lo}, {imm}",
+            r = lateout(zmm_reg) r,
+            m = in(kreg) m,
+            hi = in(zmm_reg) hi,
+            lo = in(zmm_reg) lo,
+            imm = const S,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    r
 }
 
 #[cfg(test)]
@@ -413,10 +386,9 @@ mod tests {
         let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
         let g = Flat512::new(&d).expect("flat");
         assert_eq!((g.hw, g.hw.div_ceil(L)), (49, 4));
-        // Tap (0, 0) of pixel p reads p − 8: lane l of block j − 1 is index l, so l + 8.
-        assert_eq!(g.idx[0][0], 8);
-        // The centre tap is the block itself; tap (2, 2) reads p + 8, lane l of block j + 1.
-        assert_eq!((g.idx[4][3], g.idx[8][0]), (3, 8));
+        // The row above pixel p is p − 7: lane l of block j − 1 is index l, so l + 9. The row
+        // below, p + 7, lane 7 + l of blocks j and j + 1.
+        assert_eq!((g.idx[0][0], g.idx[0][15], g.idx[1][0]), (9, 24, 7));
         // Columns 1..7 have a left neighbour, 0..6 a right one: pixels 0, 7, 14 … are the
         // first of their rows, 6, 13, 20 … the last.
         assert_eq!(g.cols[0], [!0x4081, !0x2040]);
@@ -428,26 +400,94 @@ mod tests {
         assert!(Flat512::new(&d.height(18).width(15)).is_none());
         assert!(Flat512::new(&d.height(17).width(15)).is_some());
         assert!(Flat512::new(&d.height(3).width(16)).is_none());
-        // 28²: rows of 17 to 31 read the blocks two away for the taps above and below; tap
-        // (0, 0) of pixel p reads p − 29, lane l of block j − 2 is index l + 3.
+        // 28²: rows of 17 to 31 read the blocks two away for the rows above and below; the
+        // row above pixel p is p − 28, lane l of block j − 2 is index l + 4.
         let g = Flat512::new(&d.height(28).width(28)).expect("flat");
-        assert_eq!((g.far, g.hw.div_ceil(L), g.idx[0][0], g.idx[8][0]), (true, 49, 3, 13));
+        assert_eq!((g.far, g.hw.div_ceil(L), g.idx[0][0], g.idx[1][0]), (true, 49, 4, 12));
         assert!(Flat512::new(&d.height(33).width(31)).is_some());
         assert!(Flat512::new(&d.height(34).width(31)).is_none());
         assert!(Flat512::new(&d.height(3).width(32)).is_none());
     }
 
     /// The `valignd` shifts of MobileNetV2's planes are the permute indices the geometry
-    /// builds for them, plane by plane and tap by tap.
+    /// builds for them, plane by plane, for the rows above and below.
     #[test]
     fn shifts_are_the_permute_indices() {
         let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
         for (hw, shifts) in SHIFTS {
             let w = (1..=MAX_WIDTH).find(|w| w * w == hw).expect("a square plane");
             let g = Flat512::new(&d.height(w).width(w)).expect("flat");
-            for (t, lanes) in g.idx.iter().enumerate() {
-                let expected: Vec<i32> = (0..L as i32).map(|l| shifts[t] + l).collect();
-                assert_eq!(lanes[..], expected[..], "{w}², tap {t}");
+            for (lanes, shift) in g.idx.iter().zip(shifts) {
+                let expected: Vec<i32> = (0..L as i32).map(|l| i32::from(shift) + l).collect();
+                assert_eq!(lanes[..], expected[..], "{w}², shift {shift}");
+            }
+        }
+    }
+
+    /// The sums are the column sums' order ([`column_sums`], [`plane`]), bit for bit, on
+    /// inputs whose sums round: a scalar model of that order (each step one `mul_add`, the
+    /// padding zero) against every plane of every row width the kernel takes, MobileNetV2's
+    /// squares (their shifts compiled in) and a plane of 49 × 1, with heights of one row to
+    /// the most pixels; two images of three channels (each plane's channel counted along),
+    /// weights as stored and packed. The input ends where a page without access begins, so a
+    /// read past it faults; nothing is written past the output.
+    #[test]
+    fn sums_are_the_column_order() {
+        use super::super::super::simd::Isa;
+        use super::super::super::tests::PageEnd;
+        if Isa::detect() != Isa::Avx512 {
+            println!("SKIP sums_are_the_column_order: this CPU has no AVX-512F");
+            return;
+        }
+        const SENTINEL: f32 = 1234.5;
+        let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
+        let (planes_n, channels) = (6, 3);
+        let weights: Vec<f32> = (0..channels * 9).map(|i| ((i * 37) % 29) as f32 * 0.0771 - 1.03).collect();
+        let packed: Vec<f32> = (0..channels * 9).map(|i| weights[(i % channels) * 9 + i / channels]).collect();
+        let bias: Vec<f32> = (0..channels).map(|c| c as f32 * 0.3137 - 0.29).collect();
+        let mut shapes: Vec<(usize, usize)> = vec![(7, 7), (14, 14), (28, 28), (49, 1)];
+        for w in (1..=MAX_WIDTH).filter(|&w| w != 16) {
+            let most = if w < 16 { 256 } else { L * MAX_VECTORS } / w;
+            shapes.extend([1, 2, 3, 1 + w % 5, most].into_iter().map(|h| (h, w)));
+        }
+        for (h, w) in shapes {
+            let g = Flat512::new(&d.height(h).width(w)).expect("flat");
+            let hw = h * w;
+            let input: Vec<f32> = (0..planes_n * hw).map(|i| ((i * 7919) % 113) as f32 * 0.0517 - 2.9).collect();
+            let guarded = PageEnd::new(&input);
+            let x = guarded.get();
+            // The model: each pixel's column sums in `column_sums`' order, then `plane`'s.
+            let mut want = vec![0.0f32; planes_n * hw];
+            for (p, o) in want.chunks_exact_mut(hw).enumerate() {
+                let (wk, b) = (&weights[(p % channels) * 9..][..9], bias[p % channels]);
+                let at = |y: isize, c: isize| {
+                    let inside = (0..h as isize).contains(&y) && (0..w as isize).contains(&c);
+                    if inside { x[p * hw + y as usize * w + c as usize] } else { 0.0 }
+                };
+                let column = |y: isize, c: isize, kx: usize| {
+                    let (up, mid, dn) = (at(y - 1, c), at(y, c), at(y + 1, c));
+                    let first = if kx == 1 { wk[1].mul_add(up, b) } else { wk[kx] * up };
+                    wk[6 + kx].mul_add(dn, wk[3 + kx].mul_add(mid, first))
+                };
+                for (i, o) in o.iter_mut().enumerate() {
+                    let (y, c) = ((i / w) as isize, (i % w) as isize);
+                    let left = if c > 0 { column(y, c - 1, 0) } else { 0.0 };
+                    let right = if c + 1 < w as isize { column(y, c + 1, 2) } else { 0.0 };
+                    *o = (column(y, c, 1) + left) + right;
+                }
+            }
+            for (wt, is_packed) in [(&weights, false), (&packed, true)] {
+                let r = Run { x, first: 0, channels, w: wt, packed: is_packed, bias: Some(&bias) };
+                let mut out = vec![SENTINEL; planes_n * hw + 16];
+                // SAFETY: the CPU has AVX-512F (above).
+                unsafe { planes::<{ super::super::nhwc3::avx::NONE }>(&g, &r, &mut out[..planes_n * hw], |_| {}) };
+                assert!(out[planes_n * hw..].iter().all(|&v| v == SENTINEL), "{h} x {w}: wrote past the output");
+                for (i, (o, e)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        o.to_bits() == e.to_bits(),
+                        "{h} x {w} packed {is_packed}: output {i} is {o}, the model's {e}"
+                    );
+                }
             }
         }
     }
