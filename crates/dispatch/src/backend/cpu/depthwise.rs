@@ -2,16 +2,19 @@
 //! padding and channel multiplier.
 //!
 //! - NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, rows
-//!   of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes of at most
-//!   1024, on AVX-512 ([`flat512`]): each plane as one flat run of pixels, 16 outputs a vector
-//!   (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14² and 28²), by column sums:
-//!   the kernel's three columns summed down the rows at every pixel (the rows above and below
-//!   each one shift out of the plane's 16-pixel blocks), then each pixel's sum plus its left
+//!   of at most 15 pixels and planes of at most 256, rows of 17 to 31 and planes of at most
+//!   1024, or rows of 32 to 256, on AVX-512 ([`flat512`]): each plane as one flat run of
+//!   pixels, 16 outputs a vector (rows as vectors use 7, 14 or 28 lanes of 16 or 32 at 7², 14²
+//!   and 28²), by column sums: the kernel's three columns summed down the rows at every pixel
+//!   (the rows above and below each one shift out of the plane's 16-pixel blocks, or loaded
+//!   where they lie from 32 pixels a row), then each pixel's sum plus its left
 //!   neighbour's left column and its right neighbour's right column (one `valignd` each, the
 //!   row's ends zeroed). That is another order of the sums than the other kernels' (exact
 //!   where every partial sum is): against the taps one by one in kernel order, MobileNetV2's
 //!   576 × 14² and 384 × 14² took 0.69–0.72 of the time, 192 × 28² 0.66, 960 × 7² 0.86 (one
-//!   thread; about 0.7 on two but 960 × 7² 0.85–0.95). That kernel order had taken 0.77–0.78
+//!   thread; about 0.7 on two but 960 × 7² 0.85–0.95); rows of 32 to 256 took 0.7–0.91 of
+//!   the 16-lane rows' time on planes in cache (32 × 56², 96 × 32², 64 × 33²), 0.97–1.0 on
+//!   MobileNetV2's 32 × 112² and 144 × 56². That kernel order had taken 0.77–0.78
 //!   of the 16-lane rows' time below at 14², 0.87 at 28², and was level with the channel
 //!   blocks at 7². A thread's planes go as one run ([`flat512::planes`]; one call each had
 //!   taken 1.1–1.4× the time). Half-precision inputs are widened, and outputs rounded,
@@ -36,9 +39,9 @@
 //!   three shifted loads, at stride 2 two loads split into even and odd columns by permutes),
 //!   masked where a lane's tap or load lies outside. MobileNetV2's 14² to 112² layers at
 //!   stride 1 took 0.49–0.68 of the tile kernel's time below (f32, f16 and packed weights
-//!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits); its strided
-//!   28² to 112² layers 0.55–0.8 of the channel blocks' or the tile's. Its 7² layer, 7 lanes
-//!   of 16, stays on the channel blocks.
+//!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits; the flat planes
+//!   above take those layers now); its strided 28² to 112² layers 0.55–0.8 of the channel
+//!   blocks' or the tile's.
 //! - Other NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1,
 //!   stride 1 or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64
 //!   outputs ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes

@@ -1106,11 +1106,11 @@ fn check_nchw_3x3_layers(stride: usize, shapes: &[(usize, usize)], mut seed: u64
 }
 
 /// The NCHW flat planes (`depthwise::flat512`: 3 × 3, stride and dilation 1, padding 1 all
-/// round, rows of at most 15 pixels and planes of at most 256, or rows of 17 to 31 and planes
-/// of at most 1024, on AVX-512; their own order of the sums, exact on these integers): every
-/// row width from 1 to 31, plane heights of one to several vectors and a last vector of one
-/// pixel (7², 16 × 1), the
-/// largest planes and one past them (the rows take those), rows of 16 and 32 (the rows too),
+/// round, rows of at most 15 pixels and planes of at most 256, rows of 17 to 31 and planes
+/// of at most 1024, or rows of 32 to 256, on AVX-512; their own order of the sums, exact on
+/// these integers): every row width from 1 to 31, plane heights of one to several vectors and
+/// a last vector of one pixel (7², 16 × 1), wide rows of 32 to 256 and 257 (the rows take it),
+/// the largest planes and one past them (the rows take those), rows of 16 (the rows too),
 /// planes of MobileNetV2's sizes in other shapes (49 × 1, 28 × 7, whose shifts are not the
 /// square planes' compiled in), several images and channels, no activation, ReLU and ReLU6,
 /// the f16 and bf16 storages beside them (widened and rounded a chunk of planes at a time),
@@ -1130,8 +1130,10 @@ fn depthwise_nchw_flat_planes_are_exact() {
         .map(|w| (1 + (w * 7) % 17, w))
         .chain([(7, 7), (14, 14), (16, 1), (17, 15), (18, 15), (4, 4)])
         .chain(other);
-    let far = (17..=31).map(|w| (1 + (w * 5) % 13, w)).chain([(28, 28), (33, 31), (34, 31), (5, 16), (3, 32)]);
-    let shapes = near.chain(far);
+    let far = (17..=31).map(|w| (1 + (w * 5) % 13, w)).chain([(28, 28), (33, 31), (34, 31), (5, 16)]);
+    // Wide rows (32 to 256 pixels, any height) and one past them (the rows take it).
+    let wide = [(3, 32), (1, 33), (4, 40), (2, 56), (5, 112), (2, 200), (1, 256), (2, 257)];
+    let shapes = near.chain(far).chain(wide);
     for (seed, (h, w)) in (8600u64..).zip(shapes) {
         let g = conv_geometry(
             Layout::Nchw,

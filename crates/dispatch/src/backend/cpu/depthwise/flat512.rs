@@ -1,6 +1,7 @@
 //! NCHW 3 × 3 layers with stride and dilation 1, padding 1 on every side and rows of at most
-//! 15 pixels, or of 17 to 31 (MobileNetV2's 7², 14² and 28² planes) on AVX-512: each plane as
-//! one flat run of pixels, 16 outputs a vector whatever the row width, by column sums.
+//! 15 pixels, of 17 to 31 (MobileNetV2's 7², 14² and 28² planes) or of 32 to 256 on AVX-512:
+//! each plane as one flat run of pixels, 16 outputs a vector whatever the row width, by column
+//! sums.
 //!
 //! With the padding 1 all round the output plane is the input's size, and output pixel `p`
 //! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. The
@@ -12,17 +13,22 @@
 //!   16-pixel blocks: blocks `j − 1` and `j` for the row above and `j`, `j + 1` for the one
 //!   below where rows are at most 15 pixels, `j − 2`, `j − 1` and `j + 1`, `j + 2` from 17
 //!   ([`vertical`]). The blocks are zero past the plane's ends (the padding rows), so these
-//!   shifts take no mask; each block is loaded once per plane.
+//!   shifts take no mask; each block is loaded once per plane. Rows of 32 pixels or more
+//!   ([`wide_plane`], planes of any height) load the rows above and below where they lie,
+//!   masked where they leave the plane.
 //! - **The columns left and right** (`z_0[p − 1]`, `z_2[p + 1]`) are one `valignd` each out of
 //!   two vectors' sums, zeroing the lanes whose neighbour lies outside the row (one mask per
-//!   vector for each side, [`Flat512`]).
+//!   vector for each side, [`Flat512`]; for wide rows one period of them, `w / gcd(w, 16)`
+//!   vectors: made in the loop from the vector's first column, they took 1.35× the time).
 //!
 //! Each vector takes 4 shifts, 9 multiply-adds and 2 additions; summed tap by tap in kernel
 //! order (as the tile and band kernels do) it took 8 shifts and 9 multiply-adds in a chain of
 //! 9. One thread, bias + ReLU6, against that (separate processes alternated twice, 2-core
 //! Zen 4): 576 × 14² in 0.72 of the time, 384 × 14² 0.69, 192 × 28² 0.66, 960 × 7² 0.86; other
-//! widths (10², 13², 20², 31²) 0.66–0.74. The sums are those of another order than the tile's
-//! and the band's: exact where every partial sum is (integers), within the depthwise
+//! widths (10², 13², 20², 31²) 0.66–0.74. Wide rows against the 16-lane rows (`rows512`, 2
+//! threads): 32 × 56² 0.83, 96 × 32² 0.91, 64 × 33² 0.7; MobileNetV2's 32 × 112² and
+//! 144 × 56², which stream from L3, 0.97–1.0. The sums are those of another order than the
+//! other kernels': exact where every partial sum is (integers), within the depthwise
 //! tolerance elsewhere, and the bits of the order above (a test holds them to a scalar model).
 //!
 //! The shifts are `vpermt2ps` by indices set once per layer from the row width, and on
@@ -48,8 +54,16 @@ const L: usize = 16;
 /// The most pixels of a row: 15 (`NEAR`), or 17 to 31 (`FAR`).
 const MAX_WIDTH: usize = 31;
 
-/// The most vectors of a plane (1024 pixels).
+/// The most vectors of a plane (1024 pixels) but for wide rows.
 const MAX_VECTORS: usize = 64;
+
+/// The fewest pixels of a wide row ([`wide_plane`]): two vectors, so a vector holds at most
+/// one row's start and one row's end.
+const WIDE: usize = 32;
+
+/// The most pixels of a wide row: its vectors' masks repeat every `w / gcd(w, 16)` vectors, at
+/// most 256.
+const MAX_WIDE: usize = 256;
 
 /// A layer's geometry for the kernel: the plane's sizes, the vertical shifts' permute indices
 /// and the lanes of each vector with a neighbour left and right in the row.
@@ -58,14 +72,19 @@ pub(super) struct Flat512 {
     hw: usize,
     /// Pixels per row.
     w: usize,
-    /// Rows of 17 to 31 pixels, else of up to 15.
+    /// Rows of 17 to 31 pixels, else of up to 15 (and of at least [`WIDE`], with `wide`).
     far: bool,
+    /// Rows of at least [`WIDE`] pixels, planes of any size: the rows above and below loaded
+    /// where they lie, the row ends' masks counted along ([`wide_plane`]).
+    wide: bool,
     /// The row above's and the row below's indices into their two blocks (16 · 2 elements):
     /// lane `l` of vector `j` reads pixel `16·j + l ∓ w`.
     idx: [[i32; L]; 2],
     /// Per vector, the lanes whose left and whose right neighbour lie in the row (`x ≥ 1`,
-    /// `x + 1 < w`).
-    cols: [[u16; 2]; MAX_VECTORS],
+    /// `x + 1 < w`); for wide rows, vector `j`'s at `j mod period`.
+    cols: [[u16; 2]; MAX_WIDE],
+    /// Wide rows: the vectors after which the masks repeat, `w / gcd(w, 16)`.
+    period: usize,
 }
 
 impl Flat512 {
@@ -85,14 +104,17 @@ impl Flat512 {
             || geometry != (3, 3, 1, 1, 1, 1)
             || pads != [1; 4]
             || d.multiplier != 1
-            || !(1..=MAX_WIDTH).contains(&w)
+            || !(1..=MAX_WIDE).contains(&w)
             || w == 16
             || h == 0
-            || h * w > if w < 16 { 256 } else { L * MAX_VECTORS }
+            || (w <= MAX_WIDTH && h * w > if w < 16 { 256 } else { L * MAX_VECTORS })
         {
             return None;
         }
-        let (hw, far) = (h * w, w > 16);
+        let (hw, far, wide) = (h * w, w > 16, w >= WIDE);
+        // Wide rows: the masks of one period of vectors, every lane a pixel.
+        let period = if wide { w / gcd(w, L) } else { 0 };
+        let (mask_pixels, mask_rows) = if wide { (period * L, period * L / w) } else { (hw, h) };
         let mut idx = [[0i32; L]; 2];
         for (lanes, below) in idx.iter_mut().zip([false, true]) {
             // The pixel's offset and the first of the two blocks its lanes lie in.
@@ -109,17 +131,17 @@ impl Flat512 {
         }
         // Every lane of the plane, then the rows' ends taken out: built vector by vector and
         // row by row, with no division per pixel (this runs once per call).
-        let mut cols = [[0u16; 2]; MAX_VECTORS];
-        for (j, c) in cols.iter_mut().enumerate().take(hw.div_ceil(L)) {
-            *c = [lanes(j * L, hw); 2];
+        let mut cols = [[0u16; 2]; MAX_WIDE];
+        for (j, c) in cols.iter_mut().enumerate().take(mask_pixels.div_ceil(L)) {
+            *c = [lanes(j * L, mask_pixels); 2];
         }
-        for y in 0..h {
+        for y in 0..mask_rows {
             // The row's first pixel has no left neighbour, its last no right one.
             let (first, last) = (y * w, y * w + w - 1);
             cols[first / L][0] &= !(1 << (first % L));
             cols[last / L][1] &= !(1 << (last % L));
         }
-        Some(Flat512 { hw, w, far, idx, cols })
+        Some(Flat512 { hw, w, far, wide, idx, cols, period })
     }
 
     /// Pixels per plane.
@@ -162,12 +184,13 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
         // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds
         // fold to constants, and the shifts are `valignd`s by constants. The width too: 49
         // pixels are also a 49 × 1 plane, 196 a 28 × 7 one, whose shifts differ.
-        match (g.far, hw, g.w) {
-            (false, 49, 7) => run::<false, A, 49>(g, r, out, each),
-            (false, 196, 14) => run::<false, A, 196>(g, r, out, each),
-            (true, 784, 28) => run::<true, A, 784>(g, r, out, each),
+        match (g.wide, g.far, hw, g.w) {
             (true, ..) => run::<true, A, 0>(g, r, out, each),
-            (false, ..) => run::<false, A, 0>(g, r, out, each),
+            (_, false, 49, 7) => run::<false, A, 49>(g, r, out, each),
+            (_, false, 196, 14) => run::<false, A, 196>(g, r, out, each),
+            (_, true, 784, 28) => run::<true, A, 784>(g, r, out, each),
+            (_, true, ..) => run::<true, A, 0>(g, r, out, each),
+            (_, false, ..) => run::<false, A, 0>(g, r, out, each),
         }
     }
 }
@@ -190,7 +213,7 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
     unsafe {
         let (hw, c, taps) = (g.hw, r.channels, 9);
         let mut idx = [_mm512_setzero_si512(); 2];
-        if HW == 0 {
+        if HW == 0 && !g.wide {
             for (v, i) in idx.iter_mut().zip(&g.idx) {
                 *v = _mm512_loadu_si512(i.as_ptr().cast());
             }
@@ -207,7 +230,11 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
             let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
             ch = if ch + 1 == c { 0 } else { ch + 1 };
             let x = &r.x[i * hw..][..hw];
-            plane::<FAR, A, HW>(g, x.as_ptr(), &w, &idx, b, o.as_mut_ptr());
+            if FAR && HW == 0 && g.wide {
+                wide_plane::<A>(g, x.as_ptr(), &w, b, o.as_mut_ptr());
+            } else {
+                plane::<FAR, A, HW>(g, x.as_ptr(), &w, &idx, b, o.as_mut_ptr());
+            }
             each(o);
         }
     }
@@ -280,9 +307,8 @@ unsafe fn plane<const FAR: bool, const A: u8, const HW: usize>(
             // Past the plane's last vector its sums are never read unmasked: zero.
             let after = if (j + 1) * L < hw { column_sums::<FAR, HW>(&win, w, idx, b) } else { [zero; 3] };
             let [left, right] = g.cols[j];
-            let s =
-                _mm512_add_ps(_mm512_add_ps(z[1], align::<15>(left, z[0], before)), align::<1>(right, after[2], z[2]));
             let first = j * L;
+            let s = combine(&z, before, &after, left, right);
             _mm512_mask_storeu_ps(out.add(first), lanes(first, hw), finish512::<A>(s));
             before = z[0];
             z = after;
@@ -311,11 +337,108 @@ unsafe fn column_sums<const FAR: bool, const HW: usize>(
         } else {
             (vertical::<HW, false>(win[1], win[2], idx[0]), vertical::<HW, true>(win[2], win[3], idx[1]))
         };
-        let mid = win[2];
+        sums(up, win[2], dn, w, b)
+    }
+}
+
+/// The three column sums of 16 pixels from the rows above (`up`), at (`mid`) and below them
+/// (`dn`), in [`column_sums`]' order.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn sums(up: __m512, mid: __m512, dn: __m512, w: &[__m512; 9], b: __m512) -> [__m512; 3] {
+    // SAFETY: the caller's promise of AVX-512F.
+    unsafe {
         let z0 = _mm512_fmadd_ps(w[6], dn, _mm512_fmadd_ps(w[3], mid, _mm512_mul_ps(w[0], up)));
         let z1 = _mm512_fmadd_ps(w[7], dn, _mm512_fmadd_ps(w[4], mid, _mm512_fmadd_ps(w[1], up, b)));
         let z2 = _mm512_fmadd_ps(w[8], dn, _mm512_fmadd_ps(w[5], mid, _mm512_mul_ps(w[2], up)));
         [z0, z1, z2]
+    }
+}
+
+/// A vector's outputs from its column sums `z` and its neighbours':
+/// `(z_1[p] + z_0[p − 1]) + z_2[p + 1]`, the left column's sums shifted in from `before` (the
+/// vector before's), the right one's from `after`, the lanes outside `left` and `right` (the
+/// rows' first and last pixels) zero.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn combine(z: &[__m512; 3], before: __m512, after: &[__m512; 3], left: u16, right: u16) -> __m512 {
+    // SAFETY: the caller's promise of AVX-512F.
+    unsafe { _mm512_add_ps(_mm512_add_ps(z[1], align::<15>(left, z[0], before)), align::<1>(right, after[2], z[2])) }
+}
+
+/// The greatest common divisor.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Pixels `start ..` of a plane of `hw` pixels at `x`, zero outside it.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` is a plane of `hw` pixels.
+#[inline(always)]
+unsafe fn span(x: *const f32, hw: usize, start: isize) -> __m512 {
+    // SAFETY: the caller's promises; only the lanes inside the plane are read (a masked-off
+    // lane is not accessed), the pointer formed by wrapping arithmetic.
+    unsafe {
+        if start >= 0 && start as usize + L <= hw {
+            _mm512_loadu_ps(x.add(start as usize))
+        } else {
+            let from = (-start).clamp(0, L as isize) as u32;
+            let to = (hw as isize - start).clamp(0, L as isize) as u32;
+            let m = ((1u32 << to) - 1) & !((1u32 << from) - 1);
+            _mm512_maskz_loadu_ps(m as u16, x.wrapping_offset(start))
+        }
+    }
+}
+
+/// The column sums of vector `j` of a plane of `hw` pixels in rows of `width`, its rows above
+/// and below loaded where they lie.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` is a plane of `hw` pixels.
+#[inline(always)]
+unsafe fn wide_sums(x: *const f32, hw: usize, width: usize, j: usize, w: &[__m512; 9], b: __m512) -> [__m512; 3] {
+    let p = (j * L) as isize;
+    // SAFETY: passed on.
+    unsafe { sums(span(x, hw, p - width as isize), span(x, hw, p), span(x, hw, p + width as isize), w, b) }
+}
+
+/// One plane of rows of at least [`WIDE`] pixels by column sums, as [`plane`]: the rows above
+/// and below each vector loaded where they lie (`p ∓ w`, the lanes outside the plane masked
+/// off, so zero), and the lanes at the rows' ends counted along from the vector's first
+/// column (a vector holds at most one row's start and one row's end).
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels, `g.w ≥ WIDE`.
+#[inline(always)]
+unsafe fn wide_plane<const A: u8>(g: &Flat512, x: *const f32, w: &[__m512; 9], b: __m512, out: *mut f32) {
+    use super::nhwc3::avx::finish512;
+    let (hw, width) = (g.hw, g.w);
+    // SAFETY: the caller's promise of AVX-512F; the stores are masked to the plane.
+    unsafe {
+        let zero = _mm512_setzero_ps();
+        let vectors = hw.div_ceil(L);
+        let sums_at = |j: usize| if j < vectors { wide_sums(x, hw, width, j, w, b) } else { [zero; 3] };
+        // Vector j − 1's left column's sums and vector j's and j + 1's: each iteration's sums
+        // are the next one's, so its outputs wait on none of its own multiply-adds (64 × 40²
+        // on one thread in 0.92 of the time of the sums for j + 1 made in the iteration; level
+        // in `plane`, so not there).
+        let (mut before, mut z, mut after) = (zero, sums_at(0), sums_at(1));
+        // Vector j's place in the masks' period.
+        let mut k = 0;
+        for j in 0..vectors {
+            let next = sums_at(j + 2);
+            let [left, right] = g.cols[k];
+            k = if k + 1 == g.period { 0 } else { k + 1 };
+            let first = j * L;
+            let s = combine(&z, before, &after, left, right);
+            _mm512_mask_storeu_ps(out.add(first), lanes(first, hw), finish512::<A>(s));
+            (before, z, after) = (z[0], after, next);
+        }
     }
 }
 
@@ -406,7 +529,15 @@ mod tests {
         assert_eq!((g.far, g.hw.div_ceil(L), g.idx[0][0], g.idx[1][0]), (true, 49, 4, 12));
         assert!(Flat512::new(&d.height(33).width(31)).is_some());
         assert!(Flat512::new(&d.height(34).width(31)).is_none());
-        assert!(Flat512::new(&d.height(3).width(32)).is_none());
+        // Wide rows: 32 to 256 pixels, any height; the masks repeat every w / gcd(w, 16)
+        // vectors.
+        let g = Flat512::new(&d.height(3).width(32)).expect("flat");
+        assert!(g.wide && g.period == 2);
+        let g = Flat512::new(&d.height(1000).width(40)).expect("flat");
+        assert!(g.wide && g.period == 5);
+        assert_eq!(Flat512::new(&d.height(1).width(255)).map(|g| g.period), Some(255));
+        assert!(Flat512::new(&d.height(2).width(256)).is_some());
+        assert!(Flat512::new(&d.height(2).width(257)).is_none());
     }
 
     /// The `valignd` shifts of MobileNetV2's planes are the permute indices the geometry
@@ -427,8 +558,8 @@ mod tests {
     /// The sums are the column sums' order ([`column_sums`], [`plane`]), bit for bit, on
     /// inputs whose sums round: a scalar model of that order (each step one `mul_add`, the
     /// padding zero) against every plane of every row width the kernel takes, MobileNetV2's
-    /// squares (their shifts compiled in) and a plane of 49 × 1, with heights of one row to
-    /// the most pixels; two images of three channels (each plane's channel counted along),
+    /// squares (their shifts compiled in), a plane of 49 × 1 and wide rows (32 to 256 pixels),
+    /// with heights of one row to the most pixels; two images of three channels (each plane's channel counted along),
     /// weights as stored and packed. The input ends where a page without access begins, so a
     /// read past it faults; nothing is written past the output.
     #[test]
@@ -449,6 +580,10 @@ mod tests {
         for w in (1..=MAX_WIDTH).filter(|&w| w != 16) {
             let most = if w < 16 { 256 } else { L * MAX_VECTORS } / w;
             shapes.extend([1, 2, 3, 1 + w % 5, most].into_iter().map(|h| (h, w)));
+        }
+        // Wide rows: one row to several, a row a whole number of vectors or not.
+        for w in [32, 33, 40, 47, 56, 100, 112, 255, 256] {
+            shapes.extend([1, 2, 3, 7].into_iter().map(|h| (h, w)));
         }
         for (h, w) in shapes {
             let g = Flat512::new(&d.height(h).width(w)).expect("flat");
@@ -494,15 +629,17 @@ mod tests {
 
     /// The lanes with neighbours left and right, built row by row, are those of the
     /// definition pixel by pixel, on every width the kernel takes and heights from one row to
-    /// the most pixels.
+    /// the most pixels (wide rows: one period of vectors, read at `j mod period` for every
+    /// vector of planes of 1 to 17 rows).
     #[test]
     fn columns_match_the_pixels() {
         let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
-        for w in (1..=MAX_WIDTH).filter(|&w| w != 16) {
+        for w in (1..=MAX_WIDE).filter(|&w| w != 16) {
             let most = if w < 16 { 256 } else { L * MAX_VECTORS } / w;
-            for h in [1, 2, 3, w, most / 2, most].into_iter().filter(|&h| (1..=most).contains(&h)) {
+            let heights = if w >= WIDE { vec![1, 2, 5, 17] } else { vec![1, 2, 3, w, most / 2, most] };
+            for h in heights.into_iter().filter(|&h| w >= WIDE || (1..=most).contains(&h)) {
                 let g = Flat512::new(&d.height(h).width(w)).expect("flat");
-                let mut cols = [[0u16; 2]; MAX_VECTORS];
+                let mut cols = vec![[0u16; 2]; (h * w).div_ceil(L)];
                 for p in 0..h * w {
                     let x = p % w;
                     if x >= 1 {
@@ -512,7 +649,15 @@ mod tests {
                         cols[p / L][1] |= 1 << (p % L);
                     }
                 }
-                assert_eq!(g.cols, cols, "{h} x {w}");
+                for (j, c) in cols.iter().enumerate() {
+                    // The last vector's lanes past the plane: wide rows keep them (the store is
+                    // masked to the plane).
+                    let got = if g.wide { g.cols[j % g.period].map(|m| m & lanes(j * L, h * w)) } else { g.cols[j] };
+                    assert_eq!(got, *c, "{h} x {w}, vector {j}");
+                }
+                if !g.wide {
+                    assert!(g.cols[cols.len()..].iter().all(|&c| c == [0, 0]), "{h} x {w}");
+                }
             }
         }
     }
