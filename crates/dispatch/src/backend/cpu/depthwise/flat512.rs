@@ -270,9 +270,9 @@ unsafe fn block<const HW: usize>(g: &Flat512, x: *const f32, k: isize) -> __m512
 
 /// One plane by column sums ([`column_sums`]), vector by vector:
 /// `out = (z_1[p] + z_0[p − 1]) + z_2[p + 1]`, the left neighbours' sums shifted in from the
-/// vector before, the right ones' from the vector after (each a `valignd` zeroing the lanes at the row's ends), then
-/// the activation `A` and a store masked to the plane. The blocks go through a window of
-/// five, `j − 2 … j + 2`, each loaded once.
+/// vector before, the right ones' from the vector after (each a `valignd` zeroing the lanes
+/// at the row's ends), then the activation `A` and a store masked to the plane. The blocks
+/// go through a window of five, `j − 2 … j + 2`, each loaded once.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `x` and `out` are planes of `g.hw` pixels.
