@@ -23,6 +23,15 @@
 //!   384 × 14² 0.75, 960 × 7² 0.83, and 192 × 28² was level with the 16-lane rows (2
 //!   threads, separate processes alternated twice, the same sums), before the column sums
 //!   (576 × 14² in f16: 0.73 of that).
+//! - NCHW 3 × 3 layers at stride 2 both ways with padding 1 at the top and left (at most 1 at
+//!   the bottom and right), dilation and multiplier 1 and rows of at least 8 outputs, on
+//!   AVX-512 ([`stride2`]): each output row 16 outputs a vector by column sums over the
+//!   input's even and odd columns (two loads a row split by two in-lane `vshufps`, in the
+//!   flat planes' order of the sums; two output rows at a time share their middle input row).
+//!   Against the 16-lane rows below, which took them before (2 threads, separate processes
+//!   alternated three times, bias + ReLU6): MobileNetV2's 96 × 112² stride 2 in 0.67 of the
+//!   time, 144 × 56² stride 2 0.71, 192 × 28² stride 2 0.78; in f16 0.8 and 0.95 at 28² and
+//!   56². A thread's planes go as one run, through [`Conv::nchw_flat`] as the flat planes do.
 //! - NCHW 3 × 3 layers (multiplier 1, stride 1 or 2, horizontal dilation 1, no activation,
 //!   ReLU or ReLU6) with whole 16-channel blocks and input planes of at most 128 pixels at
 //!   stride 1 where the flat planes do not take them, or at stride 2 of at most 64² where the
@@ -41,7 +50,8 @@
 //!   stride 1 took 0.49–0.68 of the tile kernel's time below (f32, f16 and packed weights
 //!   alike, 2 threads, 2-core AVX-512 Xeon, in-process A/B, the same bits; the flat planes
 //!   above take those layers now); its strided 28² to 112² layers 0.55–0.8 of the channel
-//!   blocks' or the tile's.
+//!   blocks' or the tile's (the stride-2 column sums above take those with padding 1 now; the
+//!   rows keep the other paddings and multipliers).
 //! - Other NCHW planes of at most 16 × 16 pixels, 3 × 3 kernels (horizontal dilation 1,
 //!   stride 1 or 2) of any size on AVX2 and AVX-512, and strided layers of up to 64 × 64
 //!   outputs ([`tile`]): 8 planes at a time are transposed into one zero-padded tile with the planes
@@ -129,7 +139,31 @@ mod flat512;
 pub(super) mod nhwc3;
 #[cfg(target_arch = "x86_64")]
 mod rows512;
+#[cfg(target_arch = "x86_64")]
+mod stride2;
 mod tile;
+
+/// The NCHW plane kernels by column sums ([`Conv::nchw_flat`]). One lives on the stack for
+/// a call; boxing the larger would allocate once per call.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::large_enum_variant)]
+enum Flat {
+    /// 3 × 3 "same" at stride 1 ([`flat512`]).
+    Same(flat512::Flat512),
+    /// 3 × 3 at stride 2 ([`stride2`]).
+    Stride2(stride2::Stride2),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Flat {
+    /// Pixels per input plane and per output plane.
+    fn pixels(&self) -> (usize, usize) {
+        match self {
+            Flat::Same(g) => (g.pixels(), g.pixels()),
+            Flat::Stride2(g) => g.pixels(),
+        }
+    }
+}
 
 /// Below this many multiply-adds a convolution runs on the calling thread (~30 µs of work).
 const PARALLEL_MIN: usize = 1 << 17;
@@ -762,42 +796,48 @@ impl Conv<'_> {
         std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { self.w[oc * 9 + t] })
     }
 
-    /// The flat planes' geometry ([`flat512`]) where they take the layer in `isa`: AVX-512 and
-    /// the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of at most 15
-    /// pixels or of 17 to 31, planes of at most 256 or 1024 pixels).
+    /// The flat planes' geometry ([`flat512`]) or the stride-2 column sums' ([`stride2`])
+    /// where they take the layer in `isa`: AVX-512 and the kernel's geometry (NCHW 3 × 3
+    /// "same", multiplier 1, rows of at most 15 pixels or of 17 to 256, planes of at most 256
+    /// or 1024 pixels below 32 a row; or NCHW 3 × 3 at stride 2, padding 1 at the top and
+    /// left, at least 8 outputs a row).
     #[cfg(target_arch = "x86_64")]
-    fn flat(&self, isa: Isa) -> Option<flat512::Flat512> {
+    fn flat(&self, isa: Isa) -> Option<Flat> {
         if isa != Isa::Avx512 {
             return None;
         }
-        flat512::Flat512::new(&self.d)
+        flat512::Flat512::new(&self.d).map(Flat::Same).or_else(|| stride2::Stride2::new(&self.d).map(Flat::Stride2))
     }
 
-    /// An NCHW layer through the flat planes ([`flat512::planes`]), one run of planes per
-    /// thread ([`in_tasks`]). ReLU and ReLU6 are applied in registers, other activations over
-    /// each plane after it (in L1). An f32 layer runs straight from the input to the output; a
-    /// half-precision input is widened, and a half-precision output rounded, [`FLAT_CHUNK`]
-    /// elements of whole planes at a time through the thread's buffers.
+    /// An NCHW layer through the flat planes ([`flat512::planes`]) or the stride-2 column
+    /// sums ([`stride2::planes`]), one run of planes per thread ([`in_tasks`]). ReLU and
+    /// ReLU6 are applied in registers, other activations over each plane after it (in L1). An
+    /// f32 layer runs straight from the input to the output; a half-precision input is
+    /// widened, and a half-precision output rounded, [`FLAT_CHUNK`] elements of whole output
+    /// planes (and their input planes) at a time through the thread's buffers.
     #[cfg(target_arch = "x86_64")]
-    fn nchw_flat<E: Elem>(&self, f: &flat512::Flat512, out: &mut [E]) {
+    fn nchw_flat<E: Elem>(&self, f: &Flat, out: &mut [E]) {
         use nhwc3::avx::{NONE, RELU, RELU6};
         use tilekit_kernels::Activation;
         let d = &self.d;
-        let plane = f.pixels();
+        let (ipl, opl) = f.pixels();
         let act = d.activation;
         // Planes `first ..` from the f32 input planes `x` into the f32 outputs `o`.
         let go = |first: usize, x: &[f32], o: &mut [f32]| {
             let r =
                 flat512::Run { x, first, channels: d.out_channels(), w: self.w, packed: self.packed, bias: self.bias };
             let each = |o: &mut [f32]| act_after_registers(act, o);
-            // SAFETY: the flat planes are chosen only where `isa` is `Isa::Avx512`
+            // SAFETY: both kernels are chosen only where `isa` is `Isa::Avx512`
             // (`Conv::flat`), which `Isa::detect` reports only where the CPU has AVX-512F,
             // AVX2 and FMA.
             unsafe {
-                match act {
-                    Activation::Relu => flat512::planes::<RELU>(f, &r, o, each),
-                    Activation::Relu6 => flat512::planes::<RELU6>(f, &r, o, each),
-                    _ => flat512::planes::<NONE>(f, &r, o, each),
+                match (f, act) {
+                    (Flat::Same(g), Activation::Relu) => flat512::planes::<RELU>(g, &r, o, each),
+                    (Flat::Same(g), Activation::Relu6) => flat512::planes::<RELU6>(g, &r, o, each),
+                    (Flat::Same(g), _) => flat512::planes::<NONE>(g, &r, o, each),
+                    (Flat::Stride2(g), Activation::Relu) => stride2::planes::<RELU>(g, &r, o, each),
+                    (Flat::Stride2(g), Activation::Relu6) => stride2::planes::<RELU6>(g, &r, o, each),
+                    (Flat::Stride2(g), _) => stride2::planes::<NONE>(g, &r, o, each),
                 }
             }
         };
@@ -805,22 +845,22 @@ impl Conv<'_> {
             if self.xh.is_none()
                 && let Some(o) = E::as_f32_mut(dst)
             {
-                return go(first, &self.x[first * plane..], o);
+                return go(first, &self.x[first * ipl..], o);
             }
             let mut xbuf = HALF_IN.take();
             let mut obuf = NHWC_ROW.take();
-            let most = (FLAT_CHUNK / plane).max(1) * plane;
-            xbuf.resize(xbuf.len().max(most), 0.0);
-            obuf.resize(obuf.len().max(most), 0.0);
-            for (i, dst) in dst.chunks_mut(most).enumerate() {
-                let p0 = first + i * most / plane;
-                let n = dst.len();
+            let planes = (FLAT_CHUNK / opl).max(1);
+            xbuf.resize(xbuf.len().max(planes * ipl), 0.0);
+            obuf.resize(obuf.len().max(planes * opl), 0.0);
+            for (i, dst) in dst.chunks_mut(planes * opl).enumerate() {
+                let p0 = first + i * planes;
+                let (n, xn) = (dst.len(), dst.len() / opl * ipl);
                 let x = match self.xh {
                     Some(xh) => {
-                        xh.widen_range(p0 * plane, &mut xbuf[..n]);
-                        &xbuf[..n]
+                        xh.widen_range(p0 * ipl, &mut xbuf[..xn]);
+                        &xbuf[..xn]
                     }
-                    None => &self.x[p0 * plane..][..n],
+                    None => &self.x[p0 * ipl..][..xn],
                 };
                 match E::as_f32_mut(dst) {
                     Some(o) => go(p0, x, o),
@@ -833,7 +873,7 @@ impl Conv<'_> {
             HALF_IN.set(xbuf);
             NHWC_ROW.set(obuf);
         };
-        in_tasks(out, plane, plane * 9, 1, run);
+        in_tasks(out, opl, opl * 9, 1, run);
     }
 
     /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: NHWC 3 × 3

@@ -1203,7 +1203,9 @@ fn depthwise_nchw_flat_planes_other_activations() {
 /// groups, with top and bottom paddings that put the first and last kernel rows outside; the
 /// first and last rows' vectors whose span leaves the plane take masked loads, the others
 /// not; a multiplier; a plane of more outputs than the band buffer (half-precision outputs in
-/// two bands of rows); and MobileNetV2's 144 × 56² layer's geometry on a few channels.
+/// two bands of rows); and MobileNetV2's 144 × 56² layer's geometry on a few channels. (With
+/// padding 1 at the top and left and at most 1 at the bottom and right, multiplier 1, the
+/// stride-2 column sums take the layer where AVX-512 is, and the rows where it is turned off.)
 #[test]
 fn depthwise_nchw_rows512_stride2_is_exact() {
     let d = conv_geometry(Layout::Nchw, [1, 1, 33, 33], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
@@ -1229,6 +1231,59 @@ fn depthwise_nchw_rows512_stride2_is_exact() {
     check_nchw_3x3_layers(2, &shapes, 8800);
     let d = conv_geometry(Layout::Nchw, [1, 3, 56, 56], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
     check_conv(&d.has_bias(true).activation(Activation::Relu6), 8899);
+}
+
+/// The NCHW stride-2 column sums (`depthwise::stride2`: 3 × 3, both strides 2, padding 1 at
+/// the top and left and 0 or 1 at the bottom and right, multiplier 1, rows of 8 outputs or
+/// more, on AVX-512; their own order of the sums, exact on these integers): rows of 8 outputs
+/// (the fewest) to several vectors, whose last vector's 32 input columns lie inside the row,
+/// end at it or pass it (odd and even widths, 15 to 130 columns), heights of one input row to
+/// several (odd heights end in a padding row below, or not without padding), MobileNetV2's
+/// 112², 56² and 28² planes, several images and channels, no activation, ReLU and ReLU6, the
+/// f16 and bf16 storages (widened and rounded a chunk of planes at a time), and a layer of
+/// more planes than one chunk.
+#[test]
+fn depthwise_nchw_stride2_column_sums_are_exact() {
+    let d = conv_geometry(Layout::Nchw, [1, 1, 28, 28], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]);
+    let (x, w) = (vec![0.0; 28 * 28], vec![0.0; 9]);
+    let conv = Conv { d, x: &x, xh: None, w: &w, packed: false, bias: None };
+    for isa in Isa::available() {
+        assert!(conv.has_small_plane_kernel(isa), "{isa:?}");
+    }
+    let shapes = [
+        (1, 15),
+        (2, 16),
+        (3, 17),
+        (4, 31),
+        (5, 32),
+        (6, 33),
+        (9, 47),
+        (7, 63),
+        (8, 64),
+        (3, 65),
+        (2, 66),
+        (5, 97),
+        (3, 130),
+    ];
+    let shapes = shapes.into_iter().chain([(112, 112), (56, 56), (28, 28)]);
+    for (seed, (h, w)) in (8900u64..).zip(shapes) {
+        for (i, [pb, pr]) in [[1, 1], [0, 0], [1, 0], [0, 1]].into_iter().enumerate() {
+            let seed = seed * 4 + i as u64;
+            let n = if h > 50 { [1, 2] } else { [1 + seed as usize % 3, 1 + seed as usize % 4] };
+            let g = conv_geometry(Layout::Nchw, [n[0], n[1], h, w], [3, 3], [2, 2], [1, 1], [1, pb, 1, pr]);
+            if g.out_h().is_none() {
+                continue;
+            }
+            let d = g
+                .has_bias(!seed.is_multiple_of(3))
+                .activation([Activation::Relu6, Activation::None, Activation::Relu][seed as usize % 3]);
+            check_conv(&d, seed);
+        }
+    }
+    // More planes than one chunk of the half-precision buffers (`FLAT_CHUNK`, 4096 output
+    // elements: 20 planes of 14²), so later chunks start at their own planes and channels.
+    let d = conv_geometry(Layout::Nchw, [2, 23, 28, 28], [3, 3], [2, 2], [1, 1], [1; 4]);
+    check_conv(&d.has_bias(true).activation(Activation::Relu6), 8990);
 }
 
 /// The NCHW channel blocks (`Conv::nchw_blocks`: 16 planes at a time transposed into
