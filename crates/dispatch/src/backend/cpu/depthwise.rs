@@ -74,7 +74,8 @@
 //!   valid range computed once per plane ([`tap_range`]), 3-wide kernels' three taps fused
 //!   where all are valid.
 //! - NHWC 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
-//!   input planes of at most 64² pixels (32² in half precision) and whole 8-channel blocks, on AVX2 and AVX-512
+//!   input planes of at most 64² pixels (32² in half precision, 112² at stride 2 in f32
+//!   16-channel blocks) and whole 8-channel blocks, on AVX2 and AVX-512
 //!   ([`Conv::nhwc_blocks`]; f16 and bf16 on AVX-512 with whole 16-channel blocks): one
 //!   channel block of one image at a time, its nine weight vectors loaded once for the whole
 //!   plane (taken from the stored `[channel][tap]` weights in the block's task: gathered in
@@ -174,6 +175,13 @@ const PARALLEL_MIN: usize = 1 << 17;
 /// inputs (1.6–4.8 MB) come from memory, and a block reads one cache line per pixel.
 #[cfg(target_arch = "x86_64")]
 const BLOCK_PLANE: usize = 64 * 64;
+
+/// [`BLOCK_PLANE`] for f32 16-channel blocks at stride 2 both ways: MobileNetV2's 96 × 112²
+/// stride-2 layer took 0.72 of the row kernel's time that way (2 threads; 0.72 on one;
+/// separate processes alternated three times, 2-core Zen 4), where at stride 1 its 32 × 112²
+/// took 1.6× (each output pixel reads a quarter as many new input lines at stride 2).
+#[cfg(target_arch = "x86_64")]
+const BLOCK_PLANE_S2: usize = 112 * 112;
 
 /// [`BLOCK_PLANE`] for a half-precision input or output, whose block is widened into (and
 /// rounded from) the thread's buffer: at 144 × 56² the blocks took 1.09–1.13× the row
@@ -878,7 +886,8 @@ impl Conv<'_> {
 
     /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: NHWC 3 × 3
     /// rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes of at most
-    /// [`BLOCK_PLANE`] pixels ([`BLOCK_PLANE_HALF`] in half precision), and whole 16-channel blocks (on AVX-512) or 8-channel ones
+    /// [`BLOCK_PLANE`] pixels ([`BLOCK_PLANE_HALF`] in half precision, [`BLOCK_PLANE_S2`] for
+    /// f32 16-channel blocks at stride 2), and whole 16-channel blocks (on AVX-512) or 8-channel ones
     /// (f32 only: a half-precision input or output `E` takes 16-lane blocks only).
     #[cfg(target_arch = "x86_64")]
     fn block_lanes<E: Elem>(&self, isa: Isa) -> Option<usize> {
@@ -890,7 +899,11 @@ impl Conv<'_> {
         let lanes = if isa == Isa::Avx512 && c.is_multiple_of(16) { 16 } else { 8 };
         // Half-precision inputs and outputs: 16-lane blocks (AVX-512 with F16C) only.
         let half = self.xh.is_some() || !is_f32::<E>();
-        let most = if half { BLOCK_PLANE_HALF } else { BLOCK_PLANE };
+        let most = match (half, lanes, d.stride_h, d.stride_w) {
+            (true, ..) => BLOCK_PLANE_HALF,
+            (false, 16, 2, 2) => BLOCK_PLANE_S2,
+            _ => BLOCK_PLANE,
+        };
         (fits && (1..=most).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)
     }
 
