@@ -162,6 +162,37 @@ pub(super) struct Run<'a> {
     pub(super) bias: Option<&'a [f32]>,
 }
 
+impl Run<'_> {
+    /// Panics unless the run holds `n` input planes of `hw` pixels and every channel's nine
+    /// weights and bias (`what` names the kernel).
+    pub(super) fn check(&self, n: usize, hw: usize, what: &str) {
+        let c = self.channels;
+        assert!(
+            self.x.len() >= n * hw && self.w.len() >= c * 9 && self.bias.is_none_or(|b| b.len() >= c) && c > 0,
+            "{what} past their operands"
+        );
+    }
+
+    /// Channel `ch`'s nine weights (tap order) and its bias, each in every lane.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    pub(super) unsafe fn channel(&self, ch: usize) -> ([__m512; 9], __m512) {
+        let c = self.channels;
+        // SAFETY: the caller's promise of AVX-512F; the indices are bounds-checked.
+        unsafe {
+            let w: [__m512; 9] = if self.packed {
+                std::array::from_fn(|t| _mm512_set1_ps(self.w[t * c + ch]))
+            } else {
+                let wk = &self.w[ch * 9..][..9];
+                std::array::from_fn(|t| _mm512_set1_ps(wk[t]))
+            };
+            (w, _mm512_set1_ps(self.bias.map_or(0.0, |b| b[ch])))
+        }
+    }
+}
+
 /// Output planes `r.first ..` (`out`, whole planes): each from its input plane, its channel's
 /// nine weights and bias, with the activation `A` (`nhwc3::avx`'s `NONE`, `RELU` or `RELU6`)
 /// applied in registers, and `each` called on every plane's output after it is stored (in
@@ -174,11 +205,7 @@ pub(super) struct Run<'a> {
 pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], each: impl Fn(&mut [f32])) {
     let hw = g.hw;
     let n = out.len() / hw;
-    let (c, taps) = (r.channels, 9);
-    assert!(
-        r.x.len() >= n * hw && r.w.len() >= c * taps && r.bias.is_none_or(|b| b.len() >= c) && c > 0,
-        "NCHW 3 x 3 planes past their operands"
-    );
+    r.check(n, hw, "NCHW 3 x 3 planes");
     // SAFETY: the caller's promise of AVX-512F; the operands are checked above.
     unsafe {
         // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds
@@ -211,7 +238,7 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
     // SAFETY: the caller's promise of AVX-512F; `x` and `o` are whole planes, the index
     // vectors 16 `i32`s each.
     unsafe {
-        let (hw, c, taps) = (g.hw, r.channels, 9);
+        let (hw, c) = (g.hw, r.channels);
         let mut idx = [_mm512_setzero_si512(); 2];
         if HW == 0 && !g.wide {
             for (v, i) in idx.iter_mut().zip(&g.idx) {
@@ -221,13 +248,7 @@ unsafe fn run<const FAR: bool, const A: u8, const HW: usize>(
         // The channel counted along the planes, not divided out of each plane's index.
         let mut ch = r.first % c;
         for (i, o) in out.chunks_exact_mut(hw).enumerate() {
-            let w: [__m512; 9] = if r.packed {
-                std::array::from_fn(|t| _mm512_set1_ps(r.w[t * c + ch]))
-            } else {
-                let wk = &r.w[ch * taps..][..taps];
-                std::array::from_fn(|t| _mm512_set1_ps(wk[t]))
-            };
-            let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
+            let (w, b) = r.channel(ch);
             ch = if ch + 1 == c { 0 } else { ch + 1 };
             let x = &r.x[i * hw..][..hw];
             if FAR && HW == 0 && g.wide {
@@ -516,6 +537,80 @@ unsafe fn align<const S: u8>(m: __mmask16, hi: __m512, lo: __m512) -> __m512 {
     r
 }
 
+/// The column sums' scalar model, which the flat planes' and the stride-2 kernel's tests hold
+/// their bits to.
+#[cfg(test)]
+pub(super) mod model {
+    use super::super::super::tests::PageEnd;
+    use super::Run;
+
+    /// Images × channels of the model tests' layers.
+    const PLANES: usize = 6;
+    /// Channels of the model tests' layers.
+    const CHANNELS: usize = 3;
+    /// Where an output goes before the kernel writes it, and past the output.
+    const SENTINEL: f32 = 1234.5;
+
+    /// A layer of [`PLANES`] planes of `h × w` inputs and `oh × ow` outputs at `stride` (1 or
+    /// 2, padding 1 at the top and left), its inputs and weights such that the sums round;
+    /// `masked_right`: the kernel zeroes a right neighbour outside the row (the flat planes)
+    /// rather than summing its padding column (stride 2).
+    pub(in super::super) struct Layer {
+        pub(in super::super) h: usize,
+        pub(in super::super) w: usize,
+        pub(in super::super) oh: usize,
+        pub(in super::super) ow: usize,
+        pub(in super::super) stride: usize,
+        pub(in super::super) masked_right: bool,
+    }
+
+    impl Layer {
+        /// The model's outputs against `planes`' (`run(operands, out)`), bit for bit, with
+        /// weights as stored and packed: each step of a column sum one `mul_add`, the padding
+        /// zero, `out = (z_1 + z_0[left]) + z_2[right]`, the first column's left neighbour
+        /// `+0`. The input ends where a page without access begins, so a read past it faults;
+        /// nothing may be written past the output. `what` names the layer in a failure.
+        pub(in super::super) fn check(&self, what: &str, run: impl Fn(&Run, &mut [f32])) {
+            let Layer { h, w, oh, ow, stride, masked_right } = *self;
+            let (hw, ohw) = (h * w, oh * ow);
+            let weights: Vec<f32> = (0..CHANNELS * 9).map(|i| ((i * 37) % 29) as f32 * 0.0771 - 1.03).collect();
+            let packed: Vec<f32> = (0..CHANNELS * 9).map(|i| weights[(i % CHANNELS) * 9 + i / CHANNELS]).collect();
+            let bias: Vec<f32> = (0..CHANNELS).map(|c| c as f32 * 0.3137 - 0.29).collect();
+            let input: Vec<f32> = (0..PLANES * hw).map(|i| ((i * 7919) % 113) as f32 * 0.0517 - 2.9).collect();
+            let guarded = PageEnd::new(&input);
+            let x = guarded.get();
+            let mut want = vec![0.0f32; PLANES * ohw];
+            for (p, o) in want.chunks_exact_mut(ohw).enumerate() {
+                let (wk, b) = (&weights[(p % CHANNELS) * 9..][..9], bias[p % CHANNELS]);
+                let at = |y: isize, c: isize| {
+                    let inside = (0..h as isize).contains(&y) && (0..w as isize).contains(&c);
+                    if inside { x[p * hw + y as usize * w + c as usize] } else { 0.0 }
+                };
+                let column = |y: isize, c: isize, kx: usize| {
+                    let (up, mid, dn) = (at(y - 1, c), at(y, c), at(y + 1, c));
+                    let first = if kx == 1 { wk[1].mul_add(up, b) } else { wk[kx] * up };
+                    wk[6 + kx].mul_add(dn, wk[3 + kx].mul_add(mid, first))
+                };
+                for (i, o) in o.iter_mut().enumerate() {
+                    let (y, c) = ((stride * (i / ow)) as isize, (stride * (i % ow)) as isize);
+                    let left = if c > 0 { column(y, c - 1, 0) } else { 0.0 };
+                    let right = if c + 1 < w as isize || !masked_right { column(y, c + 1, 2) } else { 0.0 };
+                    *o = (column(y, c, 1) + left) + right;
+                }
+            }
+            for (wt, packed) in [(&weights, false), (&packed, true)] {
+                let r = Run { x, first: 0, channels: CHANNELS, w: wt, packed, bias: Some(&bias) };
+                let mut out = vec![SENTINEL; PLANES * ohw + 16];
+                run(&r, &mut out[..PLANES * ohw]);
+                assert!(out[PLANES * ohw..].iter().all(|&v| v == SENTINEL), "{what}: wrote past the output");
+                for (i, (o, e)) in out.iter().zip(&want).enumerate() {
+                    assert!(o.to_bits() == e.to_bits(), "{what} packed {packed}: output {i} is {o}, the model's {e}");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,17 +678,11 @@ mod tests {
     #[test]
     fn sums_are_the_column_order() {
         use super::super::super::simd::Isa;
-        use super::super::super::tests::PageEnd;
         if Isa::detect() != Isa::Avx512 {
             println!("SKIP sums_are_the_column_order: this CPU has no AVX-512F");
             return;
         }
-        const SENTINEL: f32 = 1234.5;
         let d = Conv2dDesc::mobilenet_v2_block(1, 1, 7, 1, Layout::Nchw);
-        let (planes_n, channels) = (6, 3);
-        let weights: Vec<f32> = (0..channels * 9).map(|i| ((i * 37) % 29) as f32 * 0.0771 - 1.03).collect();
-        let packed: Vec<f32> = (0..channels * 9).map(|i| weights[(i % channels) * 9 + i / channels]).collect();
-        let bias: Vec<f32> = (0..channels).map(|c| c as f32 * 0.3137 - 0.29).collect();
         let mut shapes: Vec<(usize, usize)> = vec![(7, 7), (14, 14), (28, 28), (49, 1)];
         for w in (1..=MAX_WIDTH).filter(|&w| w != 16) {
             let most = if w < 16 { 256 } else { L * MAX_VECTORS } / w;
@@ -605,43 +694,11 @@ mod tests {
         }
         for (h, w) in shapes {
             let g = Flat512::new(&d.height(h).width(w)).expect("flat");
-            let hw = h * w;
-            let input: Vec<f32> = (0..planes_n * hw).map(|i| ((i * 7919) % 113) as f32 * 0.0517 - 2.9).collect();
-            let guarded = PageEnd::new(&input);
-            let x = guarded.get();
-            // The model: each pixel's column sums in `column_sums`' order, then `plane`'s.
-            let mut want = vec![0.0f32; planes_n * hw];
-            for (p, o) in want.chunks_exact_mut(hw).enumerate() {
-                let (wk, b) = (&weights[(p % channels) * 9..][..9], bias[p % channels]);
-                let at = |y: isize, c: isize| {
-                    let inside = (0..h as isize).contains(&y) && (0..w as isize).contains(&c);
-                    if inside { x[p * hw + y as usize * w + c as usize] } else { 0.0 }
-                };
-                let column = |y: isize, c: isize, kx: usize| {
-                    let (up, mid, dn) = (at(y - 1, c), at(y, c), at(y + 1, c));
-                    let first = if kx == 1 { wk[1].mul_add(up, b) } else { wk[kx] * up };
-                    wk[6 + kx].mul_add(dn, wk[3 + kx].mul_add(mid, first))
-                };
-                for (i, o) in o.iter_mut().enumerate() {
-                    let (y, c) = ((i / w) as isize, (i % w) as isize);
-                    let left = if c > 0 { column(y, c - 1, 0) } else { 0.0 };
-                    let right = if c + 1 < w as isize { column(y, c + 1, 2) } else { 0.0 };
-                    *o = (column(y, c, 1) + left) + right;
-                }
-            }
-            for (wt, is_packed) in [(&weights, false), (&packed, true)] {
-                let r = Run { x, first: 0, channels, w: wt, packed: is_packed, bias: Some(&bias) };
-                let mut out = vec![SENTINEL; planes_n * hw + 16];
+            let layer = model::Layer { h, w, oh: h, ow: w, stride: 1, masked_right: true };
+            layer.check(&format!("{h} x {w}"), |r, out| {
                 // SAFETY: the CPU has AVX-512F (above).
-                unsafe { planes::<{ super::super::nhwc3::avx::NONE }>(&g, &r, &mut out[..planes_n * hw], |_| {}) };
-                assert!(out[planes_n * hw..].iter().all(|&v| v == SENTINEL), "{h} x {w}: wrote past the output");
-                for (i, (o, e)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        o.to_bits() == e.to_bits(),
-                        "{h} x {w} packed {is_packed}: output {i} is {o}, the model's {e}"
-                    );
-                }
-            }
+                unsafe { planes::<{ super::super::nhwc3::avx::NONE }>(&g, r, out, |_| {}) }
+            });
         }
     }
 

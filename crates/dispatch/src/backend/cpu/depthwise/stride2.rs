@@ -108,11 +108,8 @@ impl Stride2 {
 pub(super) unsafe fn planes<const A: u8>(g: &Stride2, r: &Run, out: &mut [f32], each: impl Fn(&mut [f32])) {
     let (hw, ohw) = g.pixels();
     let n = out.len() / ohw;
-    let (c, taps) = (r.channels, 9);
-    assert!(
-        r.x.len() >= n * hw && r.w.len() >= c * taps && r.bias.is_none_or(|b| b.len() >= c) && c > 0,
-        "NCHW 3 x 3 stride-2 planes past their operands"
-    );
+    r.check(n, hw, "NCHW 3 x 3 stride-2 planes");
+    let c = r.channels;
     // SAFETY: the caller's promise of AVX-512F; the operands are checked above; the index
     // vectors are 16 `i32`s each.
     unsafe {
@@ -128,13 +125,7 @@ pub(super) unsafe fn planes<const A: u8>(g: &Stride2, r: &Run, out: &mut [f32], 
         let idx = [_mm512_loadu_si512(shift.as_ptr().cast()), _mm512_loadu_si512(unsplit.as_ptr().cast())];
         let mut ch = r.first % c;
         for (i, o) in out.chunks_exact_mut(ohw).enumerate() {
-            let w: [__m512; 9] = if r.packed {
-                std::array::from_fn(|t| _mm512_set1_ps(r.w[t * c + ch]))
-            } else {
-                let wk = &r.w[ch * taps..][..taps];
-                std::array::from_fn(|t| _mm512_set1_ps(wk[t]))
-            };
-            let b = _mm512_set1_ps(r.bias.map_or(0.0, |b| b[ch]));
+            let (w, b) = r.channel(ch);
             ch = if ch + 1 == c { 0 } else { ch + 1 };
             plane::<A>(g, r.x[i * hw..][..hw].as_ptr(), &w, b, &idx, o.as_mut_ptr());
             each(o);
@@ -346,27 +337,22 @@ mod tests {
         }
     }
 
-    /// The sums are the column sums' order, bit for bit, on inputs whose sums round: a scalar
-    /// model (each step one `mul_add`, the padding zero; the first column's left neighbour
-    /// `+0`) against every plane of heights 1 to 9 and widths from the fewest outputs to
-    /// several vectors, with and without padding at the bottom and right, MobileNetV2's 112²,
-    /// 56² and 28²; two images of three channels, weights as stored and packed. The input ends
-    /// where a page without access begins, so a read past it faults; nothing is written past
-    /// the output.
+    /// The sums are the column sums' order, bit for bit, on inputs whose sums round
+    /// (`flat512::model`: each step one `mul_add`, the padding zero, the first column's left
+    /// neighbour `+0`, a right one past the row the sum of its padding column): every plane of
+    /// heights 1 to 9 and widths from the fewest outputs to several vectors, with and without
+    /// padding at the bottom and right, MobileNetV2's 112², 56² and 28²; two images of three
+    /// channels, weights as stored and packed, a guard page after the input and a guard band
+    /// after the output.
     #[test]
     fn sums_are_the_column_order() {
         use super::super::super::simd::Isa;
-        use super::super::super::tests::PageEnd;
+        use super::super::flat512::model;
         if Isa::detect() != Isa::Avx512 {
             println!("SKIP sums_are_the_column_order: this CPU has no AVX-512F");
             return;
         }
-        const SENTINEL: f32 = 1234.5;
         let d = Conv2dDesc::mobilenet_v2_block(1, 1, 112, 2, Layout::Nchw);
-        let (planes_n, channels) = (6, 3);
-        let weights: Vec<f32> = (0..channels * 9).map(|i| ((i * 37) % 29) as f32 * 0.0771 - 1.03).collect();
-        let packed: Vec<f32> = (0..channels * 9).map(|i| weights[(i % channels) * 9 + i / channels]).collect();
-        let bias: Vec<f32> = (0..channels).map(|c| c as f32 * 0.3137 - 0.29).collect();
         let mut shapes = vec![(112, 112, 1), (56, 56, 1), (28, 28, 1)];
         for w in [15, 16, 17, 18, 31, 32, 33, 47, 63, 64, 65, 66, 95, 96, 97, 130] {
             for h in [1, 2, 3, 4, 5, 9] {
@@ -380,41 +366,11 @@ mod tests {
                 assert!(dd.out_w().is_some_and(|ow| ow < MIN_WIDTH) || dd.out_h().is_none(), "{h} x {w}");
                 continue;
             };
-            let (hw, ohw) = g.pixels();
-            let input: Vec<f32> = (0..planes_n * hw).map(|i| ((i * 7919) % 113) as f32 * 0.0517 - 2.9).collect();
-            let guarded = PageEnd::new(&input);
-            let x = guarded.get();
-            let mut want = vec![0.0f32; planes_n * ohw];
-            for (p, o) in want.chunks_exact_mut(ohw).enumerate() {
-                let (wk, b) = (&weights[(p % channels) * 9..][..9], bias[p % channels]);
-                let at = |y: isize, c: isize| {
-                    let inside = (0..h as isize).contains(&y) && (0..w as isize).contains(&c);
-                    if inside { x[p * hw + y as usize * w + c as usize] } else { 0.0 }
-                };
-                let column = |y: isize, c: isize, kx: usize| {
-                    let (up, mid, dn) = (at(y - 1, c), at(y, c), at(y + 1, c));
-                    let first = if kx == 1 { wk[1].mul_add(up, b) } else { wk[kx] * up };
-                    wk[6 + kx].mul_add(dn, wk[3 + kx].mul_add(mid, first))
-                };
-                for (i, o) in o.iter_mut().enumerate() {
-                    let (y, c) = (2 * (i / g.ow) as isize, 2 * (i % g.ow) as isize);
-                    let left = if c > 0 { column(y, c - 1, 0) } else { 0.0 };
-                    *o = (column(y, c, 1) + left) + column(y, c + 1, 2);
-                }
-            }
-            for (wt, is_packed) in [(&weights, false), (&packed, true)] {
-                let r = Run { x, first: 0, channels, w: wt, packed: is_packed, bias: Some(&bias) };
-                let mut out = vec![SENTINEL; planes_n * ohw + 16];
+            let layer = model::Layer { h, w, oh: g.oh, ow: g.ow, stride: 2, masked_right: false };
+            layer.check(&format!("{h} x {w} pad {pad}"), |r, out| {
                 // SAFETY: the CPU has AVX-512F (above).
-                unsafe { planes::<{ super::super::nhwc3::avx::NONE }>(&g, &r, &mut out[..planes_n * ohw], |_| {}) };
-                assert!(out[planes_n * ohw..].iter().all(|&v| v == SENTINEL), "{h} x {w}: wrote past the output");
-                for (i, (o, e)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        o.to_bits() == e.to_bits(),
-                        "{h} x {w} pad {pad} packed {is_packed}: output {i} is {o}, the model's {e}"
-                    );
-                }
-            }
+                unsafe { planes::<{ super::super::nhwc3::avx::NONE }>(&g, r, out, |_| {}) }
+            });
         }
     }
 }
