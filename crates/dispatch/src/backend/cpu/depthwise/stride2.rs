@@ -158,9 +158,10 @@ unsafe fn plane<const A: u8>(
         while oy < g.oh {
             let n = if g.oh - oy >= R { R } else { 1 };
             let top = 2 * oy;
-            // Input rows 2·oy − 1 … 2·(oy + n − 1) + 1; a dead row's pointer is never read.
+            // Input rows 2·oy − 1 … 2·(oy + n − 1) + 1; a dead row's pointer (row −1's: `x`) is
+            // never read.
             let rows: [*const f32; 2 * R + 1] =
-                std::array::from_fn(|k| x.wrapping_add((top + k).wrapping_sub(1) * g.w));
+                std::array::from_fn(|k| if top + k >= 1 { x.wrapping_add((top + k - 1) * g.w) } else { x });
             let o: [*mut f32; R] = std::array::from_fn(|r| out.wrapping_add((oy + r) * g.ow));
             let below = top + 2 * n - 1 < g.h;
             match (n, oy > 0, below) {
