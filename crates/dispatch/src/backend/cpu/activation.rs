@@ -496,8 +496,8 @@ mod tests {
             [v, -v]
         }));
         // Every multiple of 1/8 over [−32, 32] and its two neighbours: the AVX-512 tables'
-        // interval edges (width ¼ for the GELUs, 1 for SiLU, out to ±31.5) and the inputs
-        // where their lanes go over to the formula forms (−7.75, −6, −31).
+        // interval edges (width ¼ for the GELUs, out to ±7.875, and 1 for SiLU, out to ±15.5)
+        // and the inputs where their lanes go over to the formula forms (−7.75, −6, ±15).
         xs.extend((-256..=256).flat_map(|i| {
             let v = i as f32 / 8.0;
             [v.next_down(), v, v.next_up()]

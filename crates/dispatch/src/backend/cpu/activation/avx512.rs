@@ -3,17 +3,19 @@
 //! Each of the three is `x·g(x)` with a gate `g` (Φ, `σ(2u)`, `σ`) for which
 //! `g(x) = 1 − g(−x)`, so one table of `g` on `a = −|x| ≤ 0` serves both signs:
 //! `act(x) = max(x, 0) + a·g(a)` in one fused multiply-add, which is `x − x·g(−x)` for x ≥ 0
-//! and `x·g(x)` below, neither cancelling ([`gated`]). The table ([`Table`]) holds 32
-//! polynomials of degree 6, one per interval of width `w` (¼ for the GELUs, 1 for SiLU), each
-//! interpolating the f64 reference at Chebyshev nodes; it is built on first use. Per 16 lanes
-//! the compiled loop has 19 vector instructions besides the load, the store and register
-//! copies (`vpermt2ps` overwrites a table register; read off `perf annotate`):
+//! and `x·g(x)` below, neither cancelling ([`gated`]). The table ([`Table`]) holds polynomials
+//! of degree 6, one per interval of width `w`, each interpolating the f64 reference at
+//! Chebyshev nodes; it is built on first use. The GELUs take 32 intervals of width ¼, SiLU 16
+//! of width 1 ([`Form::PIECES`]). Per 16 lanes the compiled loop has 19 vector instructions
+//! besides the load, the store and register copies (`vpermt2ps` overwrites a table register;
+//! read off `perf annotate`):
 //!
-//! - `a = −min(|x|, 31·w)`, one `vrangeps`;
+//! - `a = −min(|x|, (PIECES − 1)·w)`, one `vrangeps`;
 //! - the interval, from the low bits of `a + 1.5·2^23·w` (one addition, no conversion), and
 //!   the offset in it, one `vreduceps` (exact);
-//! - seven `vpermt2ps` (each picks a coefficient out of 32 held in two registers) and six
-//!   multiply-adds for the gate;
+//! - seven coefficient picks and six multiply-adds for the gate: with 32 intervals each pick
+//!   is a `vpermt2ps` (one of 32 lanes held in two registers), with 16 a `vpermps` (one of
+//!   16 in one register);
 //! - `max(0, x)` and one multiply-add for the result, and one comparison for the lanes that
 //!   take the formula form (below).
 //!
@@ -26,14 +28,24 @@
 //! either take 8. The loop ran at about 16 cycles per 16 lanes (one thread, 512 × 3072), in
 //! 0.84 of the time of the 21-instruction loop before it (`vpor` and `vmaxps` for `a`, a
 //! multiply-add for the interval, a subtraction and a multiply-add for the offset,
-//! `vfixupimmps` for `max(x, 0)`), on one thread and on two, with the same results.
+//! `vfixupimmps` for `max(x, 0)`), on one thread and on two, with the same results. A
+//! `vpermps` costs less there: the same loop with seven of them ran at 12.5 cycles a vector
+//! against 15.5 (L1-resident micro-benchmark), and SiLU, whose gate 16 pieces of width 1 keep
+//! inside the bound, takes them: 512 × 4096 in 0.79 of the time on one thread (0.60 against
+//! 0.48 ms) and 0.81 on two (separate processes alternated five times). The GELUs keep 32
+//! pieces: Φ and `σ(2u)` fall as `e^(−x²/2)`, and 16 pieces of width ½ would need degree 8
+//! (then as slow as now) to reach −7.75, or would end at −5.75 with degree 7, which took 0.89
+//! of the time on inputs in [−4, 4] but twice the time on inputs spread over [−6, 6].
 //!
 //! Far in the negative tail the gate falls too fast for a piece to keep its relative error
 //! inside the bound, so the lanes below [`Form::FAST_FROM`] (−7.75 for GELU, −6 for its tanh
-//! form, −31 for SiLU) take the formula forms instead, in a second pass over the vectors that
-//! have such lanes ([`run_form`]). Each lane's result depends on its own input alone. Inputs
-//! that low are rare in a network; where nearly every vector has one (inputs spread over
-//! [−20, 20]) GELU takes about 1.8× the formula form's time (0.59 against 0.32 ms).
+//! form) take the formula forms instead, in a second pass over the vectors that have such
+//! lanes ([`run_form`]); SiLU's lanes take them from |x| ≥ 15, on both sides ([`Form::low`]).
+//! Each lane's result depends on its own input alone. Inputs that far out are rare in a
+//! network; where nearly every vector has one the second pass costs more than the table
+//! saves: inputs spread over [−20, 20] took GELU about 1.8× the formula form's time (0.59
+//! against 0.32 ms), and SiLU 2.1× the time of the 32 pieces out to −31 that it took before
+//! (1.31 against 0.61 ms at 512 × 4096, one thread).
 //!
 //! The formula forms (`GeluErf::formula`, `GeluTanh::formula`, `Silu::formula`) are the
 //! portable forms of the parent module, with three changes that take work off the vector
@@ -403,65 +415,75 @@ unsafe fn exp_of<const UPPER: bool>(x: __m512) -> __m512 {
     }
 }
 
-/// Degree of the gates' polynomials.
-const DEG: usize = 6;
+/// The highest degree of the gates' polynomials.
+const MAX_DEG: usize = 6;
 
-/// Intervals per table: one `vpermt2ps` selects among 32 lanes of two registers.
-const PIECES: usize = 32;
-
-/// The lowest interval's index: intervals `k` = −31..=0 (centred on `k·w`) cover `a` from
-/// −31.5·w to w/2.
-const LOWEST: f32 = 1.0 - PIECES as f32;
+/// The most intervals a table holds: one `vpermt2ps` selects among 32 lanes of two registers.
+const MAX_PIECES: usize = 32;
 
 /// A form's gate `g(a)` on `a ≤ 0` (`act(a) = a·g(a)`: Φ(a) for GELU, `σ(2u(a))` for its
-/// tanh form, `σ(a)` for SiLU) as [`PIECES`] polynomials of degree [`DEG`] in `r = a − k·w`,
-/// one per interval `k` of width `w`. Slot `s` holds interval `k ≡ s (mod 32)`, the index
-/// `vpermt2ps` takes from the low five bits of `a/w + 1.5·2^23`.
+/// tanh form, `σ(a)` for SiLU) as `F::PIECES` polynomials of degree `F::DEG` in `r = a − k·w`,
+/// one per interval `k` of width `w` ([`Form`]). Slot `s` holds interval `k ≡ s (mod PIECES)`,
+/// the index `vpermt2ps` (or `vpermps`) takes from the low five (four) bits of
+/// `a/w + 1.5·2^23`.
 #[repr(C, align(64))]
 struct Table {
-    /// `c[d][s]`: the coefficient of `r^d` in slot `s`.
-    c: [[f32; PIECES]; DEG + 1],
+    /// `c[d][s]`: the coefficient of `r^d` in slot `s` (0 past the form's degree and pieces).
+    c: [[f32; MAX_PIECES]; MAX_DEG + 1],
 }
 
 impl Table {
-    /// The table of `act`'s gate at interval width `w`: each piece interpolates the `f64`
-    /// reference ([`Activation::apply_f64`]`(a) / a`) at the [`DEG`] + 1 Chebyshev nodes of its
-    /// interval (within a small factor of the best polynomial of its degree), rounded to f32.
-    fn new(act: Activation, w: f64) -> Table {
+    /// The table of `act`'s gate in `pieces` intervals of width `w`: each piece interpolates
+    /// the `f64` reference ([`Activation::apply_f64`]`(a) / a`) at the `deg + 1` Chebyshev
+    /// nodes of its interval (within a small factor of the best polynomial of its degree),
+    /// rounded to f32.
+    fn new(act: Activation, w: f64, pieces: usize, deg: usize) -> Table {
+        assert!(pieces <= MAX_PIECES && deg <= MAX_DEG, "table past its arrays");
         let gate = |a: f64| if a == 0.0 { 0.5 } else { act.apply_f64(a) / a };
-        let pieces: [[f64; DEG + 1]; PIECES] = std::array::from_fn(|s| {
-            let k = if s == 0 { 0.0 } else { s as f64 - PIECES as f64 };
-            interpolate(gate, k * w, w / 2.0)
-        });
-        let c = std::array::from_fn(|d| std::array::from_fn(|s| pieces[s][d] as f32));
+        let piece = |s: usize| {
+            let k = if s == 0 { 0.0 } else { s as f64 - pieces as f64 };
+            interpolate(gate, k * w, w / 2.0, deg)
+        };
+        let pieces: Vec<[f64; MAX_DEG + 1]> = (0..pieces).map(piece).collect();
+        let c = std::array::from_fn(|d| std::array::from_fn(|s| pieces.get(s).map_or(0.0, |p| p[d] as f32)));
         Table { c }
+    }
+
+    /// The table of `F`'s gate.
+    fn of<F: Form>(act: Activation) -> Table {
+        Table::new(act, F::WIDTH as f64, F::PIECES, F::DEG)
     }
 }
 
-/// The coefficients of `(a − centre)^d` of the polynomial of degree [`DEG`] through `g` at the
-/// Chebyshev nodes of `[centre − h, centre + h]`, in f64: its Chebyshev series (`b_k`, from the
-/// values at the nodes), turned into powers of `t = (a − centre)/h` by `T_{k+1} = 2t·T_k − T_{k−1}`,
-/// then of `a − centre`.
-fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64) -> [f64; DEG + 1] {
-    const N: usize = DEG + 1;
-    let angle = |j: usize| (2 * j + 1) as f64 * std::f64::consts::PI / (2 * N) as f64;
-    let values: [f64; N] = std::array::from_fn(|j| g(centre + h * angle(j).cos()));
-    let b: [f64; N] = std::array::from_fn(|k| {
-        let sum: f64 = (0..N).map(|j| values[j] * (k as f64 * angle(j)).cos()).sum();
-        sum * if k == 0 { 1.0 } else { 2.0 } / N as f64
+/// The coefficients of `(a − centre)^d` of the polynomial of degree `deg` (at least 1) through
+/// `g` at the Chebyshev nodes of `[centre − h, centre + h]`, in f64 (0 past `deg`): its
+/// Chebyshev series (`b_k`, from the values at the nodes), turned into powers of
+/// `t = (a − centre)/h` by `T_{k+1} = 2t·T_k − T_{k−1}`, then of `a − centre`.
+fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64, deg: usize) -> [f64; MAX_DEG + 1] {
+    const M: usize = MAX_DEG + 1;
+    assert!((1..=MAX_DEG).contains(&deg), "degree {deg} outside 1..={MAX_DEG}");
+    let n = deg + 1;
+    let angle = |j: usize| (2 * j + 1) as f64 * std::f64::consts::PI / (2 * n) as f64;
+    let values: [f64; M] = std::array::from_fn(|j| if j < n { g(centre + h * angle(j).cos()) } else { 0.0 });
+    let b: [f64; M] = std::array::from_fn(|k| {
+        if k >= n {
+            return 0.0;
+        }
+        let sum: f64 = (0..n).map(|j| values[j] * (k as f64 * angle(j)).cos()).sum();
+        sum * if k == 0 { 1.0 } else { 2.0 } / n as f64
     });
-    let (mut prev, mut cur) = ([0.0; N], [0.0; N]);
+    let (mut prev, mut cur) = ([0.0; M], [0.0; M]);
     prev[0] = 1.0;
     cur[1] = 1.0;
-    let mut powers = [0.0; N];
+    let mut powers = [0.0; M];
     powers[0] = b[0];
     powers[1] = b[1];
-    for bk in &b[2..] {
-        let mut next = [0.0; N];
-        for d in 0..N {
+    for bk in &b[2..n] {
+        let mut next = [0.0; M];
+        for d in 0..M {
             next[d] = if d > 0 { 2.0 * cur[d - 1] } else { 0.0 } - prev[d];
         }
-        for d in 0..N {
+        for d in 0..M {
             powers[d] += bk * next[d];
         }
         (prev, cur) = (cur, next);
@@ -478,6 +500,16 @@ fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64) -> [f64; DEG + 1] {
 trait Form {
     /// Interval width of the table: a power of two, so `a − k·w` is exact.
     const WIDTH: f32;
+    /// Intervals in the table, centred on `k·w` for `k` = `1 − PIECES ..= 0`: 32, each
+    /// coefficient picked by one `vpermt2ps` from two registers, or 16, by one `vpermps` from
+    /// one. On Zen 4 a `vpermt2ps` among the multiply-adds costs about 0.43 cycles more than
+    /// a `vpermps` (seven of each with six multiply-adds: 15.5 cycles a vector against 12.5,
+    /// L1-resident micro-benchmark).
+    const PIECES: usize;
+    /// Degree of the pieces (at most [`MAX_DEG`]).
+    const DEG: usize;
+    /// Where `a` is clamped, `−min(|x|, (PIECES − 1)·w)`: the lowest interval's centre.
+    const CLAMP: f32 = (1.0 - Self::PIECES as f32) * Self::WIDTH;
     /// `a − k·w` for the `k` nearest `a/w` (ties to even, as adding `1.5·2^23·w` rounds):
     /// `vreduceps` keeping `log2(1/w)` fraction bits (immediate bits 7–4), rounding to
     /// nearest (bits 1–0). Exact: at most `w/2` and a multiple of `a`'s ulp.
@@ -486,12 +518,22 @@ trait Form {
     /// AVX-512DQ.
     unsafe fn offset(a: __m512) -> __m512;
     /// Inputs below this take [`Form::formula`]: there the gate falls too fast for one piece of
-    /// degree [`DEG`] to keep its relative error inside the bound. At least the lowest
-    /// interval's centre, `LOWEST · WIDTH`, where `a` is clamped.
+    /// degree `DEG` to keep its relative error inside the bound. At least [`Form::CLAMP`].
     const FAST_FROM: f32;
+    /// The lanes that take [`Form::formula`], from the input `x` and `a` (`−min(|x|, −CLAMP)`):
+    /// `x < FAST_FROM`.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[inline(always)]
+    unsafe fn low(x: __m512, a: __m512) -> __mmask16 {
+        let _ = a;
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(Self::FAST_FROM)) }
+    }
     /// The table, built on first use.
     fn table() -> &'static Table;
-    /// The form without the table, for the lanes below [`Form::FAST_FROM`] (and −∞).
+    /// The form without the table, for the lanes [`Form::low`] picks (−∞ among them).
     ///
     /// # Safety
     /// AVX-512F.
@@ -507,6 +549,8 @@ struct Silu;
 
 impl Form for GeluErf {
     const WIDTH: f32 = 0.25;
+    const PIECES: usize = 32;
+    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
@@ -514,10 +558,10 @@ impl Form for GeluErf {
     }
     /// The whole table: its pieces measure inside the bound down to −7.75 (the sweep's worst
     /// is then the formula form's, 0.373 of the bound at −11.66).
-    const FAST_FROM: f32 = LOWEST * 0.25;
+    const FAST_FROM: f32 = Self::CLAMP;
     fn table() -> &'static Table {
         static TABLE: OnceLock<Table> = OnceLock::new();
-        TABLE.get_or_init(|| Table::new(Activation::Gelu, Self::WIDTH as f64))
+        TABLE.get_or_init(|| Table::of::<Self>(Activation::Gelu))
     }
     /// GELU, erf form, without the table: `x·Φ(x)` with `log2 Φ(−a)` from the (5, 3) rational
     /// fit (the parent's `gelu_erf_first` / `gelu_erf_last`): `a = min(|x|, 13.3)`,
@@ -549,6 +593,8 @@ impl Form for GeluErf {
 
 impl Form for GeluTanh {
     const WIDTH: f32 = 0.25;
+    const PIECES: usize = 32;
+    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
@@ -560,7 +606,7 @@ impl Form for GeluTanh {
     const FAST_FROM: f32 = -6.0;
     fn table() -> &'static Table {
         static TABLE: OnceLock<Table> = OnceLock::new();
-        TABLE.get_or_init(|| Table::new(Activation::GeluTanh, Self::WIDTH as f64))
+        TABLE.get_or_init(|| Table::of::<Self>(Activation::GeluTanh))
     }
     /// GELU, tanh form, without the table: `x / (1 + e^−2u)` with `u = √(2/π)·(x + 0.044715x³)`
     /// for `x` clamped to [−20, 20] and `−2u` to [−88, 88] (the parent's `gelu_tanh_first`,
@@ -583,18 +629,28 @@ impl Form for GeluTanh {
 }
 
 impl Form for Silu {
-    /// `σ` falls only as `e^a`: pieces of width 1 keep it, out to −31 (and x ≥ 31 needs no
-    /// correction: `x·σ(−x)` is far below half an ulp of x).
+    /// `σ` falls only as `e^a`: 16 pieces of width 1 and degree 6 keep it, out to −15.
     const WIDTH: f32 = 1.0;
+    const PIECES: usize = 16;
+    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
         unsafe { _mm512_reduce_ps::<0>(a) }
     }
-    const FAST_FROM: f32 = LOWEST;
+    const FAST_FROM: f32 = Self::CLAMP;
+    /// Both sides from `|x| ≥ 15` (`a` clamped): below −15 the pieces end, and above 15 the
+    /// correction `x·σ(−x)` (4.6e-6 at 15) stays more than half an ulp of x up to about 17.3,
+    /// so `a` held at −15 would give the wrong one. Inputs that large are rare in a network.
+    #[inline(always)]
+    unsafe fn low(x: __m512, a: __m512) -> __mmask16 {
+        let _ = x;
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, splat(Self::CLAMP)) }
+    }
     fn table() -> &'static Table {
         static TABLE: OnceLock<Table> = OnceLock::new();
-        TABLE.get_or_init(|| Table::new(Activation::Silu, Self::WIDTH as f64))
+        TABLE.get_or_init(|| Table::of::<Self>(Activation::Silu))
     }
     /// SiLU without the table, `x·σ(x)` (the parent's `silu_first` / `silu_last`):
     /// `e = e^−|x|`, `v = e / (1 + e)`, then `x − min(x, 88)·v` for x ≥ 0, `x·v` for x < 0, and −0
@@ -621,35 +677,60 @@ impl Form for Silu {
     }
 }
 
-/// A [`Table`] in registers: `lo[d]` holds slots 0–15 of `c[d]`, `hi[d]` slots 16–31.
+/// A [`Table`] in registers: `lo[d]` holds slots 0–15 of `c[d]`, `hi[d]` slots 16–31 (where
+/// the form has 32 pieces).
 struct Coeffs {
-    lo: [__m512; DEG + 1],
-    hi: [__m512; DEG + 1],
+    lo: [__m512; MAX_DEG + 1],
+    hi: [__m512; MAX_DEG + 1],
 }
 
 impl Coeffs {
+    /// `F`'s table's rows up to its degree (the others 0).
+    ///
     /// # Safety
     /// AVX-512F.
     #[inline(always)]
-    unsafe fn load(t: &Table) -> Coeffs {
+    unsafe fn load<F: Form>() -> Coeffs {
+        let t = F::table();
         // SAFETY: the caller's promise; each row is 32 f32, 64-byte aligned.
         unsafe {
-            Coeffs {
-                lo: std::array::from_fn(|d| _mm512_load_ps(t.c[d].as_ptr())),
-                hi: std::array::from_fn(|d| _mm512_load_ps(t.c[d].as_ptr().add(16))),
+            let row = |d: usize, half: usize| {
+                if d <= F::DEG && (half == 0 || F::PIECES > 16) {
+                    _mm512_load_ps(t.c[d].as_ptr().add(16 * half))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            };
+            Coeffs { lo: std::array::from_fn(|d| row(d, 0)), hi: std::array::from_fn(|d| row(d, 1)) }
+        }
+    }
+
+    /// The coefficients of `r^d` of the pieces `slot` picks (its low five bits, or four with
+    /// 16 pieces).
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[inline(always)]
+    unsafe fn pick<F: Form>(&self, slot: __m512i, d: usize) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe {
+            if F::PIECES == 16 {
+                _mm512_permutexvar_ps(slot, self.lo[d])
+            } else {
+                _mm512_permutex2var_ps(self.lo[d], slot, self.hi[d])
             }
         }
     }
 }
 
-/// `act(x)` for 16 lanes from the gate's table, and the lanes below [`Form::FAST_FROM`] (whose
+/// `act(x)` for 16 lanes from the gate's table, and the lanes [`Form::low`] picks (whose
 /// results [`finish`] replaces): `a = −|x|` (held at the lowest interval's centre), `g = g(a)`
 /// by the piece of `a`'s interval, then `max(x, 0) + a·g` in one rounding: `x − x·g(−x)` for
 /// x ≥ 0 (no cancellation: `g ≤ 1/2`), `x·g(x)` below (the gate's symmetry,
 /// `g(x) = 1 − g(−x)`).
 ///
 /// NaN gives NaN (`a` is NaN, and `max(0, x)` keeps the NaN), +∞ gives +∞ (`a` is
-/// clamped), −∞ is below `FAST_FROM`, ±0 keeps its sign (`a` is −0, `max(0, x)` keeps −0).
+/// clamped; SiLU's is a formula lane), −∞ is a formula lane, ±0 keeps its sign (`a` is −0, `max(0, x)` keeps −0).
 ///
 /// # Safety
 /// AVX-512F and AVX-512DQ.
@@ -658,23 +739,24 @@ unsafe fn gated<F: Form>(x: __m512, c: &Coeffs) -> (__m512, __mmask16) {
     // SAFETY: the caller's promise.
     unsafe {
         // `vrangeps` 0b1110: of x and the bound, the one of smaller magnitude, sign bit set
-        // (−min(|x|, 31·w)). NaN gives NaN.
-        let a = _mm512_range_ps::<0b1110>(x, splat(-LOWEST * F::WIDTH));
+        // (−min(|x|, −CLAMP)). NaN gives NaN.
+        let a = _mm512_range_ps::<0b1110>(x, splat(-F::CLAMP));
         // Adding 1.5·2^23·w rounds `a` to the nearest multiple k·w (the sum's ulp is w), and
         // the sum's bits are 1.5·2^23·w's (low five bits 0) plus k: its low five bits are k's
-        // (two's complement), the slot.
+        // (two's complement), the slot (`vpermps` reads the low four).
         let u = _mm512_add_ps(a, splat(MAGIC * F::WIDTH));
         let r = F::offset(a);
         let slot = _mm512_castps_si512(u);
-        let mut g = _mm512_permutex2var_ps(c.lo[DEG], slot, c.hi[DEG]);
-        for d in (0..DEG).rev() {
-            g = _mm512_fmadd_ps(g, r, _mm512_permutex2var_ps(c.lo[d], slot, c.hi[d]));
+        let mut g = c.pick::<F>(slot, F::DEG);
+        for d in (0..F::DEG).rev() {
+            g = _mm512_fmadd_ps(g, r, c.pick::<F>(slot, d));
         }
-        // `a` is x for x < 0 and −x for 0 ≤ x ≤ 31·w; above, `a·g` is far below half an ulp of x.
+        // `a` is x for x < 0 and −x for 0 ≤ x ≤ −CLAMP; above, `a·g` is far below half an ulp of
+        // x for the GELUs (SiLU's lanes there take the formula form).
         // `max(0, x)`: `vmaxps` returns its second operand where either is NaN, or both are zero
-        // (−0 stays −0); −∞ gives +0, but lies below `FAST_FROM`.
+        // (−0 stays −0); −∞ gives +0, but is a formula lane.
         let y = _mm512_fmadd_ps(a, g, _mm512_max_ps(splat(0.0), x));
-        (y, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(F::FAST_FROM)))
+        (y, F::low(x, a))
     }
 }
 
@@ -712,7 +794,7 @@ unsafe fn run_form<T: Io, F: Form>(src: Src<T>, dst: *mut T, len: usize) {
     // read before it is written (in place, `src.x` equals `dst`); `finish` reads the inputs
     // kept aside, not `src`.
     unsafe {
-        let c = Coeffs::load(F::table());
+        let c = Coeffs::load::<F>();
         let mut aside = [(0usize, 0 as __mmask16, splat(0.0)); PASS];
         let full = len / 16 * 16;
         for start in (0..full).step_by(16 * PASS) {
@@ -774,21 +856,29 @@ unsafe fn tanh_quotient(x: __m512, e: __m512) -> __m512 {
 mod tests {
     use super::*;
 
-    /// The interpolant of a polynomial of degree [`DEG`] is that polynomial: its coefficients
-    /// come back in powers of `a − centre`, whatever the centre and half-width.
+    /// The interpolant of degree `deg` of a polynomial of that degree is that polynomial: its
+    /// coefficients come back in powers of `a − centre` (0 past `deg`), whatever the centre and
+    /// half-width, at every degree up to [`MAX_DEG`].
     #[test]
     fn interpolation_reproduces_a_polynomial_of_its_degree() {
-        let want = [0.5, -1.25, 0.75, 2.0, -0.125, 0.0625, -0.03125];
-        for (centre, h) in [(0.0, 0.125), (-7.75, 0.125), (-31.0, 0.5), (3.0, 2.0)] {
-            let p = |a: f64| want.iter().rev().fold(0.0, |acc, &c| acc * (a - centre) + c);
-            let got = interpolate(p, centre, h);
-            for (d, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()) / h.powi(d as i32).min(1.0), "c{d}: {g} vs {w}");
+        let all = [0.5, -1.25, 0.75, 2.0, -0.125, 0.0625, -0.03125];
+        for deg in 1..=MAX_DEG {
+            let want = &all[..=deg];
+            for (centre, h) in [(0.0, 0.125), (-7.75, 0.125), (-15.0, 0.5), (-31.0, 0.5), (3.0, 2.0)] {
+                let p = |a: f64| want.iter().rev().fold(0.0, |acc, &c| acc * (a - centre) + c);
+                let got = interpolate(p, centre, h, deg);
+                for (d, &g) in got.iter().enumerate() {
+                    let w = want.get(d).copied().unwrap_or(0.0);
+                    let tol = 1e-9 * (1.0 + w.abs()) / h.powi(d as i32).min(1.0);
+                    assert!((g - w).abs() <= tol, "degree {deg}, c{d}: {g} vs {w}");
+                }
             }
         }
     }
 
-    /// Every slot holds the interval whose low five bits it is, and every piece of every table,
+    /// Every slot holds the interval whose low five bits it is (four with 16 pieces: the bits
+    /// `vpermps` reads), the slots past the form's pieces and the rows past its degree are 0,
+    /// and every piece of every table,
     /// evaluated in f64 from its f32 coefficients across its interval (down to where the form
     /// uses it), gives `a·g(a)` within half of [`Activation::error_bound`]: the other half is
     /// left to the f32 evaluation (the sweep in the parent module measures the whole).
@@ -798,16 +888,25 @@ mod tests {
             let t = F::table();
             let w = F::WIDTH as f64;
             let mut worst = (0.0f64, 0.0);
-            for s in 0..PIECES {
-                let k = if s == 0 { 0 } else { s as i32 - PIECES as i32 };
-                assert_eq!(((k as f32 + MAGIC).to_bits() & 31) as usize, s, "slot of interval {k}");
+            let n = F::PIECES;
+            assert!(n == 16 || n == 32, "{act}: {n} pieces");
+            assert_eq!(F::CLAMP, (1 - n as i32) as f32 * F::WIDTH, "{act}: clamp at the lowest centre");
+            assert!(F::FAST_FROM >= F::CLAMP, "{act}: the pieces used end at the clamp");
+            for (d, row) in t.c.iter().enumerate() {
+                for (s, &v) in row.iter().enumerate() {
+                    assert!(v == 0.0 || (d <= F::DEG && s < n), "{act}: c[{d}][{s}] = {v} outside the table");
+                }
+            }
+            for s in 0..n {
+                let k = if s == 0 { 0 } else { s as i32 - n as i32 };
+                assert_eq!(((k as f32 + MAGIC).to_bits() as usize) & (n - 1), s, "slot of interval {k}");
                 for j in 0..=64 {
                     let r = (j as f64 / 32.0 - 1.0) * w / 2.0;
                     let a = k as f64 * w + r;
                     if a >= 0.0 || a < F::FAST_FROM as f64 {
                         continue;
                     }
-                    let g = (0..=DEG).rev().fold(0.0, |acc, d| acc * r + t.c[d][s] as f64);
+                    let g = (0..=F::DEG).rev().fold(0.0, |acc, d| acc * r + t.c[d][s] as f64);
                     let want = act.apply_f64(a);
                     let frac = (a * g - want).abs() / act.error_bound(a, want);
                     assert!(frac <= 0.5, "{act} piece {k} at {a}: {:e} vs {want:e}, {frac:.3} of the bound", a * g);
