@@ -12,9 +12,8 @@
 //!   and each load of `B` from L1 serves two rows. From 14 rows of `A` on AVX2, instead, `B`
 //!   is copied in 128 × 64 panels (the next panel prefetched while one is computed) and each
 //!   16-column strip of a panel meets the rows of `A` (packed six rows side by side) six at
-//!   a time with the sums in registers ([`avx::rows_panels`]; on AVX-512, eight rows and two
-//!   strips at a time, [`avx512`]). On AVX-512 from 3 to 32 rows, `B` is read in place
-//!   instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
+//!   a time with the sums in registers ([`avx::rows_panels`]). On AVX-512 from 3 to 96 rows
+//!   (every row count the panels take), `B` is read in place instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
 //!   sequential streams), with the sums of up to 15 rows (from 16 rows: of 8 rows × three
 //!   strips) in registers and the lines ahead prefetched into L2 ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
@@ -104,7 +103,7 @@ fn rows_inner<const FMA: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32])
     if FMA && p.m >= PANEL_MIN_M {
         // SAFETY: on x86-64, `FMA` is true only in the AVX2 and AVX-512 copies made by
         // `multiversion!`, which run only where the CPU reported AVX2 and FMA.
-        unsafe { avx::rows_panels::<false>(p, j0, nb, acc) };
+        unsafe { avx::rows_panels(p, j0, nb, acc) };
         return;
     }
     rows_plain::<FMA>(p, j0, nb, acc);
@@ -389,11 +388,6 @@ mod avx {
     /// 4096 with the copies and no register tiles took 0.74 of the whole product's time, and
     /// the packed weight's strips (no copy) 0.55–0.65 of it.
     const PANEL_N: usize = 64;
-    /// The panel's rows and columns with the AVX-512 tiles (`WIDE`), also 32 KiB: on a 2-core
-    /// AVX-512 Xeon, 16 × 4096 × 4096 took 5.2–9 ms against 10–15 with 128 × 64 (one thread:
-    /// 10.5–16.6 against 16–24), 16 × 11008 × 4096 16–30 against 27–35 (alternated runs);
-    /// 32 × 128 was level with it, 32 × 256 level at one thread, 64 × 256 (64 KiB) slower.
-    const WIDE_PANEL: (usize, usize) = (64, 128);
     /// Rows of `A` per register tile (12 accumulators, 2 vectors of `B`, a broadcast).
     const TILE_M: usize = 6;
     /// The largest packed `A` a thread keeps for its next product (1 MiB: 16 rows at K = 16384);
@@ -402,7 +396,7 @@ mod avx {
 
     thread_local! {
         /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] × [`PANEL_N`]
-        /// elements, as many as [`WIDE_PANEL`], from a 64-byte boundary so that no vector of a
+        /// elements, from a 64-byte boundary so that no vector of a
         /// strip straddles two cache lines). Taken out for the call and put back: a closure (as
         /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and the
         /// intrinsics in it would become calls.
@@ -413,7 +407,7 @@ mod avx {
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows ×
-    /// [`PANEL_N`] columns ([`WIDE_PANEL`] with `WIDE`) of `B` are copied into a buffer strip by
+    /// [`PANEL_N`] columns of `B` are copied into a buffer strip by
     /// strip (each 16-column strip's rows back to back, so a tile reads one contiguous stream with
     /// no L1 set conflicts: rows of `B` 16 KiB apart all fall in one set), then every strip meets
     /// each group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
@@ -431,32 +425,27 @@ mod avx {
     /// the prefetch the panels were slower than the row-streaming kernel from memory (copy and
     /// compute do not overlap), and a kernel on `B` in place (no copy) with these tiles lost
     /// to the set conflicts (the AVX-512 direct kernel, [`super::avx512::rows_direct`], reads
-    /// `B` in place with 16-row tiles and prefetches into L2).
-    ///
-    /// With `WIDE`, the register tiles are the AVX-512 ones ([`super::avx512`]: 8 rows × two
-    /// strips, the same sums in the same order).
+    /// `B` in place with tiles of up to 8 rows and three strips, and prefetches into L2; on
+    /// AVX-512 it takes every row count these panels would: 64 × 128 panels with AVX-512 tiles
+    /// of 8 rows × two strips took 1.05–1.4× its time from 33 to 96 rows, see
+    /// [`super::avx512::DIRECT_M`]).
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA, and AVX-512F when `WIDE`.
+    /// The CPU has AVX2 and FMA.
     #[inline(always)]
-    pub(super) unsafe fn rows_panels<const WIDE: bool>(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
+    pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
         let (m, k) = (p.m, p.k);
-        let (panel_k, panel_n) = if WIDE { WIDE_PANEL } else { (PANEL_K, PANEL_N) };
+        let (panel_k, panel_n) = (PANEL_K, PANEL_N);
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
         if !p.carry {
             acc.fill(0.0);
         }
         // Strips side by side and rows of A per register tile.
-        let (width, rows) = if WIDE { (2, super::avx512::ROWS) } else { (1, TILE_M) };
-        // A's rows, packed for the AVX2 tiles (the AVX-512 tiles read them in place: packed
-        // once per block, 1 MiB at 64 × 4096, they took 1.06–1.1× the time at 48 and 64 ×
-        // 4096 × 4096).
-        let mut apk = Vec::new();
-        if !WIDE {
-            apk = APACK.take();
-            pack_rows(p, rows, &mut apk);
-        }
+        let (width, rows) = (1, TILE_M);
+        // A's rows, packed for the tiles.
+        let mut apk = APACK.take();
+        pack_rows(p, rows, &mut apk);
         let mut buf = PANEL.take();
         if buf.len() < panel_k * panel_n {
             buf = AlignedBuf::zeroed(panel_k * panel_n);
@@ -498,21 +487,16 @@ mod avx {
                     }
                     let r = rows.min(m - g0);
                     let c = &mut acc[g0 * nb + s0 + st * STRIP..];
-                    // SAFETY: the caller promises AVX2 and FMA, and AVX-512F when `WIDE`.
+                    // SAFETY: the caller promises AVX2 and FMA.
                     unsafe {
-                        if WIDE {
-                            let a = &p.a[g0 * p.lda + q0..];
-                            super::avx512::tile_any(r, w, a, Some(p.lda), panel, kb, 0, kb, c, nb, false);
-                        } else {
-                            let a = &apk[g0 * k + q0 * r..];
-                            match r {
-                                6 => tile::<6, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                                5 => tile::<5, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                                4 => tile::<4, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                                3 => tile::<3, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                                2 => tile::<2, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                                _ => tile::<1, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
-                            }
+                        let a = &apk[g0 * k + q0 * r..];
+                        match r {
+                            6 => tile::<6, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                            5 => tile::<5, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                            4 => tile::<4, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                            3 => tile::<3, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                            2 => tile::<2, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
+                            _ => tile::<1, 1, false>(a, panel, kb, 0, kb, c, nb, 0),
                         }
                     }
                     g0 += r;
@@ -522,7 +506,7 @@ mod avx {
             (q0, s0) = next(q0, s0);
         }
         PANEL.set(buf);
-        if !WIDE && apk.capacity() <= APACK_KEEP {
+        if apk.capacity() <= APACK_KEEP {
             APACK.set(apk);
         }
         super::rows_tail(p, j0, full, nb, acc);
@@ -783,8 +767,9 @@ mod avx {
 /// On a 2-core AVX-512 Xeon (in-process A/B against the AVX2 tiles): packed strips, 16 × 4096 × 4096 in 3.4 ms against 6.0, 16 × 11008 × 4096 in
 /// 12–13 against 18–21, 64 × 4096 × 4096 in 15 against 21, M = 1 (memory-bound) level;
 /// `K × N` panels, 16 × 4096 × 4096 in 12–13.5 ms against 17–21 and 16 × 11008 × 4096 in 34
-/// against 40–53 (alternated runs), and with 64 × 128 panels ([`avx`]'s `WIDE_PANEL`) 16 ×
-/// 4096 × 4096 in 5.3–7.7 ms.
+/// against 40–53 (alternated runs), and with 64 × 128 panels and these tiles 16 × 4096 × 4096
+/// in 5.3–7.7 ms (those panels are gone: the direct kernel, [`avx512::rows_direct`], beat them
+/// from 3 to 96 rows).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     use super::super::Halves;
@@ -884,19 +869,16 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`super::avx::rows_panels`] with these register tiles.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
-        // SAFETY: the caller promises AVX-512F (and so AVX2 and FMA).
-        unsafe { super::avx::rows_panels::<true>(p, j0, nb, acc) }
-    }
-
-    /// Rows of `A` that take [`rows_direct`] (`B` stored `K × N`). Below 3 the row-streaming
-    /// kernel was faster (1.26× at M = 1, 1.06× at 2); from 48 the panels were level or faster
-    /// (0.97–1.16× at 48–80 rows, 4096 × 4096, in-process A/B alternated per round).
+    /// Rows of `A` that take [`rows_direct`] (`B` stored `K × N`): up to
+    /// [`PANELS_KN_M`](super::super::matmul::PANELS_KN_M), every row count the skinny products
+    /// take. Below 3 the row-streaming kernel was faster (1.26× at M = 1, 1.06× at 2). From 33
+    /// to 96 rows (groups of up to 8 rows, three strips a tile: [`DIRECT_ROWS`]) it took, of
+    /// the panels' time (2-core Zen 4, 2 threads, separate processes alternated three times,
+    /// the same bits): 0.73 at 33 × 4096 × 4096 (6.6 against 9.0 ms), 0.74 at 48, 0.83 at 64
+    /// (12.2 against 14.7; one thread 0.83), 0.93 at 80, 0.95 at 96, 0.78 at 40 × 4096 ×
+    /// 11008, 0.87 at 64 × 11008 × 4096, 0.93 at 64 × 1024 × 1024. (On the 2-core AVX-512 Xeon,
+    /// before the 8-row groups, the panels were level or faster from 48 rows: 0.97–1.16× at
+    /// 48–80, so the range ended at 32 then.)
     ///
     /// Only on AVX-512. On a 2-core Zen 3 EPYC (AVX2) the same kernel with AVX2 tiles (6 rows ×
     /// two vectors, or 8–12 rows × one vector; with and without the L2 prefetch) took
@@ -907,7 +889,7 @@ pub(super) mod avx512 {
     /// rows in turn) ran at 10.3, 17.4, 19.6, 17.8, 12.5 and 8.7 GB/s for `r` = 1, 2, 4, 8, 16
     /// and 32, against 18.8 for one sequential stream per thread; and at 4–8 rows a pass, the
     /// sums' loads and stores (the block's accumulators are in L2) took over.
-    pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=32;
+    pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=96;
     /// From this many rows of `A`, [`rows_direct`] meets `B` in groups of up to 8 rows, three
     /// strips a register tile (24 sums, 3 loads of `B` and 8 broadcasts per 24 multiply-adds);
     /// the first group streams the strips from memory, the others read them from L1. Below it,
@@ -1027,8 +1009,9 @@ pub(super) mod avx512 {
     /// [`rows_direct`] on a half-precision `B` (its first element at `b0`), converted as the
     /// tiles load it (16 lanes a load: F16C's `vcvtph2ps`, or bf16's bits shifted up 16, as
     /// [`super::super::convert`] widens them): `B` is read once, at 2 bytes an element, with
-    /// nothing written. Any number of rows up to 32 (one and two as well: tiles of four strips).
-    /// Only the first `full` columns (whole strips); `acc`'s rows are `ldc` apart.
+    /// nothing written. Any number of rows up to [`DIRECT_M`]'s end (one and two as well:
+    /// tiles of four strips). Only the first `full` columns (whole strips); `acc`'s rows are
+    /// `ldc` apart.
     ///
     /// # Safety
     /// The CPU has AVX-512F and F16C.
@@ -1146,37 +1129,39 @@ pub(super) mod avx512 {
         if !p.carry {
             acc.fill(0.0);
         }
-        // Equal groups of at most 8 rows from 16 rows (17 rows: 6 + 6 + 5, not 8 + 8 + 1),
-        // else one group.
-        let rows = if tile8 { m.div_ceil(m.div_ceil(8)) } else { m };
+        // The row groups: from 16 rows as equal as can be of at most 8 rows (17 rows: 6 + 6 +
+        // 5, 57: 8 + 7 × 7, not 8 × 7 + 1), else one group.
+        let groups = || {
+            let n = if tile8 { m.div_ceil(8) } else { 1 };
+            let (base, extra) = (m / n, m % n);
+            (0..n).scan(0, move |g0, g| {
+                let r = base + usize::from(g < extra);
+                *g0 += r;
+                Some((*g0 - r, r))
+            })
+        };
         // The pass's columns of A, group after group, each step's `r` values side by side (at
-        // most 64 steps of 32 rows).
-        let mut at = [0.0f32; 64 * 32];
+        // most 64 steps of 96 rows).
+        let mut at = [0.0f32; 64 * 96];
         for q0 in (0..k).step_by(kbmax) {
             let kb = kbmax.min(k - q0);
-            let mut g0 = 0;
-            while g0 < m {
-                let r = rows.min(m - g0);
+            for (g0, r) in groups() {
                 for (q, step) in at[g0 * kb..][..kb * r].chunks_exact_mut(r).enumerate() {
                     for (i, v) in step.iter_mut().enumerate() {
                         *v = p.a[(g0 + i) * p.lda + q0 + q];
                     }
                 }
-                g0 += r;
             }
             if tile8 {
                 for s in (0..full).step_by(3 * STRIP) {
                     let w = ((full - s) / STRIP).min(3);
                     let b = &b[q0 * p.ldb + j0 + s..];
-                    let mut g0 = 0;
-                    while g0 < m {
-                        let r = rows.min(m - g0);
+                    for (g0, r) in groups() {
                         let a = &at[g0 * kb..][..kb * r];
                         let c = &mut acc[g0 * ldc + s..];
                         // SAFETY: the caller promises AVX-512F (and F16C for halves);
                         // `direct_tile` asserts its bounds.
                         unsafe { direct_tile_w(r, w, g0 == 0, a, b, p.ldb, kb, c, ldc) };
-                        g0 += r;
                     }
                 }
                 continue;
@@ -1200,15 +1185,12 @@ pub(super) mod avx512 {
             }
             for s in (wide..full).step_by(STRIP) {
                 let b = &b[q0 * p.ldb + j0 + s..];
-                let mut g0 = 0;
-                while g0 < m {
-                    let r = rows.min(m - g0);
+                for (g0, r) in groups() {
                     let a = &at[g0 * kb..][..kb * r];
                     let c = &mut acc[g0 * ldc + s..];
                     // SAFETY: the caller promises AVX-512F (and F16C for halves); `direct_tile`
                     // asserts its bounds.
                     unsafe { direct_tile_any(r, a, b, p.ldb, kb, c, ldc) };
-                    g0 += r;
                 }
             }
         }
@@ -2376,8 +2358,7 @@ fn direct_half(isa: Isa) -> bool {
 }
 
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
-/// (on AVX-512 the direct kernel where [`Block::direct`], else from 14 rows the panels with
-/// AVX-512 register tiles), [`cols_block`] for `N × K`, or on AVX-512 its dot products
+/// (on AVX-512 the direct kernel where [`Block::direct`]), [`cols_block`] for `N × K`, or on AVX-512 its dot products
 /// ([`nk_dot`]) or panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s own tile
 /// (two rows of a group per `zmm`, 8 lanes of `K` each) was level with the AVX2 tile at 16 ×
 /// 4096 × 4096; the 16-lane dot tile with its own chunk order and prefetch is what gained.
@@ -2387,12 +2368,6 @@ fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &
         // SAFETY: `direct_kn` is only true for `Isa::Avx512`, which is only made where the CPU
         // reported AVX-512F.
         unsafe { avx512::rows_direct(p, j0, nb, acc) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if by_rows && isa == Isa::Avx512 && p.m >= PANEL_MIN_M {
-        // SAFETY: `Isa::Avx512` is only made where the CPU reported AVX-512F.
-        unsafe { avx512::rows_panels(p, j0, nb, acc) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

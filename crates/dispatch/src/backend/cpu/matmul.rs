@@ -110,8 +110,9 @@ pub(super) unsafe fn gemm_f32(
 pub(super) const SKINNY_M: usize = 16;
 
 /// With `B` stored `K × N` and at least [`SHARED_B`] elements, products of up to this many rows
-/// take the skinny kernel's panels too (`gemv.rs`, where the CPU has AVX2 and FMA) instead of
-/// `gemm`: in-process A/B on two threads, `gemm` took 27, 41, 68 and 97 ms at M = 17, 32, 64
+/// take the skinny kernel's panels too (`gemv.rs`, where the CPU has AVX2 and FMA; on AVX-512
+/// its direct kernel, which reads `B` in place, faster still: `gemv::avx512::DIRECT_M`) instead
+/// of `gemm`: in-process A/B on two threads, `gemm` took 27, 41, 68 and 97 ms at M = 17, 32, 64
 /// and 96 × 4096 × 4096 against 15, 20, 19–25 and 38 ms, and 3.6 against 1.5 ms at 64 × 1024 ×
 /// 1024; at M = 128 the two were level, at 256 `gemm` was ahead, and below 2^20 elements of `B`
 /// (32 × 512 × 512) level. On an AVX-512 Xeon, both with their AVX-512 kernels (best of

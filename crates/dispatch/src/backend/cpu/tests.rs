@@ -412,12 +412,11 @@ fn skinny_nk_dot_products_are_exact() {
     });
 }
 
-/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2; on AVX-512 from 33 rows, and here
-/// from 14 with the direct kernel left out, as well as with it): K within one and across 128-row
-/// panels (64 on AVX-512) with a short last one, widths across 64-column panels (128 on AVX-512)
-/// with short last panels (of odd and even strip counts: the AVX-512 tiles take strips in pairs)
-/// and 1–15 columns left to the row-streaming kernel, every row-group remainder (M mod 6; M mod 8
-/// on AVX-512), padded views, in every instruction set.
+/// The panel kernel with `B` stored `K × N` (M ≥ 14 on AVX2; on AVX-512 only with the direct
+/// kernel left out, as here, as well as with it): K within one and across 128-row panels with a
+/// short last one, widths across 64-column panels with short last panels (of odd and even strip
+/// counts) and 1–15 columns left to the row-streaming kernel, every row-group remainder (M mod
+/// 6), padded views, in every instruction set.
 #[test]
 fn skinny_panels_are_exact() {
     let grid = || {
@@ -439,24 +438,30 @@ fn skinny_panels_are_exact() {
 }
 
 /// `B` with at least 2^20 elements: up to `PANELS_KN_M` (96) rows take the skinny panels,
-/// stored `K × N` where the CPU has AVX2 and FMA (on AVX-512 the direct kernel up to 32 rows),
-/// `N × K` on AVX-512 (`gemm` otherwise), with
+/// stored `K × N` where the CPU has AVX2 and FMA (on AVX-512 the direct kernel, and the panels
+/// with it left out, as here too), `N × K` on AVX-512 (`gemm` otherwise), with
 /// the last `N mod 16` columns (here 6) streamed row by row or as dot products for all rows;
 /// `N` a multiple of 16 with `K` not, and the reverse; `K` = 1030, whose second panel of
 /// `N × K` (1024 columns of `K` a panel) is 6 columns, all in the masked block; and `K` = 1000,
 /// whose one panel ends in 8 columns past the transposed 16-column blocks.
 #[test]
 fn mid_m_panels_are_exact() {
-    in_each_isa(|_| {
-        for (i, &(m, n, k)) in
-            [(17, 1024, 1024), (96, 1030, 1020), (17, 1030, 1024), (96, 1024, 1030), (33, 1040, 1000)]
-                .iter()
-                .enumerate()
-        {
-            // From the third with B stored N × K (the AVX-512 transposed panels).
-            check_matmul(&matmul_desc(m, n, k, i % 2 == 1, i >= 2, i), 1700 + i as u64);
-        }
-    });
+    // `kn`: only the products with B stored K × N (the first two).
+    let grid = |kn: bool| {
+        in_each_isa(|_| {
+            for (i, &(m, n, k)) in
+                [(17, 1024, 1024), (96, 1030, 1020), (17, 1030, 1024), (96, 1024, 1030), (33, 1040, 1000)]
+                    .iter()
+                    .enumerate()
+                    .take(if kn { 2 } else { 5 })
+            {
+                // From the third with B stored N × K (the AVX-512 transposed panels).
+                check_matmul(&matmul_desc(m, n, k, i % 2 == 1, i >= 2, i), 1700 + i as u64);
+            }
+        })
+    };
+    grid(false);
+    super::gemv::without_direct(|| grid(true));
 }
 
 /// Products past the skinny and mid-sized paths (M over 96) into f16 and bf16 outputs as well
@@ -476,11 +481,11 @@ fn large_products_into_half_outputs_are_exact() {
     }
 }
 
-/// The direct kernel with `B` stored `K × N` (3–32 rows on AVX-512): `K` across its 32-row
-/// passes (up to 16 rows, and rows of `B` over 6144 elements apart) and 64-row passes (17–32
+/// The direct kernel with `B` stored `K × N` (3–96 rows on AVX-512): `K` across its 32-row
+/// passes (up to 16 rows, and rows of `B` over 6144 elements apart) and 64-row passes (17–96
 /// rows), all with short last ones; one row group (3–15 rows) and, from 16 rows, groups of up
-/// to 8 (16: 8 + 8, 17: 6 + 6 + 5, 24: 3 × 8, 31: 8 + 8 + 8 + 7) on three strips a tile with
-/// none, one and two strips left; tiles of two strips (3–8 rows) with an odd strip left and
+/// to 8 as equal as can be (16: 8 + 8, 17: 6 + 6 + 5, 24: 3 × 8, 31: 8 + 8 + 8 + 7, 57: 8 +
+/// 7 × 7, 96: 12 × 8) on three strips a tile with none, one and two strips left; tiles of two strips (3–8 rows) with an odd strip left and
 /// none, widths leaving 1–15 columns to the row-streaming kernel, column blocks of 1024 or
 /// 2048 (1–3 threads) whose sums go through rows one strip longer; from 17 rows `B` has 2^20
 /// elements (smaller ones go to `gemm`). In every instruction set.
@@ -500,6 +505,8 @@ fn direct_kn_is_exact() {
             (31, 1040, 1030),
             (17, 2064, 520),
             (16, 97, 33),
+            (57, 1040, 1030),
+            (96, 1072, 990),
         ];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             check_matmul(&matmul_desc(m, n, k, m % 2 == 1, false, i), 1800 + i as u64);
@@ -523,32 +530,43 @@ fn run_f32(a: &[f32], b: &[f32], desc: &MatmulDesc, strips: bool) -> Vec<f32> {
 /// in `K` order, one multiply-add a step, as the packed weight's strips do: on random data
 /// (inexact sums) the packed and unpacked products give the same bits, in every instruction
 /// set, through every path up to 16 rows, and up to 96 where the CPU has AVX2 and FMA (the
-/// portable copy hands more than 16 rows to `gemm`).
+/// portable copy hands more than 16 rows to `gemm`), with the AVX-512 direct kernel and
+/// without it (the panels).
 #[test]
 fn kn_kernels_match_the_strips_bit_for_bit() {
-    in_each_isa(|isa| {
-        let mut rng = Rng(77);
-        for &(m, n, k) in
-            &[(1, 70, 300), (2, 33, 129), (5, 1030, 1024), (16, 1030, 1030), (32, 1024, 1025), (40, 1030, 1024)]
-        {
-            if m > 16 && isa == Isa::Portable {
-                continue;
-            }
-            let desc = MatmulDesc::new(m, n, k);
-            let a: Vec<f32> = (0..m * k).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
-            let b: Vec<f32> = (0..k * n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
-            let mut s = vec![0.0f32; n.div_ceil(16) * k * 16];
-            for q in 0..k {
-                for j in 0..n {
-                    s[(j / 16 * k + q) * 16 + j % 16] = b[q * n + j];
+    let grid = || {
+        in_each_isa(|isa| {
+            let mut rng = Rng(77);
+            for &(m, n, k) in &[
+                (1, 70, 300),
+                (2, 33, 129),
+                (5, 1030, 1024),
+                (16, 1030, 1030),
+                (32, 1024, 1025),
+                (40, 1030, 1024),
+                (65, 1040, 1030),
+            ] {
+                if m > 16 && isa == Isa::Portable {
+                    continue;
+                }
+                let desc = MatmulDesc::new(m, n, k);
+                let a: Vec<f32> = (0..m * k).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+                let b: Vec<f32> = (0..k * n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+                let mut s = vec![0.0f32; n.div_ceil(16) * k * 16];
+                for q in 0..k {
+                    for j in 0..n {
+                        s[(j / 16 * k + q) * 16 + j % 16] = b[q * n + j];
+                    }
+                }
+                let (plain, packed) = (run_f32(&a, &b, &desc, false), run_f32(&a, &s, &desc, true));
+                for (i, (x, y)) in plain.iter().zip(&packed).enumerate() {
+                    assert!(x.to_bits() == y.to_bits(), "{isa:?} {m}x{n}x{k}: element {i} is {x} unpacked, {y} packed");
                 }
             }
-            let (plain, packed) = (run_f32(&a, &b, &desc, false), run_f32(&a, &s, &desc, true));
-            for (i, (x, y)) in plain.iter().zip(&packed).enumerate() {
-                assert!(x.to_bits() == y.to_bits(), "{isa:?} {m}x{n}x{k}: element {i} is {x} unpacked, {y} packed");
-            }
-        }
-    });
+        })
+    };
+    grid();
+    super::gemv::without_direct(grid);
 }
 
 /// With `B` stored `N × K` and 13 to 16 rows of `A`, AVX-512 takes the broadcast tiles
