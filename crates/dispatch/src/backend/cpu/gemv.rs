@@ -13,9 +13,10 @@
 //!   is copied in 128 × 64 panels (the next panel prefetched while one is computed) and each
 //!   16-column strip of a panel meets the rows of `A` (packed six rows side by side) six at
 //!   a time with the sums in registers ([`avx::rows_panels`]). On AVX-512 from 3 to 96 rows
-//!   (every row count the panels take), `B` is read in place instead: passes of 32 or 64 of its rows, strip by strip along them (each pass's rows are
-//!   sequential streams), with the sums of up to 15 rows (from 16 rows: of 8 rows × three
-//!   strips) in registers and the lines ahead prefetched into L2 ([`avx512::rows_direct`]);
+//!   (every row count past 2 that takes this kernel), `B` is read in place instead: passes of
+//!   32 or 64 of its rows, strip by strip along them (each pass's rows are sequential streams),
+//!   with the sums of up to 15 rows (from 16 rows: of 8 rows × three strips) in registers and
+//!   the lines ahead prefetched into L2 ([`avx512::rows_direct`]);
 //! - `B` stored `N × K` (each output column is a dot product with a contiguous row of `B`):
 //!   `A` is packed once into groups of 4 rows, step by step of 8 columns side by side; K is
 //!   cut into chunks of 1024 (4096 with one row group, M ≤ 4), and within a chunk each tile
@@ -396,10 +397,10 @@ mod avx {
 
     thread_local! {
         /// This thread's panel of `B` (made on its first panel product, [`PANEL_K`] × [`PANEL_N`]
-        /// elements, from a 64-byte boundary so that no vector of a
-        /// strip straddles two cache lines). Taken out for the call and put back: a closure (as
-        /// `with_borrow_mut` takes) would not inherit the caller's AVX2 target features, and the
-        /// intrinsics in it would become calls.
+        /// elements, from a 64-byte boundary so that no vector of a strip straddles two cache
+        /// lines). Taken out for the call and put back: a closure (as `with_borrow_mut` takes)
+        /// would not inherit the caller's AVX2 target features, and the intrinsics in it would
+        /// become calls.
         static PANEL: std::cell::Cell<AlignedBuf<f32>> = const { std::cell::Cell::new(AlignedBuf::empty()) };
         /// This thread's copy of `A`'s rows packed for the register tiles ([`pack_rows`]),
         /// kept between products as [`PANEL`] is while it holds at most [`APACK_KEEP`] elements.
@@ -407,12 +408,12 @@ mod avx {
     }
 
     /// `acc = A · B[.., j0..j0 + nb]` for `B` stored `K × N`, panel by panel: [`PANEL_K`] rows ×
-    /// [`PANEL_N`] columns of `B` are copied into a buffer strip by
-    /// strip (each 16-column strip's rows back to back, so a tile reads one contiguous stream with
-    /// no L1 set conflicts: rows of `B` 16 KiB apart all fall in one set), then every strip meets
-    /// each group of up to 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows
-    /// (2 loads of `B` and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and stored
-    /// once per panel). While a panel is computed, the next one's rows of `B` are prefetched in
+    /// [`PANEL_N`] columns of `B` are copied into a buffer strip by strip (each 16-column
+    /// strip's rows back to back, so a tile reads one contiguous stream with no L1 set conflicts:
+    /// rows of `B` 16 KiB apart all fall in one set), then every strip meets each group of up to
+    /// 6 rows of `A` with its `6 × 16` sums in registers over the panel's rows (2 loads of `B`
+    /// and 6 broadcasts of `A` per 12 multiply-adds; the sums are loaded and stored once per
+    /// panel). While a panel is computed, the next one's rows of `B` are prefetched in
     /// storage order, spread over its tiles, so the copy finds them in L1. The tiles read `A`
     /// packed ([`pack_rows`], once per block, in groups of the tile's rows), whose rows in place
     /// are `lda` elements apart (`K` for a dense `A`): at 4096 all in one L1 set. On a Zen 3
@@ -2358,10 +2359,11 @@ fn direct_half(isa: Isa) -> bool {
 }
 
 /// One column block of the skinny product in `isa`: [`rows_block`] for `B` stored `K × N`
-/// (on AVX-512 the direct kernel where [`Block::direct`]), [`cols_block`] for `N × K`, or on AVX-512 its dot products
-/// ([`nk_dot`]) or panels ([`nk_panels`]). An AVX-512 version of [`cols_block`]'s own tile
-/// (two rows of a group per `zmm`, 8 lanes of `K` each) was level with the AVX2 tile at 16 ×
-/// 4096 × 4096; the 16-lane dot tile with its own chunk order and prefetch is what gained.
+/// (on AVX-512 the direct kernel where [`Block::direct`]), [`cols_block`] for `N × K`, or on
+/// AVX-512 its dot products ([`nk_dot`]) or panels ([`nk_panels`]). An AVX-512 version of
+/// [`cols_block`]'s own tile (two rows of a group per `zmm`, 8 lanes of `K` each) was level
+/// with the AVX2 tile at 16 × 4096 × 4096; the 16-lane dot tile with its own chunk order and
+/// prefetch is what gained.
 fn skinny_block(isa: Isa, p: &Block, by_rows: bool, j0: usize, nb: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if by_rows && p.direct {

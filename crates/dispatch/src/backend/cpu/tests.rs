@@ -485,10 +485,11 @@ fn large_products_into_half_outputs_are_exact() {
 /// passes (up to 16 rows, and rows of `B` over 6144 elements apart) and 64-row passes (17–96
 /// rows), all with short last ones; one row group (3–15 rows) and, from 16 rows, groups of up
 /// to 8 as equal as can be (16: 8 + 8, 17: 6 + 6 + 5, 24: 3 × 8, 31: 8 + 8 + 8 + 7, 57: 8 +
-/// 7 × 7, 96: 12 × 8) on three strips a tile with none, one and two strips left; tiles of two strips (3–8 rows) with an odd strip left and
-/// none, widths leaving 1–15 columns to the row-streaming kernel, column blocks of 1024 or
-/// 2048 (1–3 threads) whose sums go through rows one strip longer; from 17 rows `B` has 2^20
-/// elements (smaller ones go to `gemm`). In every instruction set.
+/// 7 × 7, 96: 12 × 8) on three strips a tile with none, one and two strips left; tiles of two
+/// strips (3–8 rows) with an odd strip left and none, widths leaving 1–15 columns to the
+/// row-streaming kernel, column blocks of 1024 or 2048 (1–3 threads) whose sums go through
+/// rows one strip longer; from 17 rows `B` has 2^20 elements (smaller ones go to `gemm`). In
+/// every instruction set.
 #[test]
 fn direct_kn_is_exact() {
     in_each_isa(|_| {

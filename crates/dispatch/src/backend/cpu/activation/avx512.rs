@@ -730,7 +730,8 @@ impl Coeffs {
 /// `g(x) = 1 − g(−x)`).
 ///
 /// NaN gives NaN (`a` is NaN, and `max(0, x)` keeps the NaN), +∞ gives +∞ (`a` is
-/// clamped; SiLU's is a formula lane), −∞ is a formula lane, ±0 keeps its sign (`a` is −0, `max(0, x)` keeps −0).
+/// clamped; SiLU's is a formula lane), −∞ is a formula lane, ±0 keeps its sign (`a` is −0,
+/// `max(0, x)` keeps −0).
 ///
 /// # Safety
 /// AVX-512F and AVX-512DQ.
