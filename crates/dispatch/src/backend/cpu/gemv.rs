@@ -436,14 +436,12 @@ mod avx {
     #[inline(always)]
     pub(super) unsafe fn rows_panels(p: &Block, j0: usize, nb: usize, acc: &mut [f32]) {
         let (m, k) = (p.m, p.k);
-        let (panel_k, panel_n) = (PANEL_K, PANEL_N);
+        let (panel_k, panel_n, rows) = (PANEL_K, PANEL_N, TILE_M);
         let full = nb - nb % STRIP;
         let acc = &mut acc[..m * nb];
         if !p.carry {
             acc.fill(0.0);
         }
-        // Strips side by side and rows of A per register tile.
-        let (width, rows) = (1, TILE_M);
         // A's rows, packed for the tiles.
         let mut apk = APACK.take();
         pack_rows(p, rows, &mut apk);
@@ -471,13 +469,11 @@ mod avx {
             let (nq, ns0) = next(q0, s0);
             let (nkb, lines) =
                 if nq < k { (panel_k.min(k - nq), panel_n.min(full - ns0).div_ceil(STRIP)) } else { (0, 1) };
-            let tiles = strips.div_ceil(width) * m.div_ceil(rows);
+            let tiles = strips * m.div_ceil(rows);
             let per_tile = (nkb * lines).div_ceil(tiles);
             let mut line = 0;
-            let mut st = 0;
-            while st < strips {
-                let w = width.min(strips - st);
-                let panel = &buf[st * kb * STRIP..][..w * kb * STRIP];
+            for st in 0..strips {
+                let panel = &buf[st * kb * STRIP..][..kb * STRIP];
                 let mut g0 = 0;
                 while g0 < m {
                     for _ in 0..per_tile.min(nkb * lines - line) {
@@ -502,7 +498,6 @@ mod avx {
                     }
                     g0 += r;
                 }
-                st += w;
             }
             (q0, s0) = next(q0, s0);
         }
@@ -890,7 +885,7 @@ pub(super) mod avx512 {
     /// rows in turn) ran at 10.3, 17.4, 19.6, 17.8, 12.5 and 8.7 GB/s for `r` = 1, 2, 4, 8, 16
     /// and 32, against 18.8 for one sequential stream per thread; and at 4–8 rows a pass, the
     /// sums' loads and stores (the block's accumulators are in L2) took over.
-    pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=96;
+    pub(super) const DIRECT_M: std::ops::RangeInclusive<usize> = 3..=super::super::matmul::PANELS_KN_M;
     /// From this many rows of `A`, [`rows_direct`] meets `B` in groups of up to 8 rows, three
     /// strips a register tile (24 sums, 3 loads of `B` and 8 broadcasts per 24 multiply-adds);
     /// the first group streams the strips from memory, the others read them from L1. Below it,
@@ -1142,8 +1137,8 @@ pub(super) mod avx512 {
             })
         };
         // The pass's columns of A, group after group, each step's `r` values side by side (at
-        // most 64 steps of 96 rows).
-        let mut at = [0.0f32; 64 * 96];
+        // most 64 steps of `DIRECT_M`'s rows).
+        let mut at = [0.0f32; 64 * *DIRECT_M.end()];
         for q0 in (0..k).step_by(kbmax) {
             let kb = kbmax.min(k - q0);
             for (g0, r) in groups() {

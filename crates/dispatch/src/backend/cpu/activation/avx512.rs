@@ -415,75 +415,70 @@ unsafe fn exp_of<const UPPER: bool>(x: __m512) -> __m512 {
     }
 }
 
-/// The highest degree of the gates' polynomials.
-const MAX_DEG: usize = 6;
+/// Degree of the gates' polynomials.
+const DEG: usize = 6;
 
 /// The most intervals a table holds: one `vpermt2ps` selects among 32 lanes of two registers.
 const MAX_PIECES: usize = 32;
 
 /// A form's gate `g(a)` on `a ≤ 0` (`act(a) = a·g(a)`: Φ(a) for GELU, `σ(2u(a))` for its
-/// tanh form, `σ(a)` for SiLU) as `F::PIECES` polynomials of degree `F::DEG` in `r = a − k·w`,
+/// tanh form, `σ(a)` for SiLU) as `F::PIECES` polynomials of degree [`DEG`] in `r = a − k·w`,
 /// one per interval `k` of width `w` ([`Form`]). Slot `s` holds interval `k ≡ s (mod PIECES)`,
 /// the index `vpermt2ps` (or `vpermps`) takes from the low five (four) bits of
 /// `a/w + 1.5·2^23`.
 #[repr(C, align(64))]
 struct Table {
-    /// `c[d][s]`: the coefficient of `r^d` in slot `s` (0 past the form's degree and pieces).
-    c: [[f32; MAX_PIECES]; MAX_DEG + 1],
+    /// `c[d][s]`: the coefficient of `r^d` in slot `s` (0 past the form's pieces).
+    c: [[f32; MAX_PIECES]; DEG + 1],
 }
 
 impl Table {
     /// The table of `act`'s gate in `pieces` intervals of width `w`: each piece interpolates
-    /// the `f64` reference ([`Activation::apply_f64`]`(a) / a`) at the `deg + 1` Chebyshev
+    /// the `f64` reference ([`Activation::apply_f64`]`(a) / a`) at the [`DEG`] + 1 Chebyshev
     /// nodes of its interval (within a small factor of the best polynomial of its degree),
     /// rounded to f32.
-    fn new(act: Activation, w: f64, pieces: usize, deg: usize) -> Table {
-        assert!(pieces <= MAX_PIECES && deg <= MAX_DEG, "table past its arrays");
+    fn new(act: Activation, w: f64, pieces: usize) -> Table {
+        assert!(pieces <= MAX_PIECES, "table past its arrays");
         let gate = |a: f64| if a == 0.0 { 0.5 } else { act.apply_f64(a) / a };
         let piece = |s: usize| {
             let k = if s == 0 { 0.0 } else { s as f64 - pieces as f64 };
-            interpolate(gate, k * w, w / 2.0, deg)
+            interpolate(gate, k * w, w / 2.0)
         };
-        let pieces: Vec<[f64; MAX_DEG + 1]> = (0..pieces).map(piece).collect();
+        let pieces: Vec<[f64; DEG + 1]> = (0..pieces).map(piece).collect();
         let c = std::array::from_fn(|d| std::array::from_fn(|s| pieces.get(s).map_or(0.0, |p| p[d] as f32)));
         Table { c }
     }
 
     /// The table of `F`'s gate.
     fn of<F: Form>(act: Activation) -> Table {
-        Table::new(act, F::WIDTH as f64, F::PIECES, F::DEG)
+        Table::new(act, F::WIDTH as f64, F::PIECES)
     }
 }
 
-/// The coefficients of `(a − centre)^d` of the polynomial of degree `deg` (at least 1) through
-/// `g` at the Chebyshev nodes of `[centre − h, centre + h]`, in f64 (0 past `deg`): its
-/// Chebyshev series (`b_k`, from the values at the nodes), turned into powers of
-/// `t = (a − centre)/h` by `T_{k+1} = 2t·T_k − T_{k−1}`, then of `a − centre`.
-fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64, deg: usize) -> [f64; MAX_DEG + 1] {
-    const M: usize = MAX_DEG + 1;
-    assert!((1..=MAX_DEG).contains(&deg), "degree {deg} outside 1..={MAX_DEG}");
-    let n = deg + 1;
-    let angle = |j: usize| (2 * j + 1) as f64 * std::f64::consts::PI / (2 * n) as f64;
-    let values: [f64; M] = std::array::from_fn(|j| if j < n { g(centre + h * angle(j).cos()) } else { 0.0 });
-    let b: [f64; M] = std::array::from_fn(|k| {
-        if k >= n {
-            return 0.0;
-        }
-        let sum: f64 = (0..n).map(|j| values[j] * (k as f64 * angle(j)).cos()).sum();
-        sum * if k == 0 { 1.0 } else { 2.0 } / n as f64
+/// The coefficients of `(a − centre)^d` of the polynomial of degree [`DEG`] through `g` at the
+/// Chebyshev nodes of `[centre − h, centre + h]`, in f64: its Chebyshev series (`b_k`, from the
+/// values at the nodes), turned into powers of `t = (a − centre)/h` by `T_{k+1} = 2t·T_k − T_{k−1}`,
+/// then of `a − centre`.
+fn interpolate(g: impl Fn(f64) -> f64, centre: f64, h: f64) -> [f64; DEG + 1] {
+    const N: usize = DEG + 1;
+    let angle = |j: usize| (2 * j + 1) as f64 * std::f64::consts::PI / (2 * N) as f64;
+    let values: [f64; N] = std::array::from_fn(|j| g(centre + h * angle(j).cos()));
+    let b: [f64; N] = std::array::from_fn(|k| {
+        let sum: f64 = (0..N).map(|j| values[j] * (k as f64 * angle(j)).cos()).sum();
+        sum * if k == 0 { 1.0 } else { 2.0 } / N as f64
     });
-    let (mut prev, mut cur) = ([0.0; M], [0.0; M]);
+    let (mut prev, mut cur) = ([0.0; N], [0.0; N]);
     prev[0] = 1.0;
     cur[1] = 1.0;
-    let mut powers = [0.0; M];
+    let mut powers = [0.0; N];
     powers[0] = b[0];
     powers[1] = b[1];
-    for bk in &b[2..n] {
-        let mut next = [0.0; M];
-        for d in 0..M {
+    for bk in &b[2..] {
+        let mut next = [0.0; N];
+        for d in 0..N {
             next[d] = if d > 0 { 2.0 * cur[d - 1] } else { 0.0 } - prev[d];
         }
-        for d in 0..M {
+        for d in 0..N {
             powers[d] += bk * next[d];
         }
         (prev, cur) = (cur, next);
@@ -506,8 +501,6 @@ trait Form {
     /// a `vpermps` (seven of each with six multiply-adds: 15.5 cycles a vector against 12.5,
     /// L1-resident micro-benchmark).
     const PIECES: usize;
-    /// Degree of the pieces (at most [`MAX_DEG`]).
-    const DEG: usize;
     /// Where `a` is clamped, `−min(|x|, (PIECES − 1)·w)`: the lowest interval's centre.
     const CLAMP: f32 = (1.0 - Self::PIECES as f32) * Self::WIDTH;
     /// `a − k·w` for the `k` nearest `a/w` (ties to even, as adding `1.5·2^23·w` rounds):
@@ -518,7 +511,7 @@ trait Form {
     /// AVX-512DQ.
     unsafe fn offset(a: __m512) -> __m512;
     /// Inputs below this take [`Form::formula`]: there the gate falls too fast for one piece of
-    /// degree `DEG` to keep its relative error inside the bound. At least [`Form::CLAMP`].
+    /// degree [`DEG`] to keep its relative error inside the bound. At least [`Form::CLAMP`].
     const FAST_FROM: f32;
     /// The lanes that take [`Form::formula`], from the input `x` and `a` (`−min(|x|, −CLAMP)`):
     /// `x < FAST_FROM`.
@@ -550,7 +543,6 @@ struct Silu;
 impl Form for GeluErf {
     const WIDTH: f32 = 0.25;
     const PIECES: usize = 32;
-    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
@@ -594,7 +586,6 @@ impl Form for GeluErf {
 impl Form for GeluTanh {
     const WIDTH: f32 = 0.25;
     const PIECES: usize = 32;
-    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
@@ -632,7 +623,6 @@ impl Form for Silu {
     /// `σ` falls only as `e^a`: 16 pieces of width 1 and degree 6 keep it, out to −15.
     const WIDTH: f32 = 1.0;
     const PIECES: usize = 16;
-    const DEG: usize = 6;
     #[inline(always)]
     unsafe fn offset(a: __m512) -> __m512 {
         // SAFETY: the caller's promise.
@@ -680,12 +670,12 @@ impl Form for Silu {
 /// A [`Table`] in registers: `lo[d]` holds slots 0–15 of `c[d]`, `hi[d]` slots 16–31 (where
 /// the form has 32 pieces).
 struct Coeffs {
-    lo: [__m512; MAX_DEG + 1],
-    hi: [__m512; MAX_DEG + 1],
+    lo: [__m512; DEG + 1],
+    hi: [__m512; DEG + 1],
 }
 
 impl Coeffs {
-    /// `F`'s table's rows up to its degree (the others 0).
+    /// `F`'s table (`hi` 0 with 16 pieces).
     ///
     /// # Safety
     /// AVX-512F.
@@ -695,7 +685,7 @@ impl Coeffs {
         // SAFETY: the caller's promise; each row is 32 f32, 64-byte aligned.
         unsafe {
             let row = |d: usize, half: usize| {
-                if d <= F::DEG && (half == 0 || F::PIECES > 16) {
+                if half == 0 || F::PIECES > 16 {
                     _mm512_load_ps(t.c[d].as_ptr().add(16 * half))
                 } else {
                     _mm512_setzero_ps()
@@ -748,8 +738,8 @@ unsafe fn gated<F: Form>(x: __m512, c: &Coeffs) -> (__m512, __mmask16) {
         let u = _mm512_add_ps(a, splat(MAGIC * F::WIDTH));
         let r = F::offset(a);
         let slot = _mm512_castps_si512(u);
-        let mut g = c.pick::<F>(slot, F::DEG);
-        for d in (0..F::DEG).rev() {
+        let mut g = c.pick::<F>(slot, DEG);
+        for d in (0..DEG).rev() {
             g = _mm512_fmadd_ps(g, r, c.pick::<F>(slot, d));
         }
         // `a` is x for x < 0 and −x for 0 ≤ x ≤ −CLAMP; above, `a·g` is far below half an ulp of
@@ -857,28 +847,22 @@ unsafe fn tanh_quotient(x: __m512, e: __m512) -> __m512 {
 mod tests {
     use super::*;
 
-    /// The interpolant of degree `deg` of a polynomial of that degree is that polynomial: its
-    /// coefficients come back in powers of `a − centre` (0 past `deg`), whatever the centre and
-    /// half-width, at every degree up to [`MAX_DEG`].
+    /// The interpolant of a polynomial of degree [`DEG`] is that polynomial: its coefficients
+    /// come back in powers of `a − centre`, whatever the centre and half-width.
     #[test]
     fn interpolation_reproduces_a_polynomial_of_its_degree() {
-        let all = [0.5, -1.25, 0.75, 2.0, -0.125, 0.0625, -0.03125];
-        for deg in 1..=MAX_DEG {
-            let want = &all[..=deg];
-            for (centre, h) in [(0.0, 0.125), (-7.75, 0.125), (-15.0, 0.5), (-31.0, 0.5), (3.0, 2.0)] {
-                let p = |a: f64| want.iter().rev().fold(0.0, |acc, &c| acc * (a - centre) + c);
-                let got = interpolate(p, centre, h, deg);
-                for (d, &g) in got.iter().enumerate() {
-                    let w = want.get(d).copied().unwrap_or(0.0);
-                    let tol = 1e-9 * (1.0 + w.abs()) / h.powi(d as i32).min(1.0);
-                    assert!((g - w).abs() <= tol, "degree {deg}, c{d}: {g} vs {w}");
-                }
+        let want = [0.5, -1.25, 0.75, 2.0, -0.125, 0.0625, -0.03125];
+        for (centre, h) in [(0.0, 0.125), (-7.75, 0.125), (-15.0, 0.5), (-31.0, 0.5), (3.0, 2.0)] {
+            let p = |a: f64| want.iter().rev().fold(0.0, |acc, &c| acc * (a - centre) + c);
+            let got = interpolate(p, centre, h);
+            for (d, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()) / h.powi(d as i32).min(1.0), "c{d}: {g} vs {w}");
             }
         }
     }
 
     /// Every slot holds the interval whose low five bits it is (four with 16 pieces: the bits
-    /// `vpermps` reads), the slots past the form's pieces and the rows past its degree are 0,
+    /// `vpermps` reads), the slots past the form's pieces are 0,
     /// and every piece of every table,
     /// evaluated in f64 from its f32 coefficients across its interval (down to where the form
     /// uses it), gives `a·g(a)` within half of [`Activation::error_bound`]: the other half is
@@ -895,7 +879,7 @@ mod tests {
             assert!(F::FAST_FROM >= F::CLAMP, "{act}: the pieces used end at the clamp");
             for (d, row) in t.c.iter().enumerate() {
                 for (s, &v) in row.iter().enumerate() {
-                    assert!(v == 0.0 || (d <= F::DEG && s < n), "{act}: c[{d}][{s}] = {v} outside the table");
+                    assert!(v == 0.0 || s < n, "{act}: c[{d}][{s}] = {v} outside the table");
                 }
             }
             for s in 0..n {
@@ -907,7 +891,7 @@ mod tests {
                     if a >= 0.0 || a < F::FAST_FROM as f64 {
                         continue;
                     }
-                    let g = (0..=F::DEG).rev().fold(0.0, |acc, d| acc * r + t.c[d][s] as f64);
+                    let g = (0..=DEG).rev().fold(0.0, |acc, d| acc * r + t.c[d][s] as f64);
                     let want = act.apply_f64(a);
                     let frac = (a * g - want).abs() / act.error_bound(a, want);
                     assert!(frac <= 0.5, "{act} piece {k} at {a}: {:e} vs {want:e}, {frac:.3} of the bound", a * g);
