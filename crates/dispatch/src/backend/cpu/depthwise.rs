@@ -75,7 +75,7 @@
 //!   where all are valid.
 //! - NHWC 3 × 3 layers (multiplier 1, stride 1 or 2, no activation, ReLU or ReLU6) with
 //!   input planes of at most 64² pixels (32² in half precision, 112² at stride 2 in f32
-//!   16-channel blocks) and whole 8-channel blocks, on AVX2 and AVX-512
+//!   16-channel blocks on AMD) and whole 8-channel blocks, on AVX2 and AVX-512
 //!   ([`Conv::nhwc_blocks`]; f16 and bf16 on AVX-512 with whole 16-channel blocks): one
 //!   channel block of one image at a time, its nine weight vectors loaded once for the whole
 //!   plane (taken from the stored `[channel][tap]` weights in the block's task: gathered in
@@ -129,7 +129,7 @@ use super::aligned::AlignedBuf;
 use super::pool::for_each_chunk_mut;
 #[cfg(target_arch = "x86_64")]
 use super::pool::for_each_index;
-use super::simd::{Isa, madd, multiversion};
+use super::simd::{self, Isa, madd, multiversion};
 use super::{Elem, Halves, internal};
 use crate::Result;
 use tilekit_kernels::{Conv2dDesc, Layout};
@@ -176,12 +176,15 @@ const PARALLEL_MIN: usize = 1 << 17;
 #[cfg(target_arch = "x86_64")]
 const BLOCK_PLANE: usize = 64 * 64;
 
-/// [`BLOCK_PLANE`] for f32 16-channel blocks at stride 2 both ways: MobileNetV2's 96 × 112²
-/// stride-2 layer took 0.72 of the row kernel's time that way (2 threads; 0.72 on one;
-/// separate processes alternated three times, 2-core Zen 4), where at stride 1 its 32 × 112²
-/// took 1.6× (each output pixel reads a quarter as many new input lines at stride 2).
+/// [`BLOCK_PLANE`] for f32 16-channel blocks at stride 2 both ways on AMD's cores
+/// ([`simd::amd`]): MobileNetV2's 96 × 112² stride-2 layer took 0.72 of the row kernel's time
+/// that way (2 threads; 0.72 on one; separate processes alternated three times, 2-core Zen 4),
+/// where at stride 1 its 32 × 112² took 1.6× (each output pixel reads a quarter as many new
+/// input lines at stride 2). On a 2-core Intel Xeon with AVX-512 (family 6 model 167, KVM) the
+/// same layer went the other way: the rows took 0.65 of the blocks' time on 2 threads and 0.57
+/// on one (separate processes alternated five times), so other CPUs keep [`BLOCK_PLANE`].
 #[cfg(target_arch = "x86_64")]
-const BLOCK_PLANE_S2: usize = 112 * 112;
+const BLOCK_PLANE_S2_AMD: usize = 112 * 112;
 
 /// [`BLOCK_PLANE`] for a half-precision input or output, whose block is widened into (and
 /// rounded from) the thread's buffer: at 144 × 56² the blocks took 1.09–1.13× the row
@@ -886,9 +889,10 @@ impl Conv<'_> {
 
     /// The lanes of [`Conv::nhwc_blocks`]'s channel blocks where it takes the layer: NHWC 3 × 3
     /// rows ([`nhwc3_fits`]) with no activation, ReLU or ReLU6, input planes of at most
-    /// [`BLOCK_PLANE`] pixels ([`BLOCK_PLANE_HALF`] in half precision, [`BLOCK_PLANE_S2`] for
-    /// f32 16-channel blocks at stride 2), and whole 16-channel blocks (on AVX-512) or 8-channel ones
-    /// (f32 only: a half-precision input or output `E` takes 16-lane blocks only).
+    /// [`BLOCK_PLANE`] pixels ([`BLOCK_PLANE_HALF`] in half precision, [`BLOCK_PLANE_S2_AMD`]
+    /// for f32 16-channel blocks at stride 2 on AMD), and whole 16-channel blocks (on AVX-512)
+    /// or 8-channel ones (f32 only: a half-precision input or output `E` takes 16-lane blocks
+    /// only).
     #[cfg(target_arch = "x86_64")]
     fn block_lanes<E: Elem>(&self, isa: Isa) -> Option<usize> {
         use tilekit_kernels::Activation;
@@ -901,7 +905,7 @@ impl Conv<'_> {
         let half = self.xh.is_some() || !is_f32::<E>();
         let most = match (half, lanes, d.stride_h, d.stride_w) {
             (true, ..) => BLOCK_PLANE_HALF,
-            (false, 16, 2, 2) => BLOCK_PLANE_S2,
+            (false, 16, 2, 2) if simd::amd() => BLOCK_PLANE_S2_AMD,
             _ => BLOCK_PLANE,
         };
         (fits && (1..=most).contains(&(d.height * d.width)) && (lanes == 16 || !half)).then_some(lanes)

@@ -79,6 +79,46 @@ thread_local! {
     static FORCED: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
 }
 
+/// Whether the CPU is AMD's (CPUID vendor `AuthenticAMD`). A few of the kernels' limits were
+/// measured to fall the other way on Zen 4 than on Intel's AVX-512 cores; each use says which
+/// and by how much. Other vendors, and other architectures, take Intel's choices.
+#[inline]
+pub(crate) fn amd() -> bool {
+    #[cfg(test)]
+    if let Some(amd) = FORCED_AMD.get() {
+        return amd;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AMD.get_or_init(|| {
+            // Leaf 0 gives the vendor string in EBX, EDX, ECX.
+            let id = std::arch::x86_64::__cpuid(0);
+            [id.ebx, id.edx, id.ecx]
+                == [u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD")]
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What [`amd`] reports on this thread, where a test has set it.
+    static FORCED_AMD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with [`amd`] reporting each answer in turn on this thread: for tests of the
+/// limits that differ between AMD's cores and the others.
+#[cfg(test)]
+pub(crate) fn as_each_vendor(mut f: impl FnMut(bool)) {
+    for amd in [false, true] {
+        FORCED_AMD.set(Some(amd));
+        f(amd);
+    }
+    FORCED_AMD.set(None);
+}
+
 /// Runs `f` once in each instruction set this CPU has, with [`Isa::detect`] reporting it on
 /// this thread: for tests of operations that detect their instruction set once, on the
 /// calling thread, and hand it to their tasks.

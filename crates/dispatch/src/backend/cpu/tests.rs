@@ -9,7 +9,7 @@ use super::Elem;
 use super::depthwise::Conv;
 use super::matmul::MatmulOperands;
 use super::matmul::SKINNY_M;
-use super::simd::{Isa, in_each_isa};
+use super::simd::{Isa, as_each_vendor, in_each_isa};
 use super::{F32s, Halves};
 use half::{bf16, f16};
 use tilekit_kernels::{Activation, ActivationDesc, Conv2dDesc, DType, Layout, MatmulDesc, MatrixView, reference};
@@ -1353,7 +1353,8 @@ fn depthwise_nchw_channel_blocks_are_exact() {
 }
 
 /// The NHWC channel blocks (`Conv::nhwc_blocks`: 3 × 3 layers with planes of up to 64²
-/// pixels, 112² for f32 16-lane blocks at stride 2, f16 and bf16 through 16-lane blocks): 8- and 16-channel blocks (24 and 40 channels
+/// pixels, 112² for f32 16-lane blocks at stride 2 on AMD, f16 and bf16 through 16-lane blocks):
+/// 8- and 16-channel blocks (24 and 40 channels
 /// take 8-lane vectors on AVX-512 too, and half-precision layers the row kernels),
 /// planes from one pixel to the limit and one past it, rows of 2 to 17 pixels around one and
 /// two tiles of 4 and 8 (padded by one, whole rows go in tiles), both strides, vertical dilation,
@@ -1381,17 +1382,20 @@ fn depthwise_nhwc_channel_blocks_are_exact() {
             seed += 1;
         }
     }
-    // At stride 2 (f32, 16-channel blocks) the blocks take planes up to 112², and the rows
-    // one past it.
-    for (seed, (h, w)) in (8890..).zip([(112, 112), (113, 112)]) {
-        let d = conv_geometry(Layout::Nhwc, [1, 16, h, w], [3, 3], [2, 2], [1, 1], [1; 4]);
-        if Isa::available().contains(&Isa::Avx512) {
-            let (x, wk) = (vec![0.0; 16 * h * w], vec![0.0; 16 * 9]);
-            let conv = Conv { d, x: &x, xh: None, w: &wk, packed: false, bias: None };
-            assert_eq!(conv.has_small_plane_kernel(Isa::Avx512), h * w <= 112 * 112, "{h} x {w}");
+    // At stride 2 (f32, 16-channel blocks) the blocks take planes up to 112² on AMD (64²
+    // elsewhere, as at stride 1), and the rows one past it: both limits run on every CPU.
+    as_each_vendor(|amd| {
+        let (most, planes) = if amd { (112, [(112, 112), (113, 112)]) } else { (64, [(64, 64), (65, 64)]) };
+        for (seed, (h, w)) in (8890 + 2 * amd as u64..).zip(planes) {
+            let d = conv_geometry(Layout::Nhwc, [1, 16, h, w], [3, 3], [2, 2], [1, 1], [1; 4]);
+            if Isa::available().contains(&Isa::Avx512) {
+                let (x, wk) = (vec![0.0; 16 * h * w], vec![0.0; 16 * 9]);
+                let conv = Conv { d, x: &x, xh: None, w: &wk, packed: false, bias: None };
+                assert_eq!(conv.has_small_plane_kernel(Isa::Avx512), h * w <= most * most, "{h} x {w}, amd {amd}");
+            }
+            check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
         }
-        check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
-    }
+    });
 }
 
 /// NHWC layers with a channel multiplier, wide enough that half-precision rows go through
