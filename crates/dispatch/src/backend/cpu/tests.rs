@@ -1353,13 +1353,13 @@ fn depthwise_nchw_channel_blocks_are_exact() {
 }
 
 /// The NHWC channel blocks (`Conv::nhwc_blocks`: 3 × 3 layers with planes of up to 64²
-/// pixels, 112² for f32 16-lane blocks at stride 2 on AMD, f16 and bf16 through 16-lane blocks):
-/// 8- and 16-channel blocks (24 and 40 channels
-/// take 8-lane vectors on AVX-512 too, and half-precision layers the row kernels),
-/// planes from one pixel to the limit and one past it, rows of 2 to 17 pixels around one and
-/// two tiles of 4 and 8 (padded by one, whole rows go in tiles), both strides, vertical dilation,
-/// paddings from none to past the kernel, one to three images; `check_conv` also runs them
-/// through the row kernels and checks the words past the output.
+/// pixels, 112² for f32 16-lane blocks at stride 2 on AMD, f16 and bf16 through 16-lane
+/// blocks): 8- and 16-channel blocks (24 and 40 channels take 8-lane vectors on AVX-512 too,
+/// and half-precision layers the row kernels), planes from one pixel to the limit and one past
+/// it, rows of 2 to 17 pixels around one and two tiles of 4 and 8 (padded by one, whole rows
+/// go in tiles), both strides, vertical dilation, paddings from none to past the kernel, one
+/// to three images; `check_conv` also runs them through the row kernels and checks the words
+/// past the output.
 #[test]
 fn depthwise_nhwc_channel_blocks_are_exact() {
     // `check_conv` runs the row kernels on the layers the blocks take: it must see that they do.
