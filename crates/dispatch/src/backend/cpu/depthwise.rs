@@ -118,11 +118,12 @@
 //!   lie; other dtypes through the thread's row buffer (NHWC) or its band or tile buffers
 //!   (NCHW), made once per thread. No call allocates after a thread's first.
 //! - Work is split over (image, channel plane) blocks for NCHW and (image, output row) blocks
-//!   for NHWC (the channel blocks: (image, channel block)), one run of them per thread so a
-//!   layer's planes or rows stay on one core from call to call ([`in_tasks`]), and
-//!   only when the layer has enough multiply-adds to pay for the hand-off; the
-//!   calling thread works on the blocks from the start, with the pool's threads joining as
-//!   they wake ([`for_each_chunk_mut`]).
+//!   for NHWC (the channel blocks: (image, channel block), or bands of rows of every block
+//!   where the blocks split unevenly between the threads: [`row_bands`]), one run of them per
+//!   thread so a layer's planes or rows stay on one core from call to call ([`in_tasks`]),
+//!   and only when the layer has enough multiply-adds to pay for the hand-off; the calling
+//!   thread works on the blocks from the start, with the pool's threads joining as they wake
+//!   ([`for_each_chunk_mut`]).
 
 use super::activation::apply_isa;
 use super::aligned::AlignedBuf;
@@ -348,6 +349,9 @@ struct BlockPlan {
     units: usize,
     /// Blocks per task.
     per: usize,
+    /// The bands of output rows an NHWC layer's tasks take instead, where more than one
+    /// ([`row_bands`]; [`Conv::nchw_blocks`] runs whole planes).
+    bands: usize,
     g: nhwc3::avx::PlaneGeometry,
     /// The activation as `nhwc3::avx`'s constant.
     act: u8,
@@ -562,6 +566,14 @@ fn in_tasks<E: Send>(out: &mut [E], unit: usize, unit_work: usize, align: usize,
         let per = units.div_ceil(rayon::current_num_threads().max(1)).next_multiple_of(align);
         for_each_chunk_mut(out, per * unit, |i, dst| run(i * per, dst));
     }
+}
+
+/// The bands of output rows [`Conv::nhwc_blocks`] splits a layer into, one per task: `threads`
+/// (at most `oh`) where the busiest task then has fewer block rows than with `per` of the
+/// `units` blocks each (every row), else 1 (the tasks are runs of blocks).
+fn row_bands(units: usize, per: usize, oh: usize, threads: usize) -> usize {
+    let bands = threads.min(oh);
+    if bands > 1 && per < units && units * oh.div_ceil(bands) < per * oh { bands } else { 1 }
 }
 
 /// A depthwise convolution over f32 inputs (widened if stored in half precision).
@@ -938,6 +950,7 @@ impl Conv<'_> {
             stride_h: d.stride_h,
             dilation_h: d.dilation_h,
             pad_top: d.pad_top,
+            rows: 0..oh,
         };
         let act = match d.activation {
             Activation::Relu => RELU,
@@ -946,7 +959,16 @@ impl Conv<'_> {
         };
         // Tap `t` of channel `o`: `[t][o]` packed, `[o][t]` as stored.
         let wl = if self.packed { (c, 1) } else { (1, 9) };
-        BlockPlan { nblocks, units, per, g, act, wl }
+        let bands = row_bands(units, per, oh, rayon::current_num_threads());
+        BlockPlan { nblocks, units, per, bands, g, act, wl }
+    }
+
+    /// The bands of output rows [`Conv::nhwc_blocks`] splits the layer into in this thread pool
+    /// with blocks of `lanes` channels (1: runs of blocks).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(super) fn nhwc_bands(&self, lanes: usize) -> usize {
+        let [_, oh, ow, _] = self.d.output_shape();
+        self.block_plan(lanes, self.d.channels, oh, ow).bands
     }
 
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the
@@ -959,40 +981,61 @@ impl Conv<'_> {
     /// into the output after ([`narrow_pixels`]), one vector a pixel; through `convert.rs`'s
     /// slice functions, a call per pixel, f16 took 0.97–1.74× the row kernel's time.
     ///
-    /// The tasks are one run of whole images' blocks per thread: the tasks' outputs interleave
-    /// (each pixel's channels are split between them), and every boundary inside a pixel is a
-    /// cache line both cores write near. Cut in runs of about 2¹⁶ multiply-adds (4–10 per thread,
-    /// taken in turn), MobileNetV2's 14² layer took 1.4–1.6× the time of the row kernel; in
-    /// one run per thread, 0.5–0.6× (2-core AVX-512 Xeon, in-process A/B, the same bits).
+    /// The tasks are one run of blocks per thread: the tasks' outputs interleave (each pixel's
+    /// channels are split between them), and every boundary inside a pixel is a cache line both
+    /// cores write near. Cut in runs of about 2¹⁶ multiply-adds (4–10 per thread, taken in
+    /// turn), MobileNetV2's 14² layer took 1.4–1.6× the time of the row kernel; in one run per
+    /// thread, 0.5–0.6× (2-core AVX-512 Xeon, in-process A/B, the same bits).
+    ///
+    /// Where the blocks do not split evenly between the threads and the rows split better
+    /// ([`row_bands`]), each task takes a band of output rows of every block instead: one
+    /// thread's output is then one run of pixels. MobileNetV2's 144-channel layers (nine
+    /// blocks, five and four on two threads) took 0.79 of the time at 56² and 0.81 at 56²
+    /// stride 2, bias + ReLU6, where the blocks' share alone would give 0.9 (2-core Intel Xeon
+    /// with AVX-512, 2 threads, separate processes alternated three times, the same bits).
+    /// Layers whose blocks split evenly keep them: in bands, 192 × 28² took 1.01× the time,
+    /// 576 × 14² 0.98 and 960 × 7² 1.21 (seven rows, four and three). A half-precision input is
+    /// widened for the input rows the task's band reads.
     #[cfg(target_arch = "x86_64")]
     fn nhwc_blocks<E: Elem>(&self, lanes: usize, oh: usize, ow: usize, out: &mut [E]) {
         use nhwc3::avx::plane_for;
         let d = &self.d;
         let (h, w, c) = (d.height, d.width, d.channels);
-        let BlockPlan { nblocks, units, per, g, act, wl } = self.block_plan(lanes, c, oh, ow);
+        let BlockPlan { nblocks, units, per, bands, g, act, wl } = self.block_plan(lanes, c, oh, ow);
         let plane_out = oh * ow * c;
         assert!(out.len() >= d.batch * plane_out, "NHWC output shorter than the layer");
         let f32_out = is_f32::<E>();
         let base = Out(out.as_mut_ptr());
         let run = |t: usize| {
             let base = &base;
+            // Task t's blocks and output rows: a run of blocks, every row; or a band of rows of
+            // every block.
+            let (blocks, rows) = match bands {
+                1 => (t * per..((t + 1) * per).min(units), 0..oh),
+                _ => (0..units, t * oh / bands..(t + 1) * oh / bands),
+            };
+            // The input rows those output rows read.
+            let (sh, reach) = (d.stride_h, 2 * d.dilation_h + 1);
+            let input = (rows.start * sh).saturating_sub(d.pad_top).min(h)
+                ..((rows.end.max(1) - 1) * sh + reach).saturating_sub(d.pad_top).min(h);
             // A half-precision input block is widened into this thread's buffer (pixels 16
-            // lanes apart), a half-precision output block computed into its row buffer and
-            // rounded into the output after.
+            // lanes apart; the rows the task reads), a half-precision output block computed
+            // into its row buffer and rounded into the output after.
             let mut xbuf = if self.xh.is_some() { HALF_IN.take() } else { Vec::new() };
             xbuf.resize(xbuf.len().max(if self.xh.is_some() { h * w * lanes } else { 0 }), 0.0);
             let mut obuf = if f32_out { Vec::new() } else { NHWC_ROW.take() };
             obuf.resize(obuf.len().max(if f32_out { 0 } else { oh * ow * lanes }), 0.0);
-            for u in t * per..((t + 1) * per).min(units) {
+            for u in blocks {
                 let (n, c0) = (u / nblocks, u % nblocks * lanes);
-                let mut g = g;
+                let mut g = g.clone();
+                g.rows = rows.clone();
                 let x = match self.xh {
                     Some(xh) => {
                         g.row.c = lanes;
-                        let dst = &mut xbuf[..h * w * lanes];
+                        let dst = &mut xbuf[input.start * w * lanes..input.end * w * lanes];
                         // SAFETY: AVX-512F and F16C (every half-precision block is 16 lanes on
                         // `Isa::Avx512`).
-                        unsafe { widen_pixels(xh, n * h * w * c + c0, c, dst) };
+                        unsafe { widen_pixels(xh, n * h * w * c + input.start * w * c + c0, c, dst) };
                         &xbuf[..h * w * lanes]
                     }
                     None => &self.x[n * h * w * c + c0..][..(h * w - 1) * c + lanes],
@@ -1003,14 +1046,15 @@ impl Conv<'_> {
                 // F16C where the lanes are 16 (`Isa::Avx512` only), which every half-precision
                 // block is; the block's output pixels (`oh·ow` of `lanes` channels, `c` apart,
                 // from the image's block start) lie inside `out` (asserted above), and no other
-                // block writes them; `obuf` holds `oh·ow` pixels of `lanes`.
+                // task writes the rows `rows` of them; `obuf` holds `oh·ow` pixels of `lanes`.
                 unsafe {
                     let o = base.0.add(n * plane_out + c0);
                     if f32_out {
                         plane_for(lanes == 16, act, x, &g, wts, wl, bias, o.cast(), c);
                     } else {
                         plane_for(true, act, x, &g, wts, wl, bias, obuf.as_mut_ptr(), lanes);
-                        narrow_pixels(&obuf[..oh * ow * lanes], o, c);
+                        let done = &obuf[rows.start * ow * lanes..rows.end * ow * lanes];
+                        narrow_pixels(done, o.add(rows.start * ow * c), c);
                     }
                 }
             }
@@ -1021,7 +1065,7 @@ impl Conv<'_> {
                 NHWC_ROW.set(obuf);
             }
         };
-        for_each_index(units.div_ceil(per), &run);
+        for_each_index(if bands > 1 { bands } else { units.div_ceil(per) }, &run);
     }
 
     /// Whether [`Conv::nchw_blocks`] takes the layer in `isa`: NCHW on AVX-512 (f32, f16 or
@@ -1059,7 +1103,7 @@ impl Conv<'_> {
         let d = &self.d;
         let (hw, ohw, c) = (d.height * d.width, oh * ow, d.channels);
         // The block's pixels are its 16 lanes apart in the thread's buffer.
-        let BlockPlan { nblocks, units, per, g, act, wl } = self.block_plan(LANES, LANES, oh, ow);
+        let BlockPlan { nblocks, units, per, g, act, wl, .. } = self.block_plan(LANES, LANES, oh, ow);
         assert!(
             out.len() >= d.batch * c * ohw && self.xh.map_or(self.x.len(), |x| x.len()) >= d.batch * c * hw,
             "NCHW layer's buffers shorter than the layer"

@@ -474,7 +474,7 @@ pub(in crate::backend::cpu) mod avx {
 
     /// The vertical geometry of a layer, with [`RowGeometry`] for the rows: what
     /// [`plane_for`] needs to run every output row of one channel block.
-    #[derive(Clone, Copy)]
+    #[derive(Clone)]
     pub(in crate::backend::cpu) struct PlaneGeometry {
         pub(in crate::backend::cpu) row: RowGeometry,
         /// Horizontal stride: 1, or 2 for any other value.
@@ -486,9 +486,13 @@ pub(in crate::backend::cpu) mod avx {
         pub(in crate::backend::cpu) stride_h: usize,
         pub(in crate::backend::cpu) dilation_h: usize,
         pub(in crate::backend::cpu) pad_top: usize,
+        /// The rows to compute, `rows.start ≤ rows.end ≤ oh`: every one, or a band of them
+        /// (`Conv::nhwc_blocks` splits a layer's rows between threads where that balances
+        /// them better than its blocks do).
+        pub(in crate::backend::cpu) rows: std::ops::Range<usize>,
     }
 
-    /// One channel block of one image, every output row ([`plane`]), with its vector width,
+    /// One channel block of one image, its output rows `g.rows` ([`plane`]), with its vector width,
     /// stride and activation chosen at run time as [`row_for`] does. `x` is the image's input
     /// from the block's first channel (pixels `g.row.c` apart); the block's weight for tap
     /// `t`, lane `i` is `w[t·ts + i·cs]` (`cs` 1: a `[tap][channel]` layout, one load per tap;
@@ -522,6 +526,7 @@ pub(in crate::backend::cpu) mod avx {
                 && (g.height * width - 1) * c + lanes <= x.len()
                 && lo <= hi
                 && hi <= g.row.ow
+                && g.rows.end <= g.oh
                 && (lo == hi || (lo * s >= pad_left && s * (hi - 1) + 2 < width + pad_left))
                 && 8 * ts + (lanes - 1) * cs < w.len()
                 && cs * lanes <= i32::MAX as usize
@@ -614,8 +619,8 @@ pub(in crate::backend::cpu) mod avx {
         unsafe { if b.is_null() { V::zero() } else { V::load(b) } }
     }
 
-    /// Every output row of one channel block of one image, from its weights `w` and bias `b`
-    /// in registers: per row, the border pixels one at a time ([`edge`]) and the others in
+    /// The output rows `g.rows` of one channel block of one image, from its weights `w` and
+    /// bias `b` in registers: per row, the border pixels one at a time ([`edge`]) and the others in
     /// tiles ([`tiles`]), as [`row`] computes them. The block's input, three rows of it at a
     /// time, stays in L1 from one output row to the next (read from L2 once, not once per
     /// output row as where each row runs every channel).
@@ -643,7 +648,7 @@ pub(in crate::backend::cpu) mod avx {
         // SAFETY (the pointer offsets): input rows `py − pad_top < height` only, pixels as
         // `row`'s; output pixels below `oh·ow`.
         unsafe {
-            for oy in 0..g.oh {
+            for oy in g.rows.clone() {
                 let rp: [*const f32; 3] = std::array::from_fn(|ky| {
                     let py = oy * g.stride_h + ky * g.dilation_h;
                     if py >= g.pad_top && py - g.pad_top < g.height {
