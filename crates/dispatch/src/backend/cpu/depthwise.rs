@@ -963,12 +963,14 @@ impl Conv<'_> {
         BlockPlan { nblocks, units, per, bands, g, act, wl }
     }
 
-    /// The bands of output rows [`Conv::nhwc_blocks`] splits the layer into in this thread pool
-    /// with blocks of `lanes` channels (1: runs of blocks).
+    /// The lanes of the channel blocks [`Conv::nhwc_blocks`] runs the layer in with `isa` (f32
+    /// output), and the bands of output rows it splits the layer into in this thread pool (1:
+    /// runs of blocks); `None` where the blocks do not take the layer.
     #[cfg(all(test, target_arch = "x86_64"))]
-    pub(super) fn nhwc_bands(&self, lanes: usize) -> usize {
+    pub(super) fn nhwc_bands(&self, isa: Isa) -> Option<(usize, usize)> {
+        let lanes = self.block_lanes::<f32>(isa)?;
         let [_, oh, ow, _] = self.d.output_shape();
-        self.block_plan(lanes, self.d.channels, oh, ow).bands
+        Some((lanes, self.block_plan(lanes, self.d.channels, oh, ow).bands))
     }
 
     /// An NHWC 3 × 3 layer one channel block (`lanes` channels of one image) at a time: the

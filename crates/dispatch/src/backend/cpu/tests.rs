@@ -1399,37 +1399,41 @@ fn depthwise_nhwc_channel_blocks_are_exact() {
 }
 
 /// The NHWC channel blocks with the output rows split into bands between the threads instead
-/// of the blocks, where the blocks do not split evenly (`row_bands`), in pools of two and three
-/// threads: the rows of each band and none past them written (`check_conv` fills the output
-/// with NaN), the input rows a band reads widened from f16 and bf16 (vertical dilation and a
-/// top padding past the kernel move them), more than one image, both strides; and the layers
-/// whose blocks split evenly, or that run on one thread, left in runs of blocks.
+/// of the blocks, where the blocks do not split evenly (`row_bands`), in pools of one, two and
+/// three threads: the rows of each band and none past them written (`check_conv` fills the
+/// output with NaN), the input rows a band reads widened from f16 and bf16 (vertical dilation
+/// and a top padding past the kernel move them), more than one image, both strides, 16- and
+/// 8-channel blocks; and the layers whose blocks split evenly, or that run on one thread, left
+/// in runs of blocks. The lanes and bands asserted are the kernel's own choice for each
+/// instruction set.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn depthwise_nhwc_row_bands_are_exact() {
-    if !Isa::available().contains(&Isa::Avx512) {
-        println!("SKIP depthwise_nhwc_row_bands_are_exact: this CPU has no AVX-512F (the 16-lane blocks)");
-        return;
-    }
-    // (batch, channels, height, width, stride, vertical dilation, paddings), and the bands on
-    // one, two and three threads.
+    // (batch, channels, height, width, stride, vertical dilation, paddings), the instruction
+    // set whose blocks are asserted, their lanes, and the bands on one, two and three threads.
     let layers = [
-        ((1, 144, 12, 12, 1, 1, [1, 1, 1, 1]), [1, 2, 1]),
-        ((1, 80, 32, 32, 2, 1, [1, 1, 1, 1]), [1, 2, 3]),
-        ((1, 48, 13, 30, 1, 2, [3, 0, 2, 0]), [1, 2, 1]),
-        ((3, 16, 20, 20, 1, 1, [1, 1, 1, 1]), [1, 2, 1]),
-        ((1, 192, 10, 10, 1, 1, [1, 1, 1, 1]), [1, 1, 1]),
+        ((1, 144, 12, 12, 1, 1, [1, 1, 1, 1]), Isa::Avx512, 16, [1, 2, 1]),
+        ((1, 80, 32, 32, 2, 1, [1, 1, 1, 1]), Isa::Avx512, 16, [1, 2, 3]),
+        ((1, 48, 13, 30, 1, 2, [3, 0, 2, 0]), Isa::Avx512, 16, [1, 2, 1]),
+        ((3, 16, 20, 20, 1, 1, [1, 1, 1, 1]), Isa::Avx512, 16, [1, 2, 1]),
+        ((1, 192, 10, 10, 1, 1, [1, 1, 1, 1]), Isa::Avx512, 16, [1, 1, 1]),
+        ((1, 40, 20, 20, 1, 1, [1, 1, 1, 1]), Isa::Avx2, 8, [1, 2, 3]),
     ];
     let mut seed = 9100;
     for threads in 1..=3 {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a thread pool");
         pool.install(|| {
-            for &((n, c, h, w, s, dh, pads), bands) in &layers {
+            for &((n, c, h, w, s, dh, pads), isa, lanes, bands) in &layers {
                 let d = conv_geometry(Layout::Nhwc, [n, c, h, w], [3, 3], [s, s], [dh, 1], pads);
+                if !Isa::available().contains(&isa) {
+                    println!("SKIP depthwise_nhwc_row_bands_are_exact {c} x {h} x {w}: this CPU has no {isa:?}");
+                    continue;
+                }
                 for d in [d, d.has_bias(true).activation(Activation::Relu6)] {
                     let (x, wk) = (vec![0.0; n * c * h * w], vec![0.0; c * 9]);
                     let conv = Conv { d, x: &x, xh: None, w: &wk, packed: false, bias: None };
-                    assert!(conv.has_small_plane_kernel(Isa::Avx512), "{d:?}");
-                    assert_eq!(conv.nhwc_bands(16), bands[threads - 1], "{threads} threads, {d:?}");
+                    let want = Some((lanes, bands[threads - 1]));
+                    assert_eq!(conv.nhwc_bands(isa), want, "{isa:?}, {threads} threads, {d:?}");
                     check_conv(&d, seed);
                     seed += 1;
                 }

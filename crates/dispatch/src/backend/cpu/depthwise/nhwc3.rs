@@ -492,11 +492,11 @@ pub(in crate::backend::cpu) mod avx {
         pub(in crate::backend::cpu) rows: std::ops::Range<usize>,
     }
 
-    /// One channel block of one image, its output rows `g.rows` ([`plane`]), with its vector width,
-    /// stride and activation chosen at run time as [`row_for`] does. `x` is the image's input
-    /// from the block's first channel (pixels `g.row.c` apart); the block's weight for tap
-    /// `t`, lane `i` is `w[t·ts + i·cs]` (`cs` 1: a `[tap][channel]` layout, one load per tap;
-    /// else, as stored `[channel][tap]`, one gather per tap); `bias` holds the block's
+    /// One channel block of one image, its output rows `g.rows` ([`plane`]), with its vector
+    /// width, stride and activation chosen at run time as [`row_for`] does. `x` is the image's
+    /// input from the block's first channel (pixels `g.row.c` apart); the block's weight for
+    /// tap `t`, lane `i` is `w[t·ts + i·cs]` (`cs` 1: a `[tap][channel]` layout, one load per
+    /// tap; else, as stored `[channel][tap]`, one gather per tap); `bias` holds the block's
     /// channels. The sums are [`row`]'s: the same bits.
     ///
     /// # Safety
@@ -620,10 +620,10 @@ pub(in crate::backend::cpu) mod avx {
     }
 
     /// The output rows `g.rows` of one channel block of one image, from its weights `w` and
-    /// bias `b` in registers: per row, the border pixels one at a time ([`edge`]) and the others in
-    /// tiles ([`tiles`]), as [`row`] computes them. The block's input, three rows of it at a
-    /// time, stays in L1 from one output row to the next (read from L2 once, not once per
-    /// output row as where each row runs every channel).
+    /// bias `b` in registers: per row, the border pixels one at a time ([`edge`]) and the
+    /// others in tiles ([`tiles`]), as [`row`] computes them. The block's input, three rows of
+    /// it at a time, stays in L1 from one output row to the next (read from L2 once, not once
+    /// per output row as where each row runs every channel).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA and the vector's instructions; `x` and `out` as
