@@ -3,8 +3,9 @@
 //! A block without expand (MobileNetV2's first) has the input as its hidden tensor: it runs
 //! as the depthwise kernel on the input, then the pointwise kernel ([`Block::without_expand`]).
 //! Blocks with expand take one of three ways through an image, chosen by its size:
-//! - **By channels** (fewer than [`CHANNEL_SPLIT_PIXELS`] pixels per thread: MobileNetV2's
-//!   7 × 7 blocks 15–17 at 224²): each thread expands and filters one range of hidden
+//! - **By channels** (fewer than [`CHANNEL_SPLIT_PIXELS`] pixels per thread, in NCHW of the
+//!   output, [`channel_split`]: MobileNetV2's 7 × 7 blocks 15–17 at 224², and block 14
+//!   (14 × 14 → 7 × 7) in NCHW): each thread expands and filters one range of hidden
 //!   channels for every pixel, then projects every pixel onto one range of output channels
 //!   ([`Block::by_channels`]). Each `gemm` call reads its share of a weight; split by rows,
 //!   every thread read (and `gemm` packed) all of both weights for 24 or 25 pixels. Blocks
@@ -180,12 +181,27 @@ impl Drop for Reused {
     }
 }
 
+/// The ranges [`Split::Auto`] splits an image's channels into (one per thread), or `None` to
+/// split its rows: by channels below [`CHANNEL_SPLIT_PIXELS`] pixels per thread, counted on
+/// the input, or in NCHW on the output. MobileNetV2's block 14 (96 → 576 → 160, stride 2,
+/// 14 × 14 → 7 × 7) is the one block that counts differently: by channels it took 0.87 of the
+/// time in NCHW (0.147 ms against 0.169; one thread 0.95) and 1.06× in NHWC (0.148 against
+/// 0.139), so NHWC keeps the input's count (2-core AVX-512 Xeon, 2 threads, separate processes
+/// alternated five times, medians of 400 calls each; the same bits either way).
+pub(super) fn channel_split(d: &InvertedResidualDesc, threads: usize) -> Option<usize> {
+    let pixels = match d.layout {
+        Layout::Nhwc => d.height * d.width,
+        _ => d.out_h() * d.out_w(),
+    };
+    (pixels < CHANNEL_SPLIT_PIXELS * threads).then_some(threads)
+}
+
 /// How [`Block::run_with`] splits an image over the threads (`Never` and `Tasks`: the tests').
 #[cfg_attr(not(test), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Split {
     /// By channels ([`Block::by_channels`]) below [`CHANNEL_SPLIT_PIXELS`] pixels per thread,
-    /// else by rows.
+    /// else by rows ([`channel_split`]).
     Auto,
     /// By rows.
     Never,
@@ -303,7 +319,7 @@ impl Block<'_> {
         let whole = p.hp * d.height * d.width <= whole_max;
         // Small images split their channels over the threads instead of their rows.
         let by_channels = match split {
-            Split::Auto => (d.height * d.width < CHANNEL_SPLIT_PIXELS * threads).then_some(threads),
+            Split::Auto => channel_split(d, threads),
             Split::Never => None,
             Split::Tasks(t) => Some(t.max(1)),
         };

@@ -1765,6 +1765,35 @@ fn activation_op_in_every_dtype() {
     }
 }
 
+/// Which images [`Split::Auto`](super::block::Split) splits by channels: MobileNetV2's 7 × 7
+/// blocks in both layouts, its 14 × 14 → 7 × 7 stride-2 block in NCHW only (the output's
+/// pixels), the 14 × 14 blocks in neither; on one thread the same rule at 64 pixels.
+#[test]
+fn inverted_residual_channel_split_rule() {
+    use super::block::channel_split;
+    use tilekit_kernels::InvertedResidualDesc;
+    // (C, H·W, hidden, C', stride, threads, NCHW, NHWC)
+    let cases = [
+        (160, 7, 960, 160, 1, 2, Some(2), Some(2)),
+        (96, 14, 576, 160, 2, 2, Some(2), None),
+        (96, 14, 576, 96, 1, 2, None, None),
+        (64, 28, 384, 96, 2, 2, None, None),
+        (96, 14, 576, 160, 2, 1, Some(1), None),
+        (160, 7, 960, 320, 1, 1, Some(1), Some(1)),
+        (64, 28, 384, 96, 2, 4, Some(4), None),
+    ];
+    for (c, hw, hidden, co, stride, threads, nchw, nhwc) in cases {
+        for (layout, want) in [(Layout::Nchw, nchw), (Layout::Nhwc, nhwc)] {
+            let d = InvertedResidualDesc::new(layout, [1, c, hw, hw], co).hidden(hidden).stride(stride);
+            assert_eq!(
+                channel_split(&d, threads),
+                want,
+                "{c} → {hidden} → {co} at {hw}², stride {stride}, {threads} threads, {layout:?}"
+            );
+        }
+    }
+}
+
 /// The fused inverted-residual block, bit for bit the reference on integer data, through its
 /// three paths (images expanded whole, bands that expand their own rows chunk by chunk of
 /// hidden channels, and images split by channels into 1–3 ranges), in every instruction set:
