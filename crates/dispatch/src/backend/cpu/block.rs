@@ -23,7 +23,8 @@
 //!   twice.
 //! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
 //!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
-//!   [`E_BUDGET`] (128 KiB of L2; at least [`MIN_CHUNK`] channels), expanding the input rows
+//!   [`chunk_budget`] (a quarter of the core's L2; at least [`MIN_CHUNK`] channels),
+//!   expanding the input rows
 //!   the band needs (its rows and the 3 × 3 halo), filtering them and adding the chunk's
 //!   projection onto the band's output.
 //!
@@ -80,7 +81,7 @@ use super::depthwise::Conv;
 use super::matmul::{Strided, gemm_f32};
 use super::pointwise::Pointwise;
 use super::pool::{for_each_chunk_mut, try_for_each_chunk_mut, try_for_each_index};
-use super::simd::{Isa, madd, multiversion};
+use super::simd::{Isa, l2_bytes, madd, multiversion};
 use super::small_k;
 use super::transpose;
 use super::{CHUNK, Elem, internal, scratch};
@@ -94,16 +95,55 @@ use tilekit_kernels::{Activation, Conv2dDesc, InvertedResidualDesc, Layout};
 /// Hidden channels are padded to a multiple of this (the chunks' width and the register
 /// tiles' 8-channel blocks).
 const VB: usize = 16;
-/// The budget of one chunk's expanded rows, f32 elements (128 KiB: half a typical L2).
-const E_BUDGET: usize = 32 * 1024;
-/// The fewest hidden channels of a band's chunk, whatever [`E_BUDGET`] allows: each chunk's
+/// The budget of one chunk's expanded rows in f32 elements, where the core's L2 size is
+/// unknown (128 KiB: half a typical L2, measured on a Zen 3 with 512 KiB).
+pub(super) const E_BUDGET: usize = 32 * 1024;
+
+/// The budget of one chunk's expanded rows in f32 elements: a quarter of the core's L2
+/// ([`l2_bytes`]), from 64 KiB to 1 MiB; [`E_BUDGET`] where the L2 is unknown. That is the
+/// 128 KiB that was measured on a Zen 3 (512 KiB of L2), and 512 KiB on a 2-core AVX-512
+/// Xeon (2 MiB of L2), where MobileNetV2's blocks 3 and 4 (24 → 144 → 24 at 56², and → 32 at
+/// stride 2) then expand all 144 hidden channels of a band at once, not in chunks of 32, and
+/// took 0.87–0.92 of the time alone in both layouts; block 2 (16 → 96 → 24 at 112², stride 2)
+/// keeps its chunks of 32 (0.96–1.01). A budget of 256 KiB gave 0.96–1.0 on blocks 3–4 there,
+/// 768 KiB 0.89–0.92. In the network, in sequence, blocks 3 and 4 took 0.92–0.95 and
+/// 0.89–0.96 of the time; the whole network's medians moved within their noise (0.98–1.01).
+/// (2 threads, separate processes alternated three times; the same bits: the chunks only
+/// regroup the hidden channels, each summed in the same order.)
+fn chunk_budget() -> usize {
+    #[cfg(test)]
+    if let Some(budget) = FORCED_BUDGET.get() {
+        return budget;
+    }
+    budget_for(l2_bytes())
+}
+
+/// [`chunk_budget`] for an L2 of `l2` bytes.
+pub(super) fn budget_for(l2: Option<usize>) -> usize {
+    l2.map_or(E_BUDGET, |l2| (l2 / 4 / size_of::<f32>()).clamp(16 * 1024, 256 * 1024))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What [`chunk_budget`] gives on this thread, where a test has set it.
+    pub(super) static FORCED_BUDGET: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Hidden channels per chunk of a band whose expanded rows are `erows` rows of `w` pixels:
+/// as many as `budget` f32 elements hold ([`chunk_budget`]), at least [`MIN_CHUNK`], a
+/// multiple of [`VB`], at most the padded hidden width `hp`.
+pub(super) fn chunk_channels(budget: usize, erows: usize, w: usize, hp: usize) -> usize {
+    ((budget / (erows * w).max(1)).max(MIN_CHUNK) / VB * VB).min(hp)
+}
+
+/// The fewest hidden channels of a band's chunk, whatever the budget allows: each chunk's
 /// projection is one `gemm` call with the chunk's channels as its `K`, and at `K` = 16 the
 /// call's packing weighed as much as its multiply-adds. MobileNetV2's block 2 (16 → 96 → 24
 /// at 112², stride 2: bands of 29 expanded rows of 112 pixels, 16 channels within the budget)
 /// took 0.80–0.87 of the time alone with chunks of 32 (48: 0.79–0.83, 64 and 96 no better), in
 /// both layouts, and 0.85–0.88 in the network (2 threads, alternated run by run, 2-core
-/// AVX-512 Xeon). The chunk's rows then take 406 KiB of L2, not 128. The other blocks' chunks
-/// at 224² are at least this wide already.
+/// AVX-512 Xeon, then with a 128 KiB budget). The chunk's rows then take 406 KiB of L2, not
+/// 128. The other blocks' chunks at 224² are at least this wide already.
 const MIN_CHUNK: usize = 2 * VB;
 /// Images of fewer than this many pixels per thread split their channels over the threads
 /// ([`Block::by_channels`]), not their rows.
@@ -246,6 +286,8 @@ struct Packed {
     /// The expand weight transposed for the small-K tiles, where [`takes_small_k`]
     /// holds.
     wet: Option<small_k::Weights>,
+    /// The bands' chunk budget, f32 elements ([`chunk_budget`], or a test's).
+    budget: usize,
 }
 
 /// Whether the expansion goes through the small-K register tiles ([`small_k::conv`]: AVX2
@@ -259,7 +301,8 @@ impl Block<'_> {
     fn pack(&self, isa: Isa) -> Result<Packed> {
         let hid = self.d.hidden;
         let hp = hid.div_ceil(VB) * VB;
-        let mut p = Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)?, wet: None };
+        let mut p =
+            Packed { hp, be: scratch(hp)?, wd: scratch(9 * hp)?, bd: scratch(hp)?, wet: None, budget: chunk_budget() };
         if let Some((_, Some(be))) = self.expand {
             p.be[..hid].copy_from_slice(&be[..hid]);
         }
@@ -501,7 +544,7 @@ impl Block<'_> {
         };
         let hc = match image {
             Some(_) => p.hp,
-            None => ((E_BUDGET / (erows * w)).max(MIN_CHUNK) / VB * VB).min(p.hp),
+            None => chunk_channels(p.budget, erows, w, p.hp),
         };
         let own_len = if image.is_some() { 0 } else { erows * w * hc };
         let mut own_buf = Reused::take(&ROWS_BUF, own_len)?;

@@ -102,6 +102,27 @@ pub(crate) fn amd() -> bool {
     false
 }
 
+/// The size of one core's L2 cache in bytes, where the CPU reports it (CPUID leaf
+/// `0x8000_0006`, which Intel's and AMD's x86-64 cores both answer); `None` elsewhere.
+pub(crate) fn l2_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static L2: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        *L2.get_or_init(|| {
+            use std::arch::x86_64::__cpuid;
+            // Leaf 0x8000_0000 gives the highest extended leaf; 0x8000_0006's ECX bits 31–16
+            // the L2 size in KiB.
+            if __cpuid(0x8000_0000).eax < 0x8000_0006 {
+                return None;
+            }
+            let kib = (__cpuid(0x8000_0006).ecx >> 16) as usize;
+            (kib > 0).then_some(kib * 1024)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 #[cfg(test)]
 thread_local! {
     /// What [`amd`] reports on this thread, where a test has set it.

@@ -1802,7 +1802,7 @@ fn inverted_residual_channel_split_rule() {
 /// chunk on the widest rows), images of several bands, batches, every output dtype.
 #[test]
 fn inverted_residual_bands_and_whole_images_are_exact() {
-    use super::block::{Block, Split, Transposed};
+    use super::block::{Block, E_BUDGET, FORCED_BUDGET, Split, Transposed, budget_for};
     use tilekit_kernels::InvertedResidualDesc;
     use tilekit_kernels::block::reference as block_reference;
     // (N, C, H, W, hidden or 0 for no expand, C', stride)
@@ -1877,19 +1877,27 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                 transposed: None,
             };
             let packed = Block { transposed: Some(transposed), ..block };
+            // Bands (`whole_max` 0) under three chunk budgets: the least chunk always (0), the
+            // budget where the L2 is unknown, and the largest (every case's hidden channels in
+            // one chunk); then this CPU's budget (`None`) on every path.
             let paths = [
-                (0, Split::Never),
-                (usize::MAX, Split::Never),
-                (usize::MAX, Split::Tasks(1)),
-                (usize::MAX, Split::Tasks(2)),
-                (usize::MAX, Split::Tasks(3)),
-                (usize::MAX, Split::Auto),
+                (0, Split::Never, Some(0)),
+                (0, Split::Never, Some(E_BUDGET)),
+                (0, Split::Never, Some(budget_for(Some(usize::MAX)))),
+                (0, Split::Never, None),
+                (usize::MAX, Split::Never, None),
+                (usize::MAX, Split::Tasks(1), None),
+                (usize::MAX, Split::Tasks(2), None),
+                (usize::MAX, Split::Tasks(3), None),
+                (usize::MAX, Split::Auto, None),
             ];
             in_each_isa(|isa| {
-                for ((whole_max, split), (block, t)) in
+                for ((whole_max, split, budget), (block, t)) in
                     paths.into_iter().flat_map(|p| [(p, (&block, "")), (p, (&packed, " transposed"))])
                 {
-                    let what = format!("case {case} {layout:?} {isa:?} whole_max {whole_max} {split:?}{t}");
+                    FORCED_BUDGET.set(budget);
+                    let what =
+                        format!("case {case} {layout:?} {isa:?} whole_max {whole_max} {split:?} budget {budget:?}{t}");
                     let mut o32 = vec![SENTINEL; lens.output + 16];
                     block.run_with(&mut o32, whole_max, split).expect("f32");
                     assert!(
@@ -1905,9 +1913,43 @@ fn inverted_residual_bands_and_whole_images_are_exact() {
                         assert_eq!(o16[i].to_f64(), f16::from_f64(r).to_f64(), "{what} f16 [{i}]");
                         assert_eq!(ob16[i].to_f64(), bf16::from_f64(r).to_f64(), "{what} bf16 [{i}]");
                     }
+                    FORCED_BUDGET.set(None);
                 }
             });
         }
+    }
+}
+
+/// The bands' chunk budget and widths: a quarter of the L2 (clamped), 128 KiB where it is
+/// unknown; MobileNetV2's blocks 2–4 at 224² in one chunk or in chunks of 32 as measured.
+#[test]
+fn inverted_residual_chunk_budget() {
+    use super::block::{E_BUDGET, budget_for, chunk_channels};
+    let kib = |n: usize| n * 1024;
+    assert_eq!(budget_for(None), E_BUDGET);
+    assert_eq!(budget_for(Some(kib(512))), kib(128) / 4);
+    assert_eq!(budget_for(Some(kib(2048))), kib(512) / 4);
+    assert_eq!(budget_for(Some(kib(128))), kib(64) / 4);
+    assert_eq!(budget_for(Some(kib(32 * 1024))), kib(1024) / 4);
+    // (budget's L2 in KiB, expanded rows of a band, width, padded hidden, channels a chunk)
+    let cases = [
+        // Block 3 (24 → 144 → 24, 56²: bands of 14 rows, 16 expanded) and block 4 (→ 32,
+        // stride 2: bands of 7 rows, 15 expanded): all 144 channels with 2 MiB, 32 with 512 KiB.
+        (2048, 16, 56, 144, 144),
+        (2048, 15, 56, 144, 144),
+        (512, 16, 56, 144, 32),
+        (512, 15, 56, 144, 32),
+        // Block 2 (16 → 96 → 24, 112², stride 2: 29 expanded rows): 32 either way.
+        (2048, 29, 112, 96, 32),
+        (512, 29, 112, 96, 32),
+        // Wider chunks where the budget holds them, a multiple of 16.
+        (2048, 6, 260, 48, 48),
+        (512, 6, 260, 48, 32),
+        (2048, 9, 300, 64, 48),
+    ];
+    for (l2, erows, w, hp, want) in cases {
+        let got = chunk_channels(budget_for(Some(kib(l2))), erows, w, hp);
+        assert_eq!(got, want, "L2 {l2} KiB, {erows} rows of {w}, {hp} hidden");
     }
 }
 
