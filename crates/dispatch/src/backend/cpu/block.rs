@@ -24,9 +24,8 @@
 //! - **Bands** (larger images): bands of at most 16 output rows, twice as many as threads;
 //!   each walks the hidden channels in chunks sized so the chunk's expanded rows fit in
 //!   [`chunk_budget`] (a quarter of the core's L2; at least [`MIN_CHUNK`] channels),
-//!   expanding the input rows
-//!   the band needs (its rows and the 3 × 3 halo), filtering them and adding the chunk's
-//!   projection onto the band's output.
+//!   expanding the input rows the band needs (its rows and the 3 × 3 halo), filtering them
+//!   and adding the chunk's projection onto the band's output.
 //!
 //! The two 1 × 1 stages are single-threaded calls of the `gemm` crate (the micro-kernels of
 //! the matmul op), reading the input and the weights where they are stored (NCHW or NHWC,
