@@ -1175,11 +1175,50 @@ fn depthwise_nchw_flat_planes_are_exact() {
     }
 }
 
-/// The NCHW flat planes with an activation they do not apply in registers (GELU, its tanh
-/// form, SiLU: over each plane after it is stored) give the bits of the band kernel, which
-/// applies it over its rows (integer inputs: the sums are exact in either kernel's order), on
-/// MobileNetV2's plane sizes and others, several channels and
-/// images, packed weights or not; and write nothing past the output.
+/// The NCHW rolling rows (`depthwise::roll512`: 3 × 3, stride and dilation 1, padding 1 all
+/// round, rows of 9 to 16 and 24 to 32 pixels, on AVX-512; the taps in kernel order, exact
+/// on these integers) against the reference: the fewest and most pixels a row of one and of
+/// two vectors, MobileNetV2's 14² and 28² (their sizes compiled in), planes of one to 33
+/// rows, several images and channels, no activation, ReLU and ReLU6, bias or none; the f16
+/// and bf16 storages beside them (widened and rounded a chunk of planes at a time), and
+/// layers of more planes than one chunk. (The activations applied after each plane:
+/// `depthwise_nchw_flat_planes_other_activations`.)
+#[test]
+fn depthwise_nchw_rolling_rows_are_exact() {
+    let shapes = [(14, 14), (28, 28), (1, 9), (2, 9), (3, 16), (33, 12), (1, 24), (4, 24), (5, 31), (2, 32), (9, 15)];
+    let acts = [Activation::Relu6, Activation::None, Activation::Relu];
+    for (seed, (h, w)) in (8750u64..).zip(shapes) {
+        let g = conv_geometry(
+            Layout::Nchw,
+            [1 + seed as usize % 2, 1 + seed as usize % 3, h, w],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1; 4],
+        );
+        let d = g.has_bias(seed % 4 != 1).activation(acts[seed as usize % 3]);
+        let (x, wk) = (vec![0.0; h * w], vec![0.0; 9]);
+        let conv = Conv { d, x: &x, xh: None, w: &wk, packed: false, bias: None };
+        assert_eq!(conv.takes_rolling_rows(Isa::Avx512), Isa::available().contains(&Isa::Avx512), "{d:?}");
+        check_conv(&d, seed);
+    }
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipped: the rolling rows need AVX-512, which this CPU lacks (the layers ran)");
+    }
+    // More planes than one chunk of the half-precision buffers (`FLAT_CHUNK`, 4096 elements:
+    // 20 planes of 14², 5 of 28²).
+    for (seed, shape) in (8770u64..).zip([[2, 23, 14, 14], [1, 7, 28, 28]]) {
+        let d = conv_geometry(Layout::Nchw, shape, [3, 3], [1, 1], [1, 1], [1; 4]);
+        check_conv(&d.has_bias(true).activation(Activation::Relu6), seed);
+    }
+}
+
+/// The NCHW flat planes and rolling rows with an activation they do not apply in registers
+/// (GELU, its tanh form, SiLU: over each plane after it is stored) give the bits of the band
+/// kernel, which applies it over its rows (integer inputs: the sums are exact in either
+/// kernel's order), on MobileNetV2's plane sizes (7² the flat planes', 14² and 28² the
+/// rolling rows') and others (5 × 9 the rolling rows', 9 × 20 the flat planes'), several
+/// channels and images, packed weights or not; and write nothing past the output.
 #[test]
 fn depthwise_nchw_flat_planes_other_activations() {
     if !Isa::available().contains(&Isa::Avx512) {

@@ -1,7 +1,8 @@
 //! NCHW 3 × 3 layers with stride and dilation 1, padding 1 on every side and rows of at most
-//! 15 pixels, of 17 to 31 (MobileNetV2's 7², 14² and 28² planes) or of 32 to 256 on AVX-512:
-//! each plane as one flat run of pixels, 16 outputs a vector whatever the row width, by column
-//! sums.
+//! 15 pixels, of 17 to 31 or of 32 to 256 on AVX-512: each plane as one flat run of pixels,
+//! 16 outputs a vector whatever the row width, by column sums. The layer takes this kernel
+//! for rows of up to 8 pixels (MobileNetV2's 7²), of 17 to 23 and of 33 or more; the
+//! rolling rows ([`super::roll512`]) take rows of 9 to 16 and 24 to 32 (its 14² and 28²).
 //!
 //! With the padding 1 all round the output plane is the input's size, and output pixel `p`
 //! (flat, `y·w + x`) reads input pixel `p + (ky − 1)·w + (kx − 1)` through tap `(ky, kx)`. The
@@ -38,11 +39,11 @@
 //!
 //! A thread's run of planes is one call ([`planes`]): the permute indices (where the plane
 //! size takes them) are loaded once for the run, each plane's channel is counted along (no
-//! division per plane), and MobileNetV2's plane sizes (49, 196 and 784 pixels, square) are
-//! compiled with the size known, so the blocks' bounds fold to constants and the shifts are
-//! immediates. One call per plane, with the size read from the geometry, had taken 1.4× the
-//! time at 960 × 7², 1.15× at 576 × 14² and 1.1× at 192 × 28² (bias + ReLU6, 2 threads,
-//! separate processes alternated three times, the same sums).
+//! division per plane), and MobileNetV2's 7² plane is compiled with its size known (as its
+//! 14² and 28² were before the rolling rows took them), so the blocks' bounds fold to
+//! constants and the shifts are immediates. One call per plane, with the size read from the
+//! geometry, had taken 1.4× the time at 960 × 7², 1.15× at 576 × 14² and 1.1× at 192 × 28²
+//! (bias + ReLU6, 2 threads, separate processes alternated three times, the same sums).
 
 use super::super::activation::avx512::lanes;
 use std::arch::x86_64::*;
@@ -208,14 +209,13 @@ pub(super) unsafe fn planes<const A: u8>(g: &Flat512, r: &Run, out: &mut [f32], 
     r.check(n, hw, "NCHW 3 x 3 planes");
     // SAFETY: the caller's promise of AVX-512F; the operands are checked above.
     unsafe {
-        // MobileNetV2's planes with their sizes known to the compiler: the blocks' bounds
+        // MobileNetV2's 7² plane with its size known to the compiler: the blocks' bounds
         // fold to constants, and the shifts are `valignd`s by constants. The width too: 49
-        // pixels are also a 49 × 1 plane, 196 a 28 × 7 one, whose shifts differ.
+        // pixels are also a 49 × 1 plane, whose shifts differ. (Its 14² and 28² planes take
+        // the rolling rows, `super::roll512`.)
         match (g.wide, g.far, hw, g.w) {
             (true, ..) => run::<true, A, 0>(g, r, out, each),
             (_, false, 49, 7) => run::<false, A, 49>(g, r, out, each),
-            (_, false, 196, 14) => run::<false, A, 196>(g, r, out, each),
-            (_, true, 784, 28) => run::<true, A, 784>(g, r, out, each),
             (_, true, ..) => run::<true, A, 0>(g, r, out, each),
             (_, false, ..) => run::<false, A, 0>(g, r, out, each),
         }
@@ -481,10 +481,10 @@ unsafe fn wide_plane<const A: u8>(g: &Flat512, x: *const f32, w: &[__m512; 9], b
     }
 }
 
-/// MobileNetV2's plane sizes (7², 14², 28², square planes only) and, for each, the row
+/// MobileNetV2's plane size that this kernel takes (7², square planes only) and the row
 /// above's and the row below's shift into their two blocks: the index of lane 0 (as
 /// [`Flat512`]'s permute indices, lane `l` at `shift + l`).
-const SHIFTS: [(usize, [u8; 2]); 3] = [(49, [9, 7]), (196, [2, 14]), (784, [4, 12])];
+const SHIFTS: [(usize, [u8; 2]); 1] = [(49, [9, 7])];
 
 /// The row above (`BELOW` false) or below the 16 pixels of a vector, out of its two blocks
 /// `lo` and `hi`: on the plane sizes of [`SHIFTS`] (`HW`) one `valignd` by the shift, else the
@@ -503,15 +503,7 @@ unsafe fn vertical<const HW: usize, const BELOW: bool>(lo: __m512, hi: __m512, i
             }
         };
     }
-    if HW == SHIFTS[0].0 {
-        shift!(0)
-    } else if HW == SHIFTS[1].0 {
-        shift!(1)
-    } else if HW == SHIFTS[2].0 {
-        shift!(2)
-    } else {
-        _mm512_permutex2var_ps(lo, idx, hi)
-    }
+    if HW == SHIFTS[0].0 { shift!(0) } else { _mm512_permutex2var_ps(lo, idx, hi) }
 }
 
 /// `valignd` by `S`: lanes `S …` of `lo` then `hi`, the lanes outside `m` zero.
