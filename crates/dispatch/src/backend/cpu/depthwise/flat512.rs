@@ -98,13 +98,8 @@ impl Flat512 {
     /// µs against 18.0–18.4) and 1.25× that of 30 × 20², where vector by vector and row by row
     /// they do not show (2 threads, separate processes alternated three times, the same sums).
     pub(super) fn new(d: &Conv2dDesc) -> Option<Flat512> {
-        let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
-        let pads = [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right];
         let (h, w) = (d.height, d.width);
-        if d.layout != Layout::Nchw
-            || geometry != (3, 3, 1, 1, 1, 1)
-            || pads != [1; 4]
-            || d.multiplier != 1
+        if !same_3x3(d)
             || !(1..=MAX_WIDE).contains(&w)
             || w == 16
             || h == 0
@@ -149,6 +144,15 @@ impl Flat512 {
     pub(super) fn pixels(&self) -> usize {
         self.hw
     }
+}
+
+/// Whether the layer is NCHW 3 × 3 with stride and dilation 1, padding 1 on every side and
+/// multiplier 1 (its output planes the input's size): the geometry of this kernel and of the
+/// rolling rows (`super::roll512`).
+pub(super) fn same_3x3(d: &Conv2dDesc) -> bool {
+    let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
+    let pads = [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right];
+    d.layout == Layout::Nchw && geometry == (3, 3, 1, 1, 1, 1) && pads == [1; 4] && d.multiplier == 1
 }
 
 /// A run of consecutive planes of one layer (multiplier 1: output plane `p`, image ·

@@ -24,9 +24,9 @@
 //! one thread and 0.76 on two, 192 × 28² in 0.86 on both (other widths at [`takes_width`]).
 
 use super::super::activation::avx512::lanes;
-use super::flat512::Run;
+use super::flat512::{Run, same_3x3};
 use std::arch::x86_64::*;
-use tilekit_kernels::{Conv2dDesc, Layout};
+use tilekit_kernels::Conv2dDesc;
 
 /// Lanes per vector (AVX-512).
 const L: usize = 16;
@@ -56,16 +56,8 @@ impl Roll512 {
     /// The geometry, or `None` where the layer is not NCHW 3 × 3 with stride and dilation 1,
     /// padding 1 on every side, multiplier 1 and rows of a width [`takes_width`].
     pub(super) fn new(d: &Conv2dDesc) -> Option<Roll512> {
-        let geometry = (d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w);
-        let pads = [d.pad_top, d.pad_bottom, d.pad_left, d.pad_right];
         let (h, w) = (d.height, d.width);
-        if d.layout != Layout::Nchw
-            || geometry != (3, 3, 1, 1, 1, 1)
-            || pads != [1; 4]
-            || d.multiplier != 1
-            || !takes_width(w)
-            || h == 0
-        {
+        if !same_3x3(d) || !takes_width(w) || h == 0 {
             return None;
         }
         let mut masks = [[0u16; 3]; 2];
@@ -260,6 +252,7 @@ mod tests {
     use super::super::super::tests::PageEnd;
     use super::super::nhwc3::avx::{NONE, RELU, RELU6};
     use super::*;
+    use tilekit_kernels::Layout;
 
     /// Channels and images × channels of the model test's layers.
     const CHANNELS: usize = 3;
