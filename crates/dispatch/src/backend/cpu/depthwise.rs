@@ -14,9 +14,9 @@
 //! - Other NCHW 3 × 3 layers with stride and dilation 1, padding 1 all round, multiplier 1, rows
 //!   of at most 8 pixels and planes of at most 256, rows of 17 to 23 and planes of at most
 //!   1024, or rows of 33 to 256, on AVX-512 ([`flat512`], which also takes the widths between,
-//!   as it did before the rolling rows): each plane as one flat run of
-//!   pixels, 16 outputs a vector (rows as vectors would use 7 lanes of 16 at MobileNetV2's
-//!   7²), by column sums: the kernel's three columns summed down the rows at every pixel
+//!   as it did before the rolling rows): each plane as one flat run of pixels, 16 outputs a
+//!   vector (rows as vectors would use 7 lanes of 16 at MobileNetV2's 7²), by column sums:
+//!   the kernel's three columns summed down the rows at every pixel
 //!   (the rows above and below each one shift out of the plane's 16-pixel blocks, or loaded
 //!   where they lie from 32 pixels a row), then each pixel's sum plus its left
 //!   neighbour's left column and its right neighbour's right column (one `valignd` each, the
@@ -158,14 +158,14 @@ mod rows512;
 mod stride2;
 mod tile;
 
-/// The NCHW plane kernels by column sums ([`Conv::nchw_flat`]). One lives on the stack for
-/// a call; boxing the larger would allocate once per call.
+/// The NCHW plane kernels by rolling rows and by column sums ([`Conv::nchw_flat`]). One
+/// lives on the stack for a call; boxing the larger would allocate once per call.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::large_enum_variant)]
 enum Flat {
     /// 3 × 3 "same" at stride 1 ([`flat512`]).
     Same(flat512::Flat512),
-    /// 3 × 3 "same" at stride 1, rows of 9 to 32 pixels ([`roll512`]).
+    /// 3 × 3 "same" at stride 1, rows of 9 to 16 or 24 to 32 pixels ([`roll512`]).
     Roll(roll512::Roll512),
     /// 3 × 3 at stride 2 ([`stride2`]).
     Stride2(stride2::Stride2),
@@ -845,10 +845,11 @@ impl Conv<'_> {
         std::array::from_fn(|t| if self.packed { self.w[t * occ + oc] } else { self.w[oc * 9 + t] })
     }
 
-    /// The flat planes' geometry ([`flat512`]) or the stride-2 column sums' ([`stride2`])
-    /// where they take the layer in `isa`: AVX-512 and the kernel's geometry (NCHW 3 × 3
-    /// "same", multiplier 1, rows of at most 15 pixels or of 17 to 256, planes of at most 256
-    /// or 1024 pixels below 32 a row; or NCHW 3 × 3 at stride 2, padding 1 at the top and
+    /// The rolling rows' geometry ([`roll512`]), the flat planes' ([`flat512`]) or the
+    /// stride-2 column sums' ([`stride2`]), the first that takes the layer in `isa`: AVX-512
+    /// and the kernel's geometry (NCHW 3 × 3 "same", multiplier 1, rows of 9 to 16 or 24 to
+    /// 32 pixels; the same with rows of at most 15 pixels or of 17 to 256, planes of at most
+    /// 256 or 1024 pixels below 32 a row; or NCHW 3 × 3 at stride 2, padding 1 at the top and
     /// left, at least 8 outputs a row).
     #[cfg(target_arch = "x86_64")]
     fn flat(&self, isa: Isa) -> Option<Flat> {
@@ -862,12 +863,13 @@ impl Conv<'_> {
         flat512::Flat512::new(d).map(Flat::Same).or_else(|| stride2::Stride2::new(d).map(Flat::Stride2))
     }
 
-    /// An NCHW layer through the flat planes ([`flat512::planes`]) or the stride-2 column
-    /// sums ([`stride2::planes`]), one run of planes per thread ([`in_tasks`]). ReLU and
-    /// ReLU6 are applied in registers, other activations over each plane after it (in L1). An
-    /// f32 layer runs straight from the input to the output; a half-precision input is
-    /// widened, and a half-precision output rounded, [`FLAT_CHUNK`] elements of whole output
-    /// planes (and their input planes) at a time through the thread's buffers.
+    /// An NCHW layer through the rolling rows ([`roll512::planes`]), the flat planes
+    /// ([`flat512::planes`]) or the stride-2 column sums ([`stride2::planes`]), one run of
+    /// planes per thread ([`in_tasks`]). ReLU and ReLU6 are applied in registers, other
+    /// activations over each plane after it (in L1). An f32 layer runs straight from the
+    /// input to the output; a half-precision input is widened, and a half-precision output
+    /// rounded, [`FLAT_CHUNK`] elements of whole output planes (and their input planes) at a
+    /// time through the thread's buffers.
     #[cfg(target_arch = "x86_64")]
     fn nchw_flat<E: Elem>(&self, f: &Flat, out: &mut [E]) {
         use nhwc3::avx::{NONE, RELU, RELU6};
